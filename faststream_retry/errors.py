@@ -1,0 +1,55 @@
+"""Exceptions: the handler's control exceptions and the plugin's own errors."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+__all__ = [
+    "PermanentError",
+    "RetryConfigError",
+    "RetryLater",
+    "TransientError",
+]
+
+
+class TransientError(Exception):
+    """Raise from a handler to say: retry this message later, with backoff.
+
+    Wins over every classification rule. Counts as an attempt.
+    """
+
+
+class PermanentError(Exception):
+    """Raise from a handler to say: retrying cannot help, dead-letter now.
+
+    Wins over every classification rule.
+    """
+
+
+class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like dramatiq's Retry
+    """Raise from a handler to retry after an explicit delay.
+
+    For example from an HTTP 429's ``Retry-After``. The delay is rounded up to the
+    tick grid and bounded by the middleware's ``max_delay``. Counts as an attempt,
+    so a handler that always asks for later still ends in the dead-letter queue.
+
+    Args:
+        delay: how long to wait, as a ``timedelta`` or seconds.
+        reason: an optional message, recorded like an exception message.
+    """
+
+    def __init__(self, delay: timedelta | float, reason: str = "") -> None:
+        """Keep the delay; see the class docstring."""
+        if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
+            raise RetryConfigError(
+                f"RetryLater(delay=...) takes a timedelta or seconds, got {delay!r}"
+            )
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if not seconds >= 0:  # also rejects NaN
+            raise RetryConfigError(f"RetryLater(delay=...) must be >= 0, got {delay!r}")
+        self.delay = timedelta(seconds=float(seconds))
+        super().__init__(reason or f"retry later, in {self.delay}")
+
+
+class RetryConfigError(ValueError):
+    """A retry option is missing, unknown or invalid; the message names it and the fix."""

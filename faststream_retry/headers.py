@@ -1,0 +1,278 @@
+"""The wire format: every header the plugin reads or writes, and nothing else, lives here.
+
+Headers are untrusted input. Every reader here returns a safe value for anything a
+hostile or buggy producer can put on the wire and never raises. Rules:
+
+=========================  ===============================================================
+``retry-version``          format version; written as 1, never trusted for anything
+``retry-attempt``          failed handler calls so far; not a non-negative int below
+                           2**31: treated as 0 (the count restarts; it is rewritten valid)
+``retry-due``              epoch ms when the message is due back; missing or unreadable:
+                           due now; beyond now + max_delay + one tick: dead-lettered as
+                           ``invalid`` (rewriting it would cycle for ever)
+``retry-first-failed-at``  epoch ms of the first failure; unreadable: replaced by now
+``retry-last-failed-at``   epoch ms of the latest failure (written, never read)
+``retry-history``          the last ``HISTORY_LIMIT`` failures, each a table; anything
+                           that is not such a list is dropped and the history restarts
+``retry-reason``           on dead letters: ``permanent``, ``exhausted`` or ``invalid``
+``retry-exception``        on dead letters: the exception's qualified type name
+``retry-error``            on dead letters: ``str(exception)``, truncated
+``retry-traceback``        on dead letters: the traceback's tail, truncated
+``retry-origin-queue``     on dead letters: the queue the message failed in (information
+                           only: the plugin never routes by a header)
+=========================  ===============================================================
+
+RabbitMQ's own ``x-death``, ``x-first-death-*`` and ``x-last-death-*`` are removed on
+every republish. The bytes the plugin adds are bounded (``MAX_ADDED_BYTES``).
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+__all__ = [
+    "ATTEMPT",
+    "DUE",
+    "ERROR",
+    "EXCEPTION",
+    "FIRST_FAILED_AT",
+    "FORMAT_VERSION",
+    "HISTORY",
+    "HISTORY_LIMIT",
+    "LAST_FAILED_AT",
+    "MAX_ADDED_BYTES",
+    "ORIGIN_QUEUE",
+    "REASON",
+    "TRACEBACK",
+    "VERSION",
+    "FailureRecord",
+    "carry_over",
+    "dead_letter_headers",
+    "read_attempt",
+    "read_due",
+    "retry_headers",
+    "sanitize",
+    "truncate",
+]
+
+FORMAT_VERSION = 1
+
+VERSION = "retry-version"
+ATTEMPT = "retry-attempt"
+DUE = "retry-due"
+FIRST_FAILED_AT = "retry-first-failed-at"
+LAST_FAILED_AT = "retry-last-failed-at"
+HISTORY = "retry-history"
+REASON = "retry-reason"
+EXCEPTION = "retry-exception"
+ERROR = "retry-error"
+TRACEBACK = "retry-traceback"
+ORIGIN_QUEUE = "retry-origin-queue"
+
+HISTORY_LIMIT = 10
+ERROR_LIMIT = 1024
+HISTORY_ERROR_LIMIT = 200
+EXCEPTION_LIMIT = 200
+TRACEBACK_LIMIT = 4096
+QUEUE_LIMIT = 255
+MAX_ADDED_BYTES = 12 * 1024
+"""Upper bound of what the plugin adds to a message's headers, history included."""
+
+_MAX_ATTEMPT = 2**31
+_MAX_MS = 2**53
+# A due time is compared, never stored: any int64 is readable, and one far in the
+# future is then "impossible" (dead-lettered as invalid), not "unreadable".
+_MAX_DUE = 2**63
+
+_BROKER_DEATH_HEADERS = ("x-death",)
+_BROKER_DEATH_PREFIXES = ("x-first-death-", "x-last-death-")
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut ``text`` to at most ``limit`` UTF-8 bytes, marking the cut."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def _int(value: object, upper: int) -> int | None:  # noqa: PLR0911 - one case per type
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value < upper else None
+    if isinstance(value, (float, decimal.Decimal)):
+        try:
+            if not math.isfinite(value) or not 0 <= value < upper:
+                return None
+            return int(value)
+        except (ArithmeticError, ValueError, TypeError):
+            return None
+    if isinstance(value, (str, bytes, bytearray)):
+        text = value.decode("ascii", "replace") if not isinstance(value, str) else value
+        text = text.strip()
+        if not text.isdigit() or len(text) > 20:
+            return None
+        return _int(int(text), upper)
+    return None
+
+
+def read_attempt(headers: Mapping[str, Any] | None) -> int:
+    """Return the failed calls so far; 0 when missing or unreadable."""
+    if not headers:
+        return 0
+    return _int(headers.get(ATTEMPT), _MAX_ATTEMPT) or 0
+
+
+def read_due(headers: Mapping[str, Any] | None) -> int | None:
+    """Return the due time in epoch ms, or ``None`` when missing or unreadable."""
+    if not headers:
+        return None
+    value = headers.get(DUE)
+    if isinstance(value, datetime):
+        try:
+            return _int(round(value.timestamp() * 1000), _MAX_DUE)
+        except (OverflowError, OSError, ValueError):
+            return None
+    return _int(value, _MAX_DUE)
+
+
+def _read_history(headers: Mapping[str, Any]) -> list[dict[str, Any]]:
+    value = headers.get(HISTORY)
+    if not isinstance(value, (list, tuple)):
+        return []
+    entries = []
+    for item in value[-HISTORY_LIMIT:]:
+        if not isinstance(item, Mapping):
+            return []
+        entry = {
+            "attempt": _int(item.get("attempt"), _MAX_ATTEMPT) or 0,
+            "at": _int(item.get("at"), _MAX_MS) or 0,
+            "exception": truncate(_text(item.get("exception")), EXCEPTION_LIMIT),
+            "error": truncate(_text(item.get("error")), HISTORY_ERROR_LIMIT),
+            "delay": _int(item.get("delay"), _MAX_MS) or 0,
+        }
+        entries.append(entry)
+    return entries
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return ""
+
+
+def _is_broker_death(key: str) -> bool:
+    return key in _BROKER_DEATH_HEADERS or key.startswith(_BROKER_DEATH_PREFIXES)
+
+
+def sanitize(value: Any) -> Any:  # noqa: ANN401 - header values are any AMQP field value
+    """Return ``value`` in a form the AMQP encoder takes back.
+
+    Decoded byte arrays come in as ``bytes``, but pamqp encodes only ``bytearray``.
+    """
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, Mapping):
+        return {str(k): sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(v) for v in value]
+    return value
+
+
+def carry_over(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return the headers a republished copy keeps: all but the broker's death records."""
+    if not headers:
+        return {}
+    return {
+        k: sanitize(v) for k, v in headers.items() if isinstance(k, str) and not _is_broker_death(k)
+    }
+
+
+class FailureRecord:
+    """One failed handler call, as the headers record it."""
+
+    __slots__ = ("at_ms", "attempt", "delay_ms", "error", "exception")
+
+    def __init__(
+        self,
+        *,
+        attempt: int,
+        at_ms: int,
+        exception: str,
+        error: str,
+        delay_ms: int = 0,
+    ) -> None:
+        """Keep the fields; strings are truncated to the history's bounds."""
+        self.attempt = attempt
+        self.at_ms = at_ms
+        self.exception = truncate(exception, EXCEPTION_LIMIT)
+        self.error = error
+        self.delay_ms = delay_ms
+
+    def as_entry(self) -> dict[str, Any]:
+        """Return the history table of this failure."""
+        return {
+            "attempt": self.attempt,
+            "at": self.at_ms,
+            "exception": self.exception,
+            "error": truncate(self.error, HISTORY_ERROR_LIMIT),
+            "delay": self.delay_ms,
+        }
+
+
+def _failure_headers(incoming: Mapping[str, Any] | None, failure: FailureRecord) -> dict[str, Any]:
+    headers = carry_over(incoming)
+    first = _int(headers.get(FIRST_FAILED_AT), _MAX_MS) or failure.at_ms
+    history = _read_history(headers) if incoming else []
+    history.append(failure.as_entry())
+    headers[VERSION] = FORMAT_VERSION
+    headers[ATTEMPT] = failure.attempt
+    headers[FIRST_FAILED_AT] = first
+    headers[LAST_FAILED_AT] = failure.at_ms
+    headers[HISTORY] = history[-HISTORY_LIMIT:]
+    return headers
+
+
+def retry_headers(
+    incoming: Mapping[str, Any] | None, failure: FailureRecord, due_ms: int
+) -> dict[str, Any]:
+    """Return the headers of the copy that waits in the delay tiers."""
+    headers = _failure_headers(incoming, failure)
+    headers[DUE] = due_ms
+    for key in (REASON, EXCEPTION, ERROR, TRACEBACK, ORIGIN_QUEUE):
+        headers.pop(key, None)
+    return headers
+
+
+def dead_letter_headers(
+    incoming: Mapping[str, Any] | None,
+    failure: FailureRecord,
+    *,
+    reason: str,
+    origin_queue: str,
+    traceback: str = "",
+) -> dict[str, Any]:
+    """Return the headers of the copy that goes to ``<queue>.dlq``."""
+    headers = _failure_headers(incoming, failure)
+    headers.pop(DUE, None)
+    headers[REASON] = reason
+    headers[EXCEPTION] = failure.exception
+    headers[ERROR] = truncate(failure.error, ERROR_LIMIT)
+    headers[TRACEBACK] = truncate_tail(traceback, TRACEBACK_LIMIT)
+    headers[ORIGIN_QUEUE] = truncate(origin_queue, QUEUE_LIMIT)
+    return headers
+
+
+def truncate_tail(text: str, limit: int) -> str:
+    """Keep the last ``limit`` UTF-8 bytes: a traceback's end names the failing line."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return text
+    return "..." + raw[-(limit - 3) :].decode("utf-8", "ignore")

@@ -1,0 +1,332 @@
+"""Retry policies and backoff strategies (pure: no broker imports).
+
+Internally every duration is a whole number of milliseconds, the unit of the wire
+format and of RabbitMQ's TTLs; the public constructors take ``timedelta`` or seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from faststream_retry.errors import RetryConfigError
+
+__all__ = [
+    "Backoff",
+    "Exponential",
+    "Fixed",
+    "HandlerPolicy",
+    "RetryPolicy",
+    "Schedule",
+    "get_handler_policy",
+    "retry_policy",
+    "to_ms",
+]
+
+# Past this, a delay is certainly beyond any max_delay; keeps floats exact.
+_HUGE_MS = 2**53
+_POLICY_ATTR = "__faststream_retry_policy__"
+
+Duration = timedelta | float | int
+
+
+def to_ms(value: Duration, name: str) -> int:
+    """Normalise a duration (``timedelta`` or seconds) to whole milliseconds.
+
+    Rounds up, so a delay is never shortened. Raises ``RetryConfigError`` naming
+    ``name`` for anything that is not a finite, non-negative duration.
+    """
+    if isinstance(value, bool) or not isinstance(value, (timedelta, int, float)):
+        raise RetryConfigError(f"{name} takes a timedelta or seconds, got {value!r}")
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise RetryConfigError(f"{name} must be a finite duration >= 0, got {value!r}")
+    return math.ceil(round(seconds * 1000, 6))
+
+
+@runtime_checkable
+class Backoff(Protocol):
+    """How long to wait before delayed retry number ``n`` (1 for the first)."""
+
+    def delay_ms(self, n: int, rand: Callable[[], float]) -> int:
+        """Return the delay in ms before rounding to the tick; ``rand()`` is in [0, 1)."""
+        ...
+
+    def named_delays_ms(self) -> tuple[int, ...]:
+        """Return the delays this strategy names; the tick is their GCD."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Fixed:
+    """The same delay before every retry."""
+
+    delay: timedelta
+    _ms: int = field(repr=False, compare=False)
+
+    def __init__(self, delay: Duration) -> None:
+        """Take the delay as a ``timedelta`` or seconds; it must be positive."""
+        ms = to_ms(delay, "Fixed(delay=...)")
+        if ms <= 0:
+            raise RetryConfigError("Fixed(delay=...) must be positive")
+        object.__setattr__(self, "delay", timedelta(milliseconds=ms))
+        object.__setattr__(self, "_ms", ms)
+
+    def delay_ms(self, n: int, rand: Callable[[], float]) -> int:  # noqa: ARG002 - protocol
+        """Return the fixed delay."""
+        return self._ms
+
+    def named_delays_ms(self) -> tuple[int, ...]:
+        """Return the one delay."""
+        return (self._ms,)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Exponential:
+    """``initial * factor ** (n - 1)``, capped at ``maximum``, with optional jitter.
+
+    ``jitter`` is a fraction in [0, 1]: each delay is multiplied by a random factor
+    in ``[1 - jitter, 1 + jitter]`` and then capped, so retries of many messages that
+    failed together spread out instead of coming back as one wave.
+    """
+
+    initial: timedelta
+    factor: float
+    maximum: timedelta | None
+    jitter: float
+    _initial_ms: int = field(repr=False, compare=False)
+    _maximum_ms: int | None = field(repr=False, compare=False)
+
+    def __init__(
+        self,
+        initial: Duration,
+        factor: float = 2.0,
+        maximum: Duration | None = None,
+        jitter: float = 0.0,
+    ) -> None:
+        """Validate and normalise; see the class docstring."""
+        initial_ms = to_ms(initial, "Exponential(initial=...)")
+        if initial_ms <= 0:
+            raise RetryConfigError("Exponential(initial=...) must be positive")
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, (int, float))
+            or not math.isfinite(factor)
+            or factor < 1
+        ):
+            raise RetryConfigError(f"Exponential(factor=...) must be a number >= 1, got {factor!r}")
+        maximum_ms = None
+        if maximum is not None:
+            maximum_ms = to_ms(maximum, "Exponential(maximum=...)")
+            if maximum_ms < initial_ms:
+                raise RetryConfigError(
+                    "Exponential(maximum=...) must be >= initial "
+                    f"({timedelta(milliseconds=maximum_ms)} < "
+                    f"{timedelta(milliseconds=initial_ms)})"
+                )
+        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
+            raise RetryConfigError(
+                f"Exponential(jitter=...) is a fraction in [0, 1], got {jitter!r}"
+            )
+        object.__setattr__(self, "initial", timedelta(milliseconds=initial_ms))
+        object.__setattr__(self, "factor", float(factor))
+        object.__setattr__(
+            self,
+            "maximum",
+            None if maximum_ms is None else timedelta(milliseconds=maximum_ms),
+        )
+        object.__setattr__(self, "jitter", float(jitter))
+        object.__setattr__(self, "_initial_ms", initial_ms)
+        object.__setattr__(self, "_maximum_ms", maximum_ms)
+
+    def delay_ms(self, n: int, rand: Callable[[], float]) -> int:
+        """Return the capped, jittered delay for retry ``n``."""
+        cap = self._maximum_ms if self._maximum_ms is not None else _HUGE_MS
+        try:
+            base = self._initial_ms * self.factor ** max(n - 1, 0)
+        except OverflowError:
+            base = float(cap)
+        if self.jitter:
+            base *= 1 - self.jitter + 2 * self.jitter * rand()
+        return max(1, min(cap, math.ceil(min(base, _HUGE_MS))))
+
+    def named_delays_ms(self) -> tuple[int, ...]:
+        """Return initial and maximum: the delays a user wrote down."""
+        if self._maximum_ms is None:
+            return (self._initial_ms,)
+        return (self._initial_ms, self._maximum_ms)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Schedule:
+    """An explicit list of delays ("10 s, 1 min, 5 min"); the last one repeats."""
+
+    delays: tuple[timedelta, ...]
+    _ms: tuple[int, ...] = field(repr=False, compare=False)
+
+    def __init__(self, delays: Sequence[Duration]) -> None:
+        """Take at least one positive delay."""
+        if isinstance(delays, (str, bytes)) or not isinstance(delays, Sequence):
+            raise RetryConfigError(f"Schedule(delays=...) takes a list of delays, got {delays!r}")
+        if not delays:
+            raise RetryConfigError("Schedule(delays=...) needs at least one delay")
+        ms = tuple(to_ms(d, f"Schedule(delays=...)[{i}]") for i, d in enumerate(delays))
+        if min(ms) <= 0:
+            raise RetryConfigError("Schedule(delays=...) delays must be positive")
+        object.__setattr__(self, "delays", tuple(timedelta(milliseconds=m) for m in ms))
+        object.__setattr__(self, "_ms", ms)
+
+    def delay_ms(self, n: int, rand: Callable[[], float]) -> int:  # noqa: ARG002 - protocol
+        """Return the n-th delay, or the last one past the end."""
+        return self._ms[min(max(n, 1), len(self._ms)) - 1]
+
+    def named_delays_ms(self) -> tuple[int, ...]:
+        """Return every listed delay."""
+        return self._ms
+
+
+ExcTypes = tuple[type[BaseException], ...]
+
+
+def _exc_types(value: object, name: str) -> ExcTypes:
+    if isinstance(value, type):
+        value = (value,)
+    if not isinstance(value, (tuple, list, set, frozenset)) or not all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in value
+    ):
+        raise RetryConfigError(
+            f"{name} takes exception classes, e.g. {name}=(TimeoutError,), got {value!r}"
+        )
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a handler's failures are retried.
+
+    Args:
+        max_attempts: handler calls in all, the first included; after the last
+            failed one the message is dead-lettered with reason ``exhausted``.
+        backoff: delays between delayed retries (``Fixed``, ``Exponential``,
+            ``Schedule`` or your own ``Backoff``).
+        transient: exception types to retry (checked after explicit
+            ``TransientError``/``PermanentError``/``RetryLater``).
+        permanent: exception types to dead-letter at once.
+        immediate: in-process retries on the first delivery, before the first
+            delayed one (they count as attempts; they hold the delivery).
+        enabled: ``False`` switches the plugin off for a handler: its exceptions
+            reach FastStream untouched.
+    """
+
+    max_attempts: int = 5
+    backoff: Backoff = field(
+        default_factory=lambda: Exponential(
+            initial=timedelta(seconds=1), factor=2, maximum=timedelta(minutes=5)
+        )
+    )
+    transient: ExcTypes = ()
+    permanent: ExcTypes = ()
+    immediate: int = 0
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        """Validate every option, naming it in the error."""
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or self.max_attempts < 1
+        ):
+            raise RetryConfigError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        if not isinstance(self.backoff, Backoff):
+            raise RetryConfigError(
+                "backoff takes Fixed(...), Exponential(...), Schedule(...) or an "
+                f"object with delay_ms() and named_delays_ms(), got {self.backoff!r}"
+            )
+        object.__setattr__(self, "transient", _exc_types(self.transient, "transient"))
+        object.__setattr__(self, "permanent", _exc_types(self.permanent, "permanent"))
+        overlap = set(self.transient) & set(self.permanent)
+        if overlap:
+            names = ", ".join(sorted(t.__name__ for t in overlap))
+            raise RetryConfigError(f"{names} listed as both transient and permanent")
+        if (
+            isinstance(self.immediate, bool)
+            or not isinstance(self.immediate, int)
+            or self.immediate < 0
+        ):
+            raise RetryConfigError(f"immediate must be an int >= 0, got {self.immediate!r}")
+        if not isinstance(self.enabled, bool):
+            raise RetryConfigError(f"enabled must be True or False, got {self.enabled!r}")
+
+
+_OPTIONS = frozenset(f.name for f in dataclasses.fields(RetryPolicy))
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerPolicy:
+    """What ``@retry_policy`` wrote down: only the options the handler set.
+
+    Unset options come from the middleware default; exception types are layered:
+    the handler's lists are consulted before the default's.
+    """
+
+    options: Mapping[str, Any]
+
+    def resolve(self, default: RetryPolicy) -> RetryPolicy:
+        """Return the effective policy: the handler's options over ``default``."""
+        scalars = {k: v for k, v in self.options.items() if k not in {"transient", "permanent"}}
+        return dataclasses.replace(
+            default,
+            **scalars,
+            transient=self.options.get("transient", ()),
+            permanent=self.options.get("permanent", ()),
+        )
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def retry_policy(**options: Any) -> Callable[[F], F]:  # noqa: ANN401 - validated below
+    """Set a handler's retry policy; place it directly under ``@broker.subscriber``.
+
+    Takes the fields of ``RetryPolicy`` (``max_attempts``, ``backoff``, ``transient``,
+    ``permanent``, ``immediate``, ``enabled``); what is not given comes from the
+    middleware's default. Unknown or invalid options raise ``RetryConfigError`` here,
+    at decoration time.
+    """
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise RetryConfigError(
+            f"@retry_policy got unknown option(s) {', '.join(unknown)}; "
+            f"valid options: {', '.join(sorted(_OPTIONS))}"
+        )
+    # Validate now, against the stock defaults, so a bad value fails at import time.
+    try:
+        RetryPolicy(**options)
+    except TypeError as exc:  # pragma: no cover - unknown names are caught above
+        raise RetryConfigError(str(exc)) from exc
+    handler_policy = HandlerPolicy(dict(options))
+
+    def decorate(fn: F) -> F:
+        if not callable(fn):
+            raise RetryConfigError(f"@retry_policy decorates a handler, got {fn!r}")
+        try:
+            setattr(fn, _POLICY_ATTR, handler_policy)
+        except AttributeError as exc:
+            raise RetryConfigError(
+                "@retry_policy must sit directly under @broker.subscriber(...), "
+                "on the plain function (FastStream 0.7 has no per-subscriber "
+                "middlewares, so the policy travels on the function)"
+            ) from exc
+        return fn
+
+    return decorate
+
+
+def get_handler_policy(fn: object) -> HandlerPolicy | None:
+    """Return the policy ``@retry_policy`` attached to ``fn``, if any."""
+    policy = getattr(fn, _POLICY_ATTR, None)
+    return policy if isinstance(policy, HandlerPolicy) else None

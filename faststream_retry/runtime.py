@@ -1,0 +1,467 @@
+"""Per-broker machinery: topology, the confirming publisher and the re-check consumers.
+
+This is the adapter to aio-pika. It publishes on channels of its own, on the broker's
+robust connection, so FastStream's broker-level middlewares never see the plugin's
+republishes and nothing rewrites ``app_id`` or invents ids; the re-check consumer is
+written on aio-pika directly because every hop of every waiting message passes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, ExchangeType
+from pamqp import commands
+from pamqp.encode import field_table as encode_table
+
+from faststream_retry import headers as h
+from faststream_retry.events import EventKind, RetryEvent, RetryHook, emit
+from faststream_retry.policy import HandlerPolicy, RetryPolicy, get_handler_policy
+from faststream_retry.tiers import (
+    Tiers,
+    compute_tick_ms,
+    dlq_name,
+    retry_queue_name,
+    tier_name,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from aio_pika.abc import (
+        AbstractQueue,
+        AbstractRobustConnection,
+        ConsumerTag,
+    )
+    from faststream.rabbit import RabbitBroker
+
+__all__ = ["Route", "Runtime", "RuntimeConfig", "now_ms"]
+
+log = logging.getLogger("faststream_retry")
+
+
+def now_ms() -> int:
+    """Return the wall clock in epoch milliseconds (the unit of ``retry-due``)."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """What the middleware was configured with, as the runtime needs it."""
+
+    default: RetryPolicy
+    prefix: str
+    tick_ms: int | None
+    max_delay_ms: int
+    queue_type: str
+    prefetch: int
+    pause_s: float
+    publish_timeout_s: float
+    hooks: Sequence[RetryHook]
+
+
+@dataclass(slots=True)
+class Route:
+    """An origin queue the plugin covers, and the policies of its handlers."""
+
+    queue: str
+    policies: list[tuple[Any, HandlerPolicy | None]]
+    retry_queue: str = field(init=False)
+    dlq: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        """Derive the queue names from the origin queue's name."""
+        self.retry_queue = retry_queue_name(self.queue)
+        self.dlq = dlq_name(self.queue)
+
+    @property
+    def enabled(self) -> bool:
+        """Return whether any handler of the queue has retries on."""
+        return any(p is None or p.options.get("enabled", True) for _, p in self.policies)
+
+    async def policy_for(self, msg: Any) -> HandlerPolicy | None:  # noqa: ANN401 - StreamMessage
+        """Return the policy of the handler that took ``msg`` (filters re-run, in order)."""
+        if len(self.policies) == 1:
+            return self.policies[0][1]
+        for item, policy in self.policies:
+            accepted = item.filter(msg)
+            if asyncio.iscoroutine(accepted):
+                accepted = await accepted
+            if accepted:
+                return policy
+        return None
+
+
+def _handler_policy(item: Any) -> HandlerPolicy | None:  # noqa: ANN401 - HandlerItem
+    # FastStream 0.7 keeps the plain decorated function at the private
+    # `_declared_call`; `_original_call` is the FastDepends-wrapped one.
+    handler = getattr(item, "handler", None)
+    for attr in ("_declared_call", "_original_call"):
+        policy = get_handler_policy(getattr(handler, attr, None))
+        if policy is not None:
+            return policy
+    return None
+
+
+def subscriber_queue(sub: Any) -> str | None:  # noqa: ANN401 - any subscriber
+    """Return the full name of the queue a Rabbit subscriber consumes, router prefix included."""
+    queue = getattr(sub, "queue", None)
+    name = getattr(queue, "name", None)
+    if not isinstance(name, str) or not name:
+        return None
+    outer = getattr(sub, "_outer_config", None)
+    prefix = getattr(outer, "prefix", "") or ""
+    return f"{prefix}{name}"
+
+
+def collect_routes(broker: RabbitBroker) -> dict[str, Route]:
+    """Return the routes of every subscriber queue on ``broker``, by queue name."""
+    routes: dict[str, Route] = {}
+    for sub in broker.subscribers:
+        queue = subscriber_queue(sub)
+        if queue is None:
+            continue
+        route = routes.setdefault(queue, Route(queue, []))
+        route.policies.extend((item, _handler_policy(item)) for item in sub.calls)
+    return routes
+
+
+class Publisher:
+    """Publishes with ``mandatory`` and a broker confirm; a return or a nack is a failure."""
+
+    def __init__(self, channel: AbstractRobustChannel, timeout_s: float) -> None:
+        """Publish on ``channel`` (opened with publisher confirms)."""
+        self._channel = channel
+        self._timeout_s = timeout_s
+        # aiormq matches a basic.return to its publish by message_id; two publishes
+        # of one id in flight at once (a fanout message failing in two queues)
+        # could swap their outcomes, so they go one after the other.
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+
+    async def publish(
+        self,
+        *,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: commands.Basic.Properties,
+    ) -> bool:
+        """Publish and return ``True`` only on a ``Basic.Ack`` for a routed message."""
+        message_id = properties.message_id or ""
+        while (previous := self._inflight.get(message_id)) is not None:
+            await previous
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[message_id] = done
+        try:
+            return await self._publish(exchange, routing_key, body, properties)
+        finally:
+            del self._inflight[message_id]
+            done.set_result(None)
+
+    async def _publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: commands.Basic.Properties,
+    ) -> bool:
+        try:
+            channel = await self._channel.get_underlay_channel()
+            result = await channel.basic_publish(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                properties=properties,
+                mandatory=True,
+                timeout=self._timeout_s,
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            # Marshalling failed before anything was sent: a header value the
+            # encoder refuses. Send the headers that encode; log the rest.
+            kept = _encodable(properties.headers or {})
+            if kept == properties.headers:
+                log.exception("publish to %r/%r failed", exchange, routing_key)
+                return False
+            log.warning(
+                "dropping unencodable headers %s from message %s (%s)",
+                sorted(set(properties.headers or {}) - set(kept)),
+                properties.message_id,
+                exc,
+            )
+            properties.headers = kept
+            return await self._publish(exchange, routing_key, body, properties)
+        except Exception as exc:  # any broker or connection failure means "not confirmed"
+            log.warning("publish to %r/%r not confirmed: %r", exchange, routing_key, exc)
+            return False
+        if isinstance(result, commands.Basic.Ack):
+            return True
+        log.error(
+            "publish to %r/%r was returned by the broker (unroutable): %r",
+            exchange,
+            routing_key,
+            result,
+        )
+        return False
+
+
+def _encodable(headers: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {}
+    for key, value in headers.items():
+        try:
+            encode_table({key: value})
+        except Exception:  # noqa: S112 - any encoder failure means: leave it out
+            continue
+        kept[key] = value
+    return kept
+
+
+def copy_properties(
+    src: AbstractIncomingMessage, headers: dict[str, Any]
+) -> commands.Basic.Properties:
+    """Return the properties of a republished copy of ``src``.
+
+    Everything the application set travels unchanged, except ``expiration`` (the
+    copy would expire inside a tier) and ``user_id`` (RabbitMQ refuses a publish
+    whose user_id is not the connection's user). Copies are persistent. A message
+    without an id gets one, kept from then on.
+    """
+    return commands.Basic.Properties(
+        content_type=src.content_type,
+        content_encoding=src.content_encoding,
+        headers=headers,
+        delivery_mode=2,
+        priority=src.priority,
+        correlation_id=src.correlation_id,
+        reply_to=src.reply_to,
+        message_id=src.message_id or uuid.uuid4().hex,
+        timestamp=src.timestamp,
+        message_type=src.type,
+        app_id=src.app_id,
+    )
+
+
+class Runtime:
+    """Everything the plugin holds for one broker."""
+
+    def __init__(self, config: RuntimeConfig, broker: RabbitBroker) -> None:
+        """Prepare; nothing touches the network before ``declare``."""
+        self.config = config
+        self.broker = broker
+        self.routes: dict[str, Route] = {}
+        self.tiers: Tiers | None = None
+        self.publisher: Publisher | None = None
+        self._consume_channel: AbstractRobustChannel | None = None
+        self._publish_channel: AbstractRobustChannel | None = None
+        self._consumers: list[tuple[AbstractQueue, ConsumerTag]] = []
+        self._pending: set[asyncio.Task[None]] = set()
+
+    @property
+    def connected(self) -> bool:
+        """Return whether the topology is declared and the publisher is up."""
+        return self.publisher is not None
+
+    def plan(self) -> Tiers:
+        """Collect the routes and compute the tiers (no network)."""
+        self.routes = {q: r for q, r in collect_routes(self.broker).items() if r.enabled}
+        delays: list[int] = list(self.config.default.backoff.named_delays_ms())
+        for route in self.routes.values():
+            for _, policy in route.policies:
+                if policy is not None:
+                    delays.extend(policy.resolve(self.config.default).backoff.named_delays_ms())
+        tick = compute_tick_ms(delays, self.config.tick_ms)
+        self.tiers = Tiers.build(tick, self.config.max_delay_ms)
+        return self.tiers
+
+    def route(self, queue: str) -> Route | None:
+        """Return the route of ``queue``, planning lazily (the in-memory test path)."""
+        if self.tiers is None:
+            self.plan()
+        return self.routes.get(queue)
+
+    def _queue_arguments(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"x-queue-type": self.config.queue_type, **(extra or {})}
+
+    async def declare(self, connection: AbstractRobustConnection) -> None:
+        """Declare tiers, re-check queues and DLQs, and open the plugin's channels.
+
+        Everything is declared on robust channels, so aio-pika declares it again
+        after a reconnect, before the consumers are restored.
+        """
+        tiers = self.plan()
+        self._publish_channel = await connection.channel(publisher_confirms=True)
+        self._consume_channel = await connection.channel(publisher_confirms=False)
+        assert self._publish_channel is not None  # noqa: S101 - for mypy
+        assert self._consume_channel is not None  # noqa: S101 - for mypy
+        await self._consume_channel.set_qos(prefetch_count=self.config.prefetch)
+        channel = self._publish_channel
+        for ttl in tiers.ttls_ms:
+            name = tier_name(self.config.prefix, ttl)
+            exchange = await channel.declare_exchange(name, ExchangeType.FANOUT, durable=True)
+            # One queue-wide TTL per tier queue: RabbitMQ expires messages only at
+            # the head of a queue, so mixed per-message TTLs in one queue would hold
+            # a short wait behind a long one. No routing-key override on the DLX:
+            # an expired message goes back by its own key, `<queue>.retry`.
+            queue = await channel.declare_queue(
+                name,
+                durable=True,
+                arguments=self._queue_arguments(
+                    {"x-message-ttl": ttl, "x-dead-letter-exchange": ""}
+                ),
+            )
+            await queue.bind(exchange, routing_key="")
+        for route in self.routes.values():
+            for name in (route.retry_queue, route.dlq):
+                await channel.declare_queue(name, durable=True, arguments=self._queue_arguments())
+        self.publisher = Publisher(channel, self.config.publish_timeout_s)
+        log.info(
+            "faststream-retry: tick %d ms, %d tiers up to %d ms, %d queues covered: %s",
+            tiers.tick_ms,
+            len(tiers.ttls_ms),
+            tiers.ttls_ms[-1],
+            len(self.routes),
+            ", ".join(sorted(self.routes)) or "none",
+        )
+
+    async def start_consumers(self) -> None:
+        """Start one re-check consumer per covered queue."""
+        assert self._consume_channel is not None  # noqa: S101 - declare() ran
+        for route in self.routes.values():
+            queue = await self._consume_channel.declare_queue(
+                route.retry_queue, durable=True, arguments=self._queue_arguments()
+            )
+            tag = await queue.consume(self._recheck_callback(route))
+            self._consumers.append((queue, tag))
+
+    async def stop(self) -> None:
+        """Stop the consumers, let in-flight hops finish, close the channels."""
+        for queue, tag in self._consumers:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag)
+        self._consumers.clear()
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=self.config.publish_timeout_s)
+        for channel in (self._consume_channel, self._publish_channel):
+            if channel is not None and not channel.is_closed:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+        self._consume_channel = self._publish_channel = None
+        self.publisher = None
+
+    def _recheck_callback(self, route: Route) -> Any:  # noqa: ANN401 - aio-pika callback
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            task = asyncio.current_task()
+            if task is not None:
+                self._pending.add(task)
+            try:
+                await self.recheck(route, message)
+            finally:
+                if task is not None:
+                    self._pending.discard(task)
+
+        return on_message
+
+    async def recheck(self, route: Route, message: AbstractIncomingMessage) -> None:
+        """The busy-wait step: release a due message, or send it round a tier again.
+
+        The destination comes from the queue the message was consumed from, never
+        from a header, so a forged header cannot move a message to another queue.
+        """
+        tiers = self.tiers
+        publisher = self.publisher
+        if tiers is None or publisher is None:  # stopped under our feet: redeliver
+            await _settle(message, ok=False, pause_s=0)
+            return
+        ok = False
+        try:
+            now = now_ms()
+            incoming = message.headers
+            due = h.read_due(incoming)
+            headers = h.carry_over(incoming)
+            event: RetryEvent
+            if due is None or due <= now:
+                exchange, key = "", route.queue
+                event = self._event(EventKind.RELEASED, route, message, now, due=due)
+            elif due - now > tiers.max_delay_ms + tiers.tick_ms:
+                exchange, key = "", route.dlq
+                failure = h.FailureRecord(
+                    attempt=h.read_attempt(incoming),
+                    at_ms=now,
+                    exception="faststream_retry.InvalidDueTime",
+                    error=f"retry-due {due} is more than max_delay "
+                    f"({tiers.max_delay_ms} ms) ahead of now ({now})",
+                )
+                headers = h.dead_letter_headers(
+                    incoming, failure, reason="invalid", origin_queue=route.queue
+                )
+                event = self._event(
+                    EventKind.DEAD_LETTERED,
+                    route,
+                    message,
+                    now,
+                    due=due,
+                    reason="invalid",
+                )
+            else:
+                ttl = tiers.pick(due - now)
+                exchange, key = tier_name(self.config.prefix, ttl), route.retry_queue
+                event = self._event(EventKind.HOP, route, message, now, due=due, delay=ttl)
+            ok = await publisher.publish(
+                exchange=exchange,
+                routing_key=key,
+                body=message.body,
+                properties=copy_properties(message, headers),
+            )
+        except Exception:  # a hostile message must never kill the consumer
+            log.exception("re-check of a message from %s failed", route.retry_queue)
+        if ok:
+            if event.kind is EventKind.DEAD_LETTERED:
+                log.warning(
+                    "dead-lettered message %s from %s: reason=invalid (%s)",
+                    message.message_id,
+                    route.retry_queue,
+                    "due time beyond max_delay",
+                )
+            emit(self.config.hooks, event)
+        await _settle(message, ok=ok, pause_s=self.config.pause_s)
+
+    @staticmethod
+    def _event(
+        kind: EventKind,
+        route: Route,
+        message: AbstractIncomingMessage,
+        now: int,
+        *,
+        due: int | None,
+        delay: int | None = None,
+        reason: str | None = None,
+    ) -> RetryEvent:
+        return RetryEvent(
+            kind=kind,
+            queue=route.queue,
+            message_id=message.message_id,
+            attempt=h.read_attempt(message.headers),
+            at_ms=now,
+            delay_ms=delay,
+            due_ms=due,
+            lateness_ms=(now - due) if kind is EventKind.RELEASED and due else None,
+            reason=reason,
+        )
+
+
+async def _settle(message: AbstractIncomingMessage, *, ok: bool, pause_s: float) -> None:
+    """Ack after a confirmed publish; otherwise requeue, after a pause (no hot loop)."""
+    try:
+        if ok:
+            await message.ack()
+            return
+        if pause_s:
+            await asyncio.sleep(pause_s)  # pause before the requeue: no hot loop
+        await message.nack(requeue=True)
+    except Exception as exc:  # channel gone: the broker redelivers the unacked copy
+        log.warning("could not settle message %s: %r", message.message_id, exc)

@@ -1,0 +1,123 @@
+"""The tick, the delay tiers and the names of everything the plugin declares (pure).
+
+A delay tier is a queue whose queue-wide TTL is ``tick * 2**k``; messages in it all
+expire after the same time, so RabbitMQ's head-first expiry never holds a short wait
+behind a long one. The re-check step sends a waiting message through the largest tier
+that fits the time it still has to wait, so a delay D costs about log2(D / tick) + 1
+hops instead of D / tick.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import reduce
+from typing import TYPE_CHECKING
+
+from faststream_retry.errors import RetryConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = [
+    "MIN_TICK_MS",
+    "Tiers",
+    "compute_tick_ms",
+    "dlq_name",
+    "retry_queue_name",
+    "tier_name",
+]
+
+MIN_TICK_MS = 100
+"""The floor of the tick: below it the re-check loop would spin (jitter, odd factors)."""
+
+
+def retry_queue_name(queue: str) -> str:
+    """Return the re-check queue of origin queue ``queue``."""
+    return f"{queue}.retry"
+
+
+def dlq_name(queue: str) -> str:
+    """Return the dead-letter queue of origin queue ``queue``."""
+    return f"{queue}.dlq"
+
+
+def tier_name(prefix: str, ttl_ms: int) -> str:
+    """Return the name of the delay tier exchange and queue with this TTL."""
+    return f"{prefix}.delay.{ttl_ms}"
+
+
+def compute_tick_ms(delays_ms: Iterable[int], explicit_ms: int | None = None) -> int:
+    """Return the tick: ``explicit_ms``, or the GCD of ``delays_ms``, never below the floor.
+
+    A GCD below the floor is raised to it; the delays that are then off the grid are
+    rounded up to it when they are scheduled.
+    """
+    if explicit_ms is not None:
+        if explicit_ms < MIN_TICK_MS:
+            raise RetryConfigError(
+                f"tick must be at least {MIN_TICK_MS} ms, got {explicit_ms} ms "
+                "(a shorter tick turns the re-check loop into a busy loop)"
+            )
+        return explicit_ms
+    positive = [d for d in delays_ms if d > 0]
+    if not positive:
+        return 1000
+    return max(MIN_TICK_MS, reduce(math.gcd, positive))
+
+
+@dataclass(frozen=True, slots=True)
+class Tiers:
+    """The tiers in use: ``tick * 2**k`` for every k with a TTL <= ``max_delay_ms``.
+
+    ``max_delay_ms`` is rounded down to the tick grid so that no scheduled delay
+    can exceed it.
+    """
+
+    tick_ms: int
+    max_delay_ms: int
+    ttls_ms: tuple[int, ...]
+
+    @classmethod
+    def build(cls, tick_ms: int, max_delay_ms: int) -> Tiers:
+        """Build the ladder; ``max_delay_ms`` must be at least one tick."""
+        if max_delay_ms < tick_ms:
+            raise RetryConfigError(
+                f"max_delay ({max_delay_ms} ms) must be at least one tick ({tick_ms} ms)"
+            )
+        max_delay_ms -= max_delay_ms % tick_ms
+        ttls = []
+        ttl = tick_ms
+        while ttl <= max_delay_ms:
+            ttls.append(ttl)
+            ttl *= 2
+        return cls(tick_ms, max_delay_ms, tuple(ttls))
+
+    def round_delay(self, delay_ms: float) -> int:
+        """Round a delay up to the tick grid, at least one tick, at most ``max_delay``."""
+        if not delay_ms > 0:  # also NaN
+            return self.tick_ms
+        ticks = math.ceil(min(delay_ms, self.max_delay_ms) / self.tick_ms)
+        return max(1, ticks) * self.tick_ms
+
+    def pick(self, remaining_ms: int) -> int:
+        """Return the TTL of the largest tier that fits ``remaining_ms``.
+
+        Below one tick the base tier is used: a message is never released early, so
+        it waits out the rest of the tick.
+        """
+        best = self.ttls_ms[0]
+        for ttl in self.ttls_ms:
+            if ttl > remaining_ms:
+                break
+            best = ttl
+        return best
+
+    def hops(self, delay_ms: int) -> int:
+        """Return how many tier passes a delay of ``delay_ms`` takes (no latency)."""
+        count = 0
+        remaining = delay_ms
+        while remaining > 0:
+            remaining -= self.pick(remaining)
+            count += 1
+        return count

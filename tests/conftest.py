@@ -1,0 +1,31 @@
+"""Session fixtures: a real RabbitMQ for the tests marked ``rabbit``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts" / "rabbitmq"
+
+
+@pytest.fixture(scope="session")
+def rabbit_url() -> Iterator[str]:
+    """The URL of a real broker: ``RABBITMQ_URL``, or one this session starts and stops."""
+    url = os.environ.get("RABBITMQ_URL")
+    if url:
+        yield url
+        return
+    started = subprocess.run(
+        ["bash", str(SCRIPTS / "start.sh")], capture_output=True, text=True, check=False
+    )
+    if started.returncode != 0:
+        pytest.fail(f"could not start RabbitMQ for the tests:\n{started.stderr}")
+    try:
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run(["bash", str(SCRIPTS / "stop.sh")], capture_output=True, check=False)

@@ -1,0 +1,136 @@
+"""Helpers for tests against a real RabbitMQ: unique names, a running app, polling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from faststream.rabbit import RabbitBroker
+
+from faststream_retry import RetryMiddleware
+from faststream_retry.tiers import tier_name
+
+pytestmark = pytest.mark.rabbit
+
+
+async def eventually(
+    condition: Callable[[], bool], timeout: float = 15.0, what: str = "condition"
+) -> None:
+    """Wait until ``condition()`` holds, failing the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def unique(name: str) -> str:
+    """Return ``name`` made unique to this test run."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def amqp(rabbit_url: str) -> AsyncIterator[AbstractRobustConnection]:
+    """A plain aio-pika connection, to look inside queues and publish raw messages."""
+    connection = await aio_pika.connect_robust(rabbit_url)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def drain(
+    connection: AbstractRobustConnection, queue: str, expect: int, timeout: float = 15.0
+) -> list[AbstractIncomingMessage]:
+    """Get exactly the messages waiting in ``queue``: wait for ``expect``, then for none more."""
+    channel = await connection.channel()
+    got: list[AbstractIncomingMessage] = []
+    deadline = time.monotonic() + timeout
+    q = await channel.get_queue(queue, ensure=True)
+    while len(got) < expect and time.monotonic() < deadline:
+        message = await q.get(fail=False, no_ack=True)
+        if message is None:
+            await asyncio.sleep(0.02)
+        else:
+            got.append(message)
+    await asyncio.sleep(0.3)  # a settle window: anything more would be a bug
+    while (extra := await q.get(fail=False, no_ack=True)) is not None:
+        got.append(extra)
+    await channel.close()
+    return got
+
+
+async def queue_depth(connection: AbstractRobustConnection, queue: str) -> int:
+    """Return how many ready messages ``queue`` holds."""
+    channel = await connection.channel()
+    try:
+        declared = await channel.declare_queue(queue, passive=True)
+        return declared.declaration_result.message_count or 0
+    finally:
+        await channel.close()
+
+
+class App:
+    """A broker with the plugin installed, on names private to one test."""
+
+    def __init__(self, url: str, prefix: str | None = None, **retry_options: Any) -> None:
+        self.prefix = prefix or unique("t")
+        retry_options.setdefault("tick", 0.1)
+        retry_options.setdefault("max_delay", 60)
+        retry_options.setdefault("publish_failure_pause", 0.2)
+        self.retry = RetryMiddleware(prefix=self.prefix, **retry_options)
+        self.broker = RabbitBroker(url, middlewares=[self.retry], logger=None)
+        self.retry.install(self.broker)
+        self.events: list[Any] = []
+        self.retry._hooks.append(self.events.append)
+        self.running = False
+
+    async def start(self) -> None:
+        await self.broker.start()
+        self.running = True
+
+    async def stop(self) -> None:
+        if self.running:
+            await self.broker.stop()
+            self.running = False
+
+    async def cleanup(self, connection: AbstractRobustConnection) -> None:
+        runtime = self.retry.runtime(self.broker)
+        channel = await connection.channel()
+        names = []
+        for route in runtime.routes.values():
+            names += [route.queue, route.retry_queue, route.dlq]
+        tiers = runtime.tiers.ttls_ms if runtime.tiers else ()
+        for name in names + [tier_name(self.prefix, t) for t in tiers]:
+            with contextlib.suppress(Exception):
+                await channel.queue_delete(name)
+        for ttl in tiers:
+            with contextlib.suppress(Exception):
+                await channel.exchange_delete(tier_name(self.prefix, ttl))
+        with contextlib.suppress(Exception):
+            await channel.close()
+
+
+@pytest.fixture
+async def make_app(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> AsyncIterator[Callable[..., App]]:
+    """Build apps for a test; stops them and deletes their queues afterwards."""
+    apps: list[App] = []
+
+    def build(**retry_options: Any) -> App:
+        app = App(rabbit_url, **retry_options)
+        apps.append(app)
+        return app
+
+    yield build
+    for app in apps:
+        await app.stop()
+        await app.cleanup(amqp)

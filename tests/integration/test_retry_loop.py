@@ -1,0 +1,300 @@
+"""The retry loop end to end, on a real RabbitMQ: TTL tiers, re-check, DLQ, confirms."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+from faststream.rabbit import ExchangeType, RabbitExchange, RabbitMessage, RabbitQueue
+
+from faststream_retry import (
+    Exponential,
+    Fixed,
+    PermanentError,
+    RetryLater,
+    RetryPolicy,
+    retry_policy,
+)
+from faststream_retry.events import EventKind
+from faststream_retry.tiers import tier_name
+from tests.integration.conftest import App, drain, eventually, queue_depth, unique
+
+pytestmark = pytest.mark.rabbit
+
+
+async def test_transient_twice_then_success(make_app: Any, amqp: AbstractRobustConnection) -> None:
+    """Two transient failures come back after at least their planned delays, then succeed."""
+    app: App = make_app()
+    queue = unique("orders")
+    calls: list[float] = []
+
+    @app.broker.subscriber(queue)
+    @retry_policy(backoff=Exponential(initial=0.3, factor=2), max_attempts=5)
+    async def handle(body: dict[str, Any]) -> None:
+        calls.append(time.time())
+        if len(calls) <= 2:
+            raise ConnectionError("database down")
+
+    await app.start()
+    await app.broker.publish({"id": 1}, queue=queue)
+    await eventually(lambda: len(calls) == 3, what="3 handler calls")
+
+    planned = [e.delay_ms for e in app.events if e.kind is EventKind.SCHEDULED]
+    assert planned == [300, 600]
+    gaps_ms = [(b - a) * 1000 for a, b in zip(calls, calls[1:], strict=False)]
+    for gap, delay in zip(gaps_ms, planned, strict=True):
+        assert gap >= delay, (gaps_ms, planned)
+        assert gap - delay < 400, f"late by {gap - delay:.0f} ms"
+    lateness = [e.lateness_ms for e in app.events if e.kind is EventKind.RELEASED]
+    assert len(lateness) == 2
+    assert all(x is not None and 0 <= x < 300 for x in lateness), lateness
+    assert await drain(amqp, f"{queue}.dlq", expect=0) == []
+
+
+async def test_permanent_failure_goes_to_dlq_untouched(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A permanent failure: one call, then one DLQ copy with body, ids and headers intact."""
+    app: App = make_app()
+    queue = unique("webhooks")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    async def handle(body: dict[str, Any]) -> None:
+        nonlocal calls
+        calls += 1
+        raise PermanentError("payload names no URL")
+
+    await app.start()
+    await app.broker.publish(
+        {"id": 7},
+        queue=queue,
+        message_id="msg-7",
+        correlation_id="corr-7",
+        headers={"tenant": "acme", "x-death": "forged"},
+    )
+    dead = await drain(amqp, f"{queue}.dlq", expect=1)
+    assert calls == 1
+    assert len(dead) == 1
+    msg = dead[0]
+    assert msg.body == b'{"id":7}'
+    assert msg.message_id == "msg-7"
+    assert msg.correlation_id == "corr-7"
+    assert msg.content_type == "application/json"
+    headers = msg.headers
+    assert headers["tenant"] == "acme"
+    assert "x-death" not in headers
+    assert headers["retry-reason"] == "permanent"
+    assert headers["retry-exception"] == "faststream_retry.errors.PermanentError"
+    assert headers["retry-error"] == "payload names no URL"
+    assert "PermanentError" in str(headers["retry-traceback"])
+    assert headers["retry-origin-queue"] == queue
+    assert headers["retry-attempt"] == 1
+    assert await queue_depth(amqp, queue) == 0
+
+
+async def test_exhausted_after_max_attempts(make_app: Any, amqp: AbstractRobustConnection) -> None:
+    """A transient failure that never passes: max_attempts calls, then DLQ as exhausted."""
+    app: App = make_app()
+    queue = unique("email")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=3, backoff=Fixed(0.1))
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        raise TimeoutError(f"smtp timeout #{calls}")
+
+    await app.start()
+    await app.broker.publish("hello", queue=queue)
+    dead = await drain(amqp, f"{queue}.dlq", expect=1)
+    assert calls == 3
+    assert len(dead) == 1
+    headers = dead[0].headers
+    assert headers["retry-reason"] == "exhausted"
+    assert headers["retry-attempt"] == 3
+    history = headers["retry-history"]
+    assert [entry["attempt"] for entry in history] == [1, 2, 3]  # type: ignore[index, union-attr]
+    assert [entry["error"] for entry in history] == [  # type: ignore[index, union-attr]
+        "smtp timeout #1",
+        "smtp timeout #2",
+        "smtp timeout #3",
+    ]
+    assert headers["retry-first-failed-at"] <= headers["retry-last-failed-at"]  # type: ignore[operator]
+
+
+async def test_fanout_retry_reaches_only_the_failing_queue(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """Two queues on one fanout exchange; one fails once: the other is called exactly once."""
+    app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
+    exchange = RabbitExchange(unique("notify"), type=ExchangeType.FANOUT, auto_delete=True)
+    flaky_q, steady_q = unique("flaky"), unique("steady")
+    flaky_calls = steady_calls = 0
+
+    @app.broker.subscriber(RabbitQueue(flaky_q), exchange)
+    async def flaky(body: str) -> None:
+        nonlocal flaky_calls
+        flaky_calls += 1
+        if flaky_calls == 1:
+            raise ConnectionError("smtp down")
+
+    @app.broker.subscriber(RabbitQueue(steady_q), exchange)
+    async def steady(body: str) -> None:
+        nonlocal steady_calls
+        steady_calls += 1
+
+    await app.start()
+    await app.broker.publish("event", exchange=exchange)
+    await eventually(lambda: flaky_calls == 2, what="the retry of the flaky queue")
+    await eventually(lambda: steady_calls >= 1, what="the steady queue")
+    assert await queue_depth(amqp, steady_q) == 0
+    assert await queue_depth(amqp, flaky_q) == 0
+    assert steady_calls == 1
+    assert flaky_calls == 2
+
+
+async def test_short_retry_is_not_blocked_by_a_long_one(make_app: Any) -> None:
+    """Head-of-line: a 1 s retry scheduled after an 8 s retry comes back after about 1 s."""
+    app: App = make_app(tick=0.5)
+    queue = unique("hol")
+    seen: dict[str, list[float]] = {"slow": [], "fast": []}
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        seen[body].append(time.monotonic())
+        if len(seen[body]) == 1:
+            raise RetryLater(delay=8 if body == "slow" else 1)
+
+    await app.start()
+    await app.broker.publish("slow", queue=queue)
+    await eventually(lambda: len(seen["slow"]) == 1, what="the slow message's first call")
+    await app.broker.publish("fast", queue=queue)
+    await eventually(lambda: len(seen["fast"]) == 2, timeout=5, what="the fast retry")
+    fast_wait = seen["fast"][1] - seen["fast"][0]
+    assert 1.0 <= fast_wait < 2.0, fast_wait
+    assert len(seen["slow"]) == 1, "the 8 s retry must still be waiting"
+    await eventually(lambda: len(seen["slow"]) == 2, timeout=12, what="the slow retry")
+    assert seen["slow"][1] - seen["slow"][0] >= 8.0
+
+
+async def test_forged_header_never_moves_a_message_to_another_queue(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A message injected into <queue>.retry naming another queue goes back to <queue> only."""
+    app: App = make_app()
+    queue, victim = unique("mine"), unique("victim")
+    mine: list[bytes] = []
+    stolen: list[bytes] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(msg: RabbitMessage) -> None:
+        mine.append(msg.body)
+
+    @app.broker.subscriber(victim)
+    async def handle_victim(msg: RabbitMessage) -> None:
+        stolen.append(msg.body)
+
+    await app.start()
+    channel = await amqp.channel()
+    hostile = {
+        "retry-origin-queue": victim,
+        "retry-due": "soon",
+        "retry-attempt": -5,
+        "x-death": [{"queue": victim, "count": 99}],
+        "x-first-death-queue": victim,
+    }
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"forged", headers=hostile), routing_key=f"{queue}.retry"
+    )
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"forged-2", headers={"retry-due": 2**62}),
+        routing_key=f"{queue}.retry",
+    )
+    dead = await drain(amqp, f"{queue}.dlq", expect=1)
+    await eventually(lambda: len(mine) >= 1, what="the forged message in its own queue")
+    await channel.close()
+    assert mine == [b"forged"]
+    assert stolen == []
+    assert [m.body for m in dead] == [b"forged-2"]
+    assert dead[0].headers["retry-reason"] == "invalid"
+    assert await queue_depth(amqp, victim) == 0
+
+
+async def test_restart_while_messages_wait_in_backoff_loses_nothing(
+    rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """The consuming app stops while retries wait; a new one picks them all up."""
+    queue = unique("restart")
+    sent = [f"m{i}" for i in range(30)]
+    processed: list[str] = []
+    failed_once: set[str] = set()
+
+    def build() -> App:
+        app: App = make_app(prefix=prefix, default=RetryPolicy(backoff=Fixed(1.0)))
+
+        @app.broker.subscriber(queue)
+        async def handle(body: str) -> None:
+            if body not in failed_once:
+                failed_once.add(body)
+                raise ConnectionError("down")
+            processed.append(body)
+
+        return app
+
+    prefix = unique("t")
+    first = build()
+    await first.start()
+    for body in sent:
+        await first.broker.publish(body, queue=queue)
+    await eventually(
+        lambda: sum(e.kind is EventKind.SCHEDULED for e in first.events) == len(sent),
+        what="all first failures scheduled",
+    )
+    await first.stop()
+    # While nobody consumes, every copy expires out of its tier into <queue>.retry.
+    for _ in range(300):
+        if await queue_depth(amqp, f"{queue}.retry") == len(sent):
+            break
+        await asyncio.sleep(0.05)
+    assert await queue_depth(amqp, f"{queue}.retry") == len(sent)
+    assert processed == []
+
+    second = build()
+    await second.start()
+    await eventually(lambda: len(processed) == len(sent), what="every message processed")
+    assert sorted(processed) == sorted(sent)
+    assert await drain(amqp, f"{queue}.dlq", expect=0) == []
+
+
+async def test_unroutable_retry_copy_does_not_ack_the_original(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A tier queue deleted under the running app: the copy is returned, the original kept."""
+    app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
+    queue = unique("unroutable")
+    deliveries: list[tuple[bool, Any]] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(msg: RabbitMessage) -> None:
+        deliveries.append((msg.raw_message.redelivered, msg.headers.get("retry-attempt")))
+        raise ConnectionError("down")
+
+    await app.start()
+    channel = await amqp.channel()
+    await channel.queue_delete(tier_name(app.prefix, 100))
+    await app.broker.publish("keep me", queue=queue)
+    await eventually(lambda: len(deliveries) >= 2, what="the requeued delivery")
+    await app.stop()
+    # The second delivery is the original, requeued: not a retry copy.
+    assert deliveries[0] == (False, None)
+    assert deliveries[1] == (True, None)
+    assert not any(e.kind is EventKind.SCHEDULED for e in app.events)
+    assert await queue_depth(amqp, queue) == 1
+    assert await queue_depth(amqp, f"{queue}.retry") == 0
+    await channel.close()
