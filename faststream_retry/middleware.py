@@ -167,8 +167,8 @@ class RetryMiddleware:
             # FastStream 0.7 has no start hook: connect, declare what the plugin
             # needs, start the subscribers, then the re-check consumers (they
             # release into the subscribers' queues, so those must exist first).
-            connection = await broker.connect()
             self._check_ack_policies(broker)
+            connection = await broker.connect()
             await runtime.declare(connection)
             await original_start()
             await runtime.start_consumers()

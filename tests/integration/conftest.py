@@ -6,16 +6,19 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from faststream.rabbit import RabbitBroker
 
 from faststream_retry import RetryMiddleware
 from faststream_retry.tiers import tier_name
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 pytestmark = pytest.mark.rabbit
 

@@ -1,0 +1,242 @@
+"""The middleware's decisions under TestRabbitBroker: the test mode our users rely on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from faststream import AckPolicy
+from faststream.exceptions import RejectMessage
+from faststream.rabbit import RabbitBroker, TestRabbitBroker
+from faststream.rabbit.annotations import RabbitMessage
+
+from faststream_retry import (
+    EventKind,
+    Exponential,
+    PermanentError,
+    RetryConfigError,
+    RetryLater,
+    RetryMiddleware,
+    RetryPolicy,
+    retry_policy,
+)
+
+
+def make() -> tuple[RetryMiddleware, RabbitBroker]:
+    retry = RetryMiddleware(
+        default=RetryPolicy(max_attempts=4, backoff=Exponential(initial=1, factor=2))
+    )
+    broker = RabbitBroker(logger=None)
+    retry.install(broker)
+    return retry, broker
+
+
+async def test_transient_failures_are_retried_at_once_and_recorded() -> None:
+    """Delays are computed as in production but not waited for; the handler sees its attempt."""
+    retry, broker = make()
+    attempts_seen: list[Any] = []
+
+    @broker.subscriber("email-queue")
+    async def send(body: str) -> None:
+        attempts_seen.append(len(attempts_seen) + 1)
+        if len(attempts_seen) < 3:
+            raise ConnectionError("smtp down")
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish("hi", queue="email-queue")
+    assert attempts_seen == [1, 2, 3]
+    assert [(e.attempt, e.delay_ms) for e in recorder.scheduled] == [(1, 1000), (2, 2000)]
+    assert recorder.dead_letters == []
+
+
+async def test_handler_reads_the_attempt_header() -> None:
+    """The attempt a retried call sees is the one a real copy would carry."""
+    retry, broker = make()
+    seen: list[Any] = []
+
+    @broker.subscriber("q2")
+    async def handle2(body: str, msg: RabbitMessage) -> None:
+        seen.append(msg.headers.get("retry-attempt"))
+        raise TimeoutError
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish("x", queue="q2")
+    assert seen == [None, 1, 2, 3]
+    assert recorder.dead_letters[0].reason == "exhausted"
+    assert recorder.dead_letters[0].attempt == 4
+
+
+async def test_permanent_failure_is_dead_lettered_and_swallowed() -> None:
+    """A permanent failure: one call, a recorded dead letter, no exception for the test."""
+    retry, broker = make()
+    calls = 0
+
+    @broker.subscriber("webhook-queue")
+    async def hook(body: dict[str, Any]) -> None:
+        nonlocal calls
+        calls += 1
+        raise PermanentError("no url")
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish({"x": 1}, queue="webhook-queue")
+    assert calls == 1
+    (dead,) = recorder.dead_letters
+    assert (dead.reason, dead.exception, dead.rule) == (
+        "permanent",
+        "faststream_retry.errors.PermanentError",
+        "explicit",
+    )
+
+
+async def test_validation_error_is_permanent_by_default() -> None:
+    """A body that fails validation is dead-lettered at once, not retried."""
+    retry, broker = make()
+
+    @broker.subscriber("typed")
+    async def typed(body: dict[str, int]) -> None: ...
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish({"a": "not an int"}, queue="typed")
+    assert [e.kind for e in recorder.events] == [EventKind.DEAD_LETTERED]
+    assert recorder.dead_letters[0].rule == "builtin"
+
+
+async def test_retry_later_delay_is_recorded() -> None:
+    """RetryLater's explicit delay is what the recorder shows, rounded to the tick."""
+    retry, broker = make()
+    calls = 0
+
+    @broker.subscriber("rate-limited")
+    async def call_api(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RetryLater(delay=30)
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish("x", queue="rate-limited")
+    assert [e.delay_ms for e in recorder.scheduled] == [30_000]
+
+
+async def test_disabled_handler_passes_exceptions_through() -> None:
+    """@retry_policy(enabled=False): FastStream sees the exception untouched."""
+    retry, broker = make()
+
+    @broker.subscriber("raw")
+    @retry_policy(enabled=False)
+    async def raw(body: str) -> None:
+        raise ValueError("mine to handle")
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder, pytest.raises(ValueError, match="mine to handle"):
+            await br.publish("x", queue="raw")
+    assert recorder.events == []
+
+
+async def test_faststream_control_exceptions_pass_through() -> None:
+    """RejectMessage raised by a handler is the handler's decision, not a failure."""
+    retry, broker = make()
+
+    @broker.subscriber("ctl")
+    async def ctl(body: str) -> None:
+        raise RejectMessage
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish("x", queue="ctl")
+    assert recorder.events == []
+
+
+async def test_failed_handler_result_is_not_published() -> None:
+    """A dead-lettered call must not publish a None result to the handler's publisher."""
+    _retry, broker = make()
+    out = broker.publisher("out")
+
+    @broker.subscriber("in")
+    @out
+    async def handler(body: str) -> str:
+        raise PermanentError("bad")
+
+    async with TestRabbitBroker(broker) as br:
+        await br.publish("x", queue="in")
+        out.mock.assert_not_called()
+
+
+async def test_success_path_is_untouched() -> None:
+    """A handler that succeeds publishes its result as usual and records nothing."""
+    retry, broker = make()
+    out = broker.publisher("out")
+
+    @broker.subscriber("in")
+    @out
+    async def handler(body: str) -> str:
+        return body.upper()
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish("x", queue="in")
+        out.mock.assert_called_once_with("X")
+    assert recorder.events == []
+
+
+def test_install_is_idempotent_and_adds_the_middleware() -> None:
+    """install() twice is a no-op; without middlewares= it adds the middleware itself."""
+    retry = RetryMiddleware()
+    broker = RabbitBroker()
+    retry.install(broker)
+    retry.install(broker)
+    assert list(broker.config.broker_middlewares).count(retry) == 1
+    with pytest.raises(RetryConfigError, match="already installed"):
+        RetryMiddleware().install(broker)
+
+
+async def test_install_before_subscribers_covers_them() -> None:
+    """Subscribers declared after install() are planned at start."""
+    retry = RetryMiddleware()
+    broker = RabbitBroker()
+    retry.install(broker)
+
+    @broker.subscriber("late")
+    @retry_policy(backoff=Exponential(initial=0.5))
+    async def late(body: str) -> None: ...
+
+    runtime = retry.runtime(broker)
+    tiers = runtime.plan()
+    assert "late" in runtime.routes
+    assert tiers.tick_ms == 500
+
+
+async def test_ack_first_subscriber_is_refused_at_start() -> None:
+    """ACK_FIRST acks before the handler: retries cannot be safe, so start says so."""
+    retry = RetryMiddleware()
+    broker = RabbitBroker("amqp://guest:guest@127.0.0.1:1/")
+    retry.install(broker)
+
+    @broker.subscriber("fire-and-forget", ack_policy=AckPolicy.ACK_FIRST)
+    async def fire(body: str) -> None: ...
+
+    with pytest.raises(RetryConfigError, match="ACK_FIRST"):
+        await broker.start()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"prefix": ""}, "prefix"),
+        ({"queue_type": "stream"}, "queue_type"),
+        ({"prefetch": 0}, "prefetch"),
+        ({"tick": 0.01}, "tick"),
+        ({"tick": 10, "max_delay": 1}, "max_delay"),
+        ({"default": 3}, "default"),
+        ({"hooks": [1]}, "hooks"),
+    ],
+)
+def test_invalid_middleware_options_name_themselves(kwargs: dict[str, Any], name: str) -> None:
+    """Each invalid option fails at construction with its name in the message."""
+    with pytest.raises(RetryConfigError, match=name):
+        RetryMiddleware(**kwargs)
