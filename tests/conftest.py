@@ -28,7 +28,10 @@ def rabbit_url() -> Iterator[str]:
     )
     if started.returncode != 0:
         pytest.fail(f"could not start RabbitMQ for the tests:\n{started.stderr}")
+    # A node that was already running belongs to someone else: leave it up.
+    ours = "reusing running node" not in started.stderr
     try:
         yield started.stdout.strip().splitlines()[-1]
     finally:
-        subprocess.run(["bash", str(SCRIPTS / "stop.sh")], capture_output=True, check=False)
+        if ours:
+            subprocess.run(["bash", str(SCRIPTS / "stop.sh")], capture_output=True, check=False)

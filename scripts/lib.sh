@@ -1,0 +1,64 @@
+# Shared by scripts/test and scripts/demo: a virtualenv with the project, and a broker.
+# Sourced, not run.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+
+log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+
+pick_python() {
+  local candidate
+  for candidate in "${PYTHON:-}" python3.13 python3.12 python3.11 python3.10 python3; do
+    [[ -n "$candidate" ]] || continue
+    if command -v "$candidate" >/dev/null 2>&1 \
+      && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  return 1
+}
+
+ensure_venv() {
+  local py stamp="$VENV/.installed"
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    py="$(pick_python)" || { log "ERROR: Python >= 3.10 is needed (apt-get install python3)"; exit 1; }
+    if ! "$py" -m venv "$VENV" 2>/dev/null; then
+      if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+        log "installing python3-venv"
+        apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv >&2
+        "$py" -m venv "$VENV"
+      else
+        log "ERROR: '$py -m venv' failed; install your distribution's venv package (python3-venv)"
+        exit 1
+      fi
+    fi
+  fi
+  # Reinstall only when the dependencies changed.
+  if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
+    log "installing faststream-retry and its dev dependencies into $VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
+    touch "$stamp"
+  fi
+}
+
+# Sets RABBITMQ_URL (a broker the caller named, or one started here) and arranges
+# for a broker started here to be stopped on exit.
+ensure_rabbitmq() {
+  if [[ -n "${RABBITMQ_URL:-}" ]]; then
+    log "using RABBITMQ_URL=$RABBITMQ_URL"
+    return 0
+  fi
+  local err; err="$(mktemp)"
+  if ! RABBITMQ_URL="$(bash "$ROOT/scripts/rabbitmq/start.sh" 2>"$err")"; then
+    cat "$err" >&2; rm -f "$err"; exit 1
+  fi
+  if grep -q "reusing running node" "$err"; then
+    log "reusing the RabbitMQ already running at $RABBITMQ_URL"
+  else
+    log "started RabbitMQ at $RABBITMQ_URL (stopped again on exit)"
+    trap 'bash "$ROOT/scripts/rabbitmq/stop.sh" >/dev/null 2>&1 || true' EXIT
+  fi
+  rm -f "$err"
+  export RABBITMQ_URL
+}
