@@ -190,7 +190,7 @@ class RetryMiddleware:
         for sub in broker.subscribers:
             if getattr(sub, "ack_policy", None) is AckPolicy.ACK_FIRST:
                 route = self.runtime(broker).route(_queue_of(sub))
-                if route is not None and route.enabled:
+                if route is not None:
                     raise RetryConfigError(
                         f"subscriber of {route.queue!r} uses AckPolicy.ACK_FIRST: the "
                         "message is acked before the handler runs, so a failure cannot "
@@ -253,7 +253,8 @@ class RetryMiddleware:
         if route is None:
             raise exc
         handler_policy = await route.policy_for(msg)
-        if handler_policy is not None and handler_policy.options.get("enabled") is False:
+        default = self._config.default
+        if not (handler_policy.resolve(default) if handler_policy else default).enabled:
             raise exc
         tiers = runtime.tiers
         assert tiers is not None  # noqa: S101 - route() planned them

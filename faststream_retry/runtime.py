@@ -80,10 +80,11 @@ class Route:
         self.retry_queue = retry_queue_name(self.queue)
         self.dlq = dlq_name(self.queue)
 
-    @property
-    def enabled(self) -> bool:
+    def enabled(self, default: RetryPolicy) -> bool:
         """Return whether any handler of the queue has retries on."""
-        return any(p is None or p.options.get("enabled", True) for _, p in self.policies)
+        return any(
+            (p.resolve(default) if p is not None else default).enabled for _, p in self.policies
+        )
 
     async def policy_for(self, msg: Any) -> HandlerPolicy | None:  # noqa: ANN401 - StreamMessage
         """Return the policy of the handler that took ``msg`` (filters re-run, in order)."""
@@ -268,7 +269,8 @@ class Runtime:
 
     def plan(self) -> Tiers:
         """Collect the routes and compute the tiers (no network)."""
-        self.routes = {q: r for q, r in collect_routes(self.broker).items() if r.enabled}
+        default = self.config.default
+        self.routes = {q: r for q, r in collect_routes(self.broker).items() if r.enabled(default)}
         delays: list[int] = list(self.config.default.backoff.named_delays_ms())
         for route in self.routes.values():
             for _, policy in route.policies:

@@ -240,3 +240,27 @@ def test_invalid_middleware_options_name_themselves(kwargs: dict[str, Any], name
     """Each invalid option fails at construction with its name in the message."""
     with pytest.raises(RetryConfigError, match=name):
         RetryMiddleware(**kwargs)
+
+
+async def test_default_policy_can_switch_retries_off() -> None:
+    """enabled=False on the default: undecorated handlers pass through, decorated ones opt in."""
+    retry = RetryMiddleware(default=RetryPolicy(enabled=False))
+    broker = RabbitBroker(logger=None)
+    retry.install(broker)
+
+    @broker.subscriber("off")
+    async def off(body: str) -> None:
+        raise TimeoutError("nobody retries me")
+
+    @broker.subscriber("on")
+    @retry_policy(enabled=True, max_attempts=2)
+    async def on(body: str) -> None:
+        raise TimeoutError("retried")
+
+    assert set(retry.runtime(broker).plan() and retry.runtime(broker).routes) == {"on"}
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            with pytest.raises(TimeoutError, match="nobody"):
+                await br.publish("x", queue="off")
+            await br.publish("x", queue="on")
+    assert [e.kind for e in recorder.events] == [EventKind.SCHEDULED, EventKind.DEAD_LETTERED]

@@ -282,10 +282,12 @@ async def test_unroutable_retry_copy_does_not_ack_the_original(
     app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
     queue = unique("unroutable")
     deliveries: list[tuple[bool, Any]] = []
+    times: list[float] = []
 
     @app.broker.subscriber(queue)
     async def handle(msg: RabbitMessage) -> None:
         deliveries.append((msg.raw_message.redelivered, msg.headers.get("retry-attempt")))
+        times.append(time.monotonic())
         raise ConnectionError("down")
 
     await app.start()
@@ -297,7 +299,32 @@ async def test_unroutable_retry_copy_does_not_ack_the_original(
     # The second delivery is the original, requeued: not a retry copy.
     assert deliveries[0] == (False, None)
     assert deliveries[1] == (True, None)
+    assert times[1] - times[0] >= 0.2, "requeued only after publish_failure_pause"
     assert not any(e.kind is EventKind.SCHEDULED for e in app.events)
     assert await queue_depth(amqp, queue) == 1
     assert await queue_depth(amqp, f"{queue}.retry") == 0
     await channel.close()
+
+
+async def test_immediate_retries_stay_in_process(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """immediate=1: the second call happens in the same delivery, no tier involved."""
+    app: App = make_app()
+    queue = unique("immediate")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    @retry_policy(immediate=1, backoff=Fixed(5))
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise TimeoutError("blip")
+
+    await app.start()
+    await app.broker.publish("x", queue=queue)
+    await eventually(lambda: calls == 2, timeout=3, what="the in-process retry")
+    assert [(e.kind, e.immediate) for e in app.events] == [(EventKind.SCHEDULED, True)]
+    assert await queue_depth(amqp, f"{queue}.retry") == 0
+    assert await queue_depth(amqp, queue) == 0
