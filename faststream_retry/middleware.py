@@ -24,7 +24,6 @@ from faststream_retry.runtime import (
     Route,
     Runtime,
     RuntimeConfig,
-    copy_properties,
     now_ms,
     subscriber_queue,
 )
@@ -337,16 +336,7 @@ class RetryMiddleware:
                 traceback="".join(traceback.format_exception(exc)),
             )
             exchange, key = "", route.dlq
-        try:
-            ok = await publisher.publish(
-                exchange=exchange,
-                routing_key=key,
-                body=raw.body,
-                properties=copy_properties(raw, headers),
-            )
-        except Exception:  # never let a publish problem lose the original
-            log.exception("could not publish a copy of message %s", msg.message_id)
-            ok = False
+        ok = await publisher.republish(raw, exchange=exchange, routing_key=key, headers=headers)
         if ok:
             self._report(route, msg, decision, exc, now)
         return ok

@@ -145,6 +145,30 @@ class Publisher:
         # could swap their outcomes, so they go one after the other.
         self._inflight: dict[str, asyncio.Future[None]] = {}
 
+    async def republish(
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        exchange: str,
+        routing_key: str,
+        headers: dict[str, Any],
+    ) -> bool:
+        """Publish a copy of ``message`` with ``headers``; ``True`` only once confirmed.
+
+        Never raises: whatever goes wrong means "not confirmed", and the caller keeps
+        the original.
+        """
+        try:
+            return await self.publish(
+                exchange=exchange,
+                routing_key=routing_key,
+                body=message.body,
+                properties=copy_properties(message, headers),
+            )
+        except Exception:  # never let a publish problem lose the original
+            log.exception("could not publish a copy of message %s", message.message_id)
+            return False
+
     async def publish(
         self,
         *,
@@ -413,11 +437,8 @@ class Runtime:
                 ttl = tiers.pick(due - now)
                 exchange, key = tier_name(self.config.prefix, ttl), route.retry_queue
                 event = self._event(EventKind.HOP, route, message, now, due=due, delay=ttl)
-            ok = await publisher.publish(
-                exchange=exchange,
-                routing_key=key,
-                body=message.body,
-                properties=copy_properties(message, headers),
+            ok = await publisher.republish(
+                message, exchange=exchange, routing_key=key, headers=headers
             )
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
