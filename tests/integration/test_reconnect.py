@@ -1,0 +1,76 @@
+"""After the broker drops the connection, the plugin's topology and consumers come back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from faststream_retry import Fixed, RetryPolicy
+from faststream_retry.tiers import tier_name
+from tests.integration.conftest import App, eventually, queue_depth, unique
+
+pytestmark = pytest.mark.rabbit
+
+CTL = Path(os.environ.get("TMPDIR", "/tmp")) / "rabbitmq-test-5673" / "ctl"  # noqa: S108 - the start script's dir
+
+
+async def test_topology_is_declared_again_after_a_reconnect(
+    rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A tier queue deleted while the connection is down exists again after the reconnect."""
+    if "127.0.0.1:5673" not in rabbit_url or not CTL.exists():
+        pytest.skip("needs the broker of scripts/rabbitmq/start.sh to close connections")
+    app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
+    queue = unique("reconnect")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("down")
+
+    await app.start()
+    connection = await app.broker.connect()
+    reconnected = asyncio.Event()
+    connection.reconnect_callbacks.add(lambda *_: reconnected.set())  # type: ignore[attr-defined]
+    base_tier = tier_name(app.prefix, 100)
+    channel = await amqp.channel()
+    await channel.queue_delete(base_tier)
+    await channel.close()
+
+    closed = await asyncio.to_thread(
+        subprocess.run,
+        [str(CTL), "close_all_connections", "test: drop the app"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert closed.returncode == 0, closed.stderr
+    await asyncio.wait_for(reconnected.wait(), timeout=30)
+    # The test's own inspection connection was closed too; it reconnects by itself.
+    await eventually(lambda: not amqp.is_closed, timeout=30, what="the test connection")
+
+    async def tier_is_back() -> bool:
+        try:
+            await queue_depth(amqp, base_tier)
+        except Exception:
+            return False
+        return True
+
+    for _ in range(300):
+        if await tier_is_back():
+            break
+        await asyncio.sleep(0.05)
+    assert await tier_is_back(), "the tier queue was not declared again"
+
+    # And the loop works end to end on the restored channels.
+    await app.broker.publish("after", queue=queue)
+    await eventually(lambda: calls == 2, timeout=20, what="the retried call after reconnect")
