@@ -177,8 +177,14 @@ class RetryMiddleware:
             exc_val: BaseException | None = None,
             exc_tb: TracebackType | None = None,
         ) -> None:
-            await runtime.stop()
-            await original_stop(exc_type, exc_val, exc_tb)
+            # Re-check consumers first (they feed the subscribers' queues), then
+            # FastStream drains its handlers, whose failures still need the
+            # publisher; the plugin's channels close last.
+            await runtime.stop_consumers()
+            try:
+                await original_stop(exc_type, exc_val, exc_tb)
+            finally:
+                await runtime.stop()
 
         broker.start = start  # type: ignore[method-assign]
         broker.stop = stop  # type: ignore[method-assign]

@@ -364,14 +364,18 @@ class Runtime:
             tag = await queue.consume(self._recheck_callback(route))
             self._consumers.append((queue, tag))
 
-    async def stop(self) -> None:
-        """Stop the consumers, let in-flight hops finish, close the channels."""
+    async def stop_consumers(self) -> None:
+        """Stop the re-check consumers and let their in-flight hops finish."""
         for queue, tag in self._consumers:
             with contextlib.suppress(Exception):
                 await queue.cancel(tag)
         self._consumers.clear()
         if self._pending:
             await asyncio.wait(self._pending, timeout=self.config.publish_timeout_s)
+
+    async def stop(self) -> None:
+        """Stop the consumers, then close the channels (the publisher goes last)."""
+        await self.stop_consumers()
         for channel in (self._consume_channel, self._publish_channel):
             if channel is not None and not channel.is_closed:
                 with contextlib.suppress(Exception):

@@ -83,13 +83,21 @@ async def queue_depth(connection: AbstractRobustConnection, queue: str) -> int:
 class App:
     """A broker with the plugin installed, on names private to one test."""
 
-    def __init__(self, url: str, prefix: str | None = None, **retry_options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str | None = None,
+        broker_options: dict[str, Any] | None = None,
+        **retry_options: Any,
+    ) -> None:
         self.prefix = prefix or unique("t")
         retry_options.setdefault("tick", 0.1)
         retry_options.setdefault("max_delay", 60)
         retry_options.setdefault("publish_failure_pause", 0.2)
         self.retry = RetryMiddleware(prefix=self.prefix, **retry_options)
-        self.broker = RabbitBroker(url, middlewares=[self.retry], logger=None)
+        self.broker = RabbitBroker(
+            url, middlewares=[self.retry], logger=None, **(broker_options or {})
+        )
         self.retry.install(self.broker)
         self.events: list[Any] = []
         self.retry._hooks.append(self.events.append)

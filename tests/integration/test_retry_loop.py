@@ -328,3 +328,35 @@ async def test_immediate_retries_stay_in_process(
     assert [(e.kind, e.immediate) for e in app.events] == [(EventKind.SCHEDULED, True)]
     assert await queue_depth(amqp, f"{queue}.retry") == 0
     assert await queue_depth(amqp, queue) == 0
+
+
+async def test_failure_during_graceful_shutdown_still_gets_its_copy(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A handler failing while the broker stops: its retry copy is confirmed, the original acked."""
+    app: App = make_app(
+        default=RetryPolicy(backoff=Fixed(30)), broker_options={"graceful_timeout": 10}
+    )
+    queue = unique("shutdown")
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        entered.set()
+        await release.wait()
+        raise ConnectionError("failed while we were shutting down")
+
+    await app.start()
+    await app.broker.publish("x", queue=queue)
+    await asyncio.wait_for(entered.wait(), timeout=10)
+    stopping = asyncio.create_task(app.stop())
+    await asyncio.sleep(0.2)  # let stop() reach FastStream's graceful wait
+    release.set()
+    await asyncio.wait_for(stopping, timeout=20)
+    scheduled = [e for e in app.events if e.kind is EventKind.SCHEDULED]
+    assert len(scheduled) == 1, app.events
+    assert await queue_depth(amqp, queue) == 0, "the original was acked"
+    tiers = app.retry.runtime(app.broker).tiers
+    assert tiers is not None
+    assert await queue_depth(amqp, tier_name(app.prefix, tiers.pick(30_000))) == 1
