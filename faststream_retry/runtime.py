@@ -143,7 +143,8 @@ class Publisher:
         # aiormq matches a basic.return to its publish by message_id; two publishes
         # of one id in flight at once (a fanout message failing in two queues)
         # could swap their outcomes, so they go one after the other.
-        self._inflight: dict[str, asyncio.Future[None]] = {}
+        # A future is made only when a second publish of an id arrives (rare).
+        self._inflight: dict[str, asyncio.Future[None] | None] = {}
 
     async def republish(
         self,
@@ -179,15 +180,18 @@ class Publisher:
     ) -> bool:
         """Publish and return ``True`` only on a ``Basic.Ack`` for a routed message."""
         message_id = properties.message_id or ""
-        while (previous := self._inflight.get(message_id)) is not None:
-            await previous
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inflight[message_id] = done
+        while message_id in self._inflight:
+            waiter = self._inflight[message_id]
+            if waiter is None:
+                waiter = self._inflight[message_id] = asyncio.get_running_loop().create_future()
+            await asyncio.shield(waiter)
+        self._inflight[message_id] = None
         try:
             return await self._publish(exchange, routing_key, body, properties)
         finally:
-            del self._inflight[message_id]
-            done.set_result(None)
+            waiter = self._inflight.pop(message_id)
+            if waiter is not None:
+                waiter.set_result(None)
 
     async def _publish(
         self,
@@ -408,17 +412,18 @@ class Runtime:
             await _settle(message, ok=False, pause_s=0)
             return
         ok = False
+        kind = EventKind.HOP
+        now = ttl = 0
+        due: int | None = None
         try:
             now = now_ms()
             incoming = message.headers
             due = h.read_due(incoming)
-            headers = h.carry_over(incoming)
-            event: RetryEvent
             if due is None or due <= now:
-                exchange, key = "", route.queue
-                event = self._event(EventKind.RELEASED, route, message, now, due=due)
+                kind, exchange, key = EventKind.RELEASED, "", route.queue
+                headers = h.carry_over(incoming)
             elif due - now > tiers.max_delay_ms + tiers.tick_ms:
-                exchange, key = "", route.dlq
+                kind, exchange, key = EventKind.DEAD_LETTERED, "", route.dlq
                 failure = h.FailureRecord(
                     attempt=h.read_attempt(incoming),
                     at_ms=now,
@@ -429,56 +434,37 @@ class Runtime:
                 headers = h.dead_letter_headers(
                     incoming, failure, reason="invalid", origin_queue=route.queue
                 )
-                event = self._event(
-                    EventKind.DEAD_LETTERED,
-                    route,
-                    message,
-                    now,
-                    due=due,
-                    reason="invalid",
-                )
             else:
                 ttl = tiers.pick(due - now)
                 exchange, key = tier_name(self.config.prefix, ttl), route.retry_queue
-                event = self._event(EventKind.HOP, route, message, now, due=due, delay=ttl)
+                headers = h.carry_over(incoming)
             ok = await publisher.republish(
                 message, exchange=exchange, routing_key=key, headers=headers
             )
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
-        if ok:
-            if event.kind is EventKind.DEAD_LETTERED:
-                log.warning(
-                    "dead-lettered message %s from %s: reason=invalid (%s)",
-                    message.message_id,
-                    route.retry_queue,
-                    "due time beyond max_delay",
-                )
-            emit(self.config.hooks, event)
+        if ok and kind is EventKind.DEAD_LETTERED:
+            log.warning(
+                "dead-lettered message %s from %s: reason=invalid (due time beyond max_delay)",
+                message.message_id,
+                route.retry_queue,
+            )
+        if ok and self.config.hooks:  # events cost nothing when nobody listens
+            emit(
+                self.config.hooks,
+                RetryEvent(
+                    kind=kind,
+                    queue=route.queue,
+                    message_id=message.message_id,
+                    attempt=h.read_attempt(message.headers),
+                    at_ms=now,
+                    delay_ms=ttl or None,
+                    due_ms=due,
+                    lateness_ms=(now - due) if kind is EventKind.RELEASED and due else None,
+                    reason="invalid" if kind is EventKind.DEAD_LETTERED else None,
+                ),
+            )
         await _settle(message, ok=ok, pause_s=self.config.pause_s)
-
-    @staticmethod
-    def _event(
-        kind: EventKind,
-        route: Route,
-        message: AbstractIncomingMessage,
-        now: int,
-        *,
-        due: int | None,
-        delay: int | None = None,
-        reason: str | None = None,
-    ) -> RetryEvent:
-        return RetryEvent(
-            kind=kind,
-            queue=route.queue,
-            message_id=message.message_id,
-            attempt=h.read_attempt(message.headers),
-            at_ms=now,
-            delay_ms=delay,
-            due_ms=due,
-            lateness_ms=(now - due) if kind is EventKind.RELEASED and due else None,
-            reason=reason,
-        )
 
 
 async def _settle(message: AbstractIncomingMessage, *, ok: bool, pause_s: float) -> None:
