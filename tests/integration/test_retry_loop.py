@@ -52,6 +52,12 @@ async def test_transient_twice_then_success(make_app: Any, amqp: AbstractRobustC
     for gap, delay in zip(gaps_ms, planned, strict=True):
         assert gap >= delay, (gaps_ms, planned)
         assert gap - delay < 400, f"late by {gap - delay:.0f} ms"
+    # A release is reported once its publish is confirmed, which can be after the
+    # handler already has the message: wait for the report, not only the call.
+    await eventually(
+        lambda: sum(e.kind is EventKind.RELEASED for e in app.events) == 2,
+        what="both releases reported",
+    )
     lateness = [e.lateness_ms for e in app.events if e.kind is EventKind.RELEASED]
     assert len(lateness) == 2
     assert all(x is not None and 0 <= x < 300 for x in lateness), lateness
