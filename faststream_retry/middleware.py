@@ -404,6 +404,9 @@ class RetryMiddleware:
 class _RetryScope(BaseMiddleware):
     """The per-message part: catches the handler's failure and hands it over."""
 
+    # One of these is built for every message: no per-instance __dict__.
+    __slots__ = ("_middleware", "_settled")
+
     def __init__(
         self,
         msg: Any,  # noqa: ANN401 - the raw aio-pika message

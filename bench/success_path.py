@@ -1,0 +1,103 @@
+"""What the middleware costs a handler that succeeds: every message pays this.
+
+A FastStream subscriber that just returns, consuming N prefilled messages, without and
+with RetryMiddleware installed (same broker, same run, interleaved rounds, median).
+
+    python -m bench.success_path [N] [ROUNDS]      (RABBITMQ_URL, default 127.0.0.1:5673)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+
+import aio_pika
+from aio_pika.abc import AbstractRobustConnection
+from faststream import BaseMiddleware
+from faststream.rabbit import Channel, RabbitBroker
+from rich.console import Console
+from rich.table import Table
+
+from bench.recheck import PREFETCH, URL, delete, fill, wait_count
+from faststream_retry import RetryMiddleware
+
+
+class NoopMiddleware(BaseMiddleware):
+    """The floor: what FastStream charges for any middleware at all."""
+
+
+async def consume(
+    connection: AbstractRobustConnection, n: int, *, with_retry: bool, noop: bool = False
+) -> float:
+    queue = f"bench-ok-{uuid.uuid4().hex[:6]}"
+    await fill(connection, queue, n, {})
+    broker = RabbitBroker(
+        URL,
+        logger=None,
+        default_channel=Channel(prefetch_count=PREFETCH),
+        middlewares=[NoopMiddleware] if noop else [],
+    )
+    retry = RetryMiddleware(prefix=f"bench-{uuid.uuid4().hex[:6]}") if with_retry else None
+    if retry is not None:
+        retry.install(broker)
+    done = 0
+
+    @broker.subscriber(queue)
+    async def handler(body: bytes) -> None:  # noqa: ARG001 - FastStream passes the body
+        nonlocal done
+        done += 1
+
+    start = time.perf_counter()
+    await broker.start()
+    await wait_count(lambda: done, n)
+    elapsed = time.perf_counter() - start
+    await broker.stop()
+    await delete(connection, queue)
+    if retry is not None:
+        runtime = retry.runtime(broker)
+        channel = await connection.channel()
+        await channel.queue_delete(f"{queue}.retry")
+        await channel.queue_delete(f"{queue}.dlq")
+        for ttl in runtime.tiers.ttls_ms if runtime.tiers else ():
+            name = f"{retry._config.prefix}.delay.{ttl}"  # noqa: SLF001
+            await channel.queue_delete(name)
+            await channel.exchange_delete(name)
+        await channel.close()
+    return n / elapsed
+
+
+async def main(n: int, rounds: int) -> None:
+    connection = await aio_pika.connect_robust(URL)
+    variants: dict[str, dict[str, bool]] = {
+        "bare FastStream subscriber": {"with_retry": False},
+        "with a no-op BaseMiddleware": {"with_retry": False, "noop": True},
+        "with RetryMiddleware": {"with_retry": True},
+    }
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for round_ in range(rounds):
+        for name, options in variants.items():
+            rate = await consume(connection, n, **options)
+            rates[name].append(rate)
+            print(f"round {round_ + 1}: {name}: {rate:,.0f} msg/s", file=sys.stderr)
+    await connection.close()
+    baseline = statistics.median(rates["bare FastStream subscriber"])
+    table = Table(title=f"Success path, {n:,} messages x {rounds} rounds, prefetch {PREFETCH}")
+    for column in ("subscriber", "median msg/s", "runs", "ratio to bare"):
+        table.add_column(column, justify="left" if column == "subscriber" else "right")
+    for name, values in rates.items():
+        median = statistics.median(values)
+        table.add_row(
+            name,
+            f"{median:,.0f}",
+            " / ".join(f"{v:,.0f}" for v in values),
+            f"{median / baseline:.2f}",
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    args = [int(a) for a in sys.argv[1:]]
+    asyncio.run(main(args[0] if args else 10000, args[1] if len(args) > 1 else 3))
