@@ -27,6 +27,7 @@ from faststream_retry.runtime import (
     now_ms,
     subscriber_queue,
 )
+from faststream_retry.telemetry import ATTR, Telemetry
 from faststream_retry.tiers import Tiers, compute_tick_ms, tier_name
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from faststream._internal.context import ContextRepo
     from faststream.message import StreamMessage
     from faststream.rabbit import RabbitBroker
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["RetryMiddleware", "RetryRecorder"]
 
@@ -85,6 +88,9 @@ class RetryMiddleware:
             is held before it is requeued (no hot loop while the broker is sick).
         publish_timeout: how long to wait for a broker confirm.
         hooks: callables that receive every ``RetryEvent``.
+        tracer_provider: OpenTelemetry tracer provider for the plugin's spans
+            (default: the global one; with no SDK configured no span is made).
+        meter_provider: OpenTelemetry meter provider (default: the global one).
     """
 
     def __init__(
@@ -99,6 +105,8 @@ class RetryMiddleware:
         publish_failure_pause: timedelta | float = timedelta(seconds=1),
         publish_timeout: timedelta | float = timedelta(seconds=30),
         hooks: Sequence[RetryHook] = (),
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         """Validate the configuration; see the class docstring."""
         if default is None:
@@ -128,6 +136,7 @@ class RetryMiddleware:
             pause_s=to_ms(publish_failure_pause, "publish_failure_pause") / 1000,
             publish_timeout_s=max(to_ms(publish_timeout, "publish_timeout") / 1000, 0.001),
             hooks=self._hooks,
+            telemetry=Telemetry(tracer_provider, meter_provider),
         )
         self._runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
         self._rand = random.random
@@ -329,10 +338,13 @@ class RetryMiddleware:
             error=str(exc),
             delay_ms=decision.delay_ms,
         )
+        attributes = _decision_attributes(route, msg, decision)
         if decision.action is Action.RETRY_LATER:
             headers = h.retry_headers(raw.headers, failure, now + decision.delay_ms)
-            exchange = tier_name(self._config.prefix, tiers.pick(decision.delay_ms))
-            key = route.retry_queue
+            tier = tiers.pick(decision.delay_ms)
+            exchange, key = tier_name(self._config.prefix, tier), route.retry_queue
+            name = f"{route.queue} retry scheduled"
+            attributes |= {ATTR.DUE_MS: now + decision.delay_ms, ATTR.TIER_MS: tier}
         else:
             headers = h.dead_letter_headers(
                 raw.headers,
@@ -342,7 +354,18 @@ class RetryMiddleware:
                 traceback="".join(traceback.format_exception(exc)),
             )
             exchange, key = "", route.dlq
-        ok = await publisher.republish(raw, exchange=exchange, routing_key=key, headers=headers)
+            name = f"{route.queue} dead-letter"
+            attributes |= {ATTR.REASON: decision.reason or "permanent", ATTR.DLQ: route.dlq}
+        attributes |= {ATTR.DESTINATION: exchange or key, ATTR.ROUTING_KEY: key}
+        telemetry = self._config.telemetry
+        with telemetry.step(name, raw.headers, headers, attributes, prefer_current=True) as span:
+            if span is not None:
+                span.record_exception(exc)
+            ok = await publisher.republish(raw, exchange=exchange, routing_key=key, headers=headers)
+            if span is not None and not ok:
+                telemetry.fail(span, "the copy was not confirmed; the original is requeued")
+            elif span is not None and decision.action is Action.DEAD_LETTER:
+                telemetry.fail(span, f"dead-lettered: {decision.reason}")
         if ok:
             self._report(route, msg, decision, exc, now)
         return ok
@@ -373,6 +396,26 @@ class RetryMiddleware:
             rule=decision.classification.rule,
             immediate=immediate,
         )
+        telemetry = self._config.telemetry
+        if immediate:  # no copy is published, so the span is only a record
+            with telemetry.step(
+                f"{route.queue} retry scheduled",
+                msg.headers,
+                {},
+                _decision_attributes(route, msg, decision) | {ATTR.IMMEDIATE: True},
+                prefer_current=True,
+            ) as span:
+                if span is not None:
+                    span.record_exception(exc)
+        labels = {ATTR.QUEUE: route.queue}
+        telemetry.failures.add(
+            1, labels | {ATTR.CLASSIFICATION: decision.classification.verdict.value}
+        )
+        if dead:
+            telemetry.dead_lettered.add(1, labels | {ATTR.REASON: event.reason or ""})
+        else:
+            telemetry.scheduled.add(1, labels | {ATTR.RULE: decision.classification.rule})
+            telemetry.planned_delay.record(decision.delay_ms, labels)
         if dead:
             log.warning(
                 "dead-lettered message %s from %s to %s: reason=%s attempt=%d/%d error=%s: %s",
@@ -384,6 +427,7 @@ class RetryMiddleware:
                 event.max_attempts,
                 event.exception,
                 event.error,
+                extra=_log_fields(event),
             )
         else:
             log.info(
@@ -397,6 +441,7 @@ class RetryMiddleware:
                 event.rule,
                 event.exception,
                 event.error,
+                extra=_log_fields(event),
             )
         emit(self._hooks, event)
 
@@ -461,6 +506,37 @@ class _RetryScope(BaseMiddleware):
         # True suppresses the re-raised failure for the outer middlewares, so
         # FastStream's ack middleware finds the message already settled by us.
         return self._settled or None
+
+
+def _log_fields(event: RetryEvent) -> dict[str, Any]:
+    """Fields for structured log handlers (JSON formatters read ``record.retry``)."""
+    return {
+        "retry": {
+            "event": event.kind.value,
+            "queue": event.queue,
+            "message_id": event.message_id,
+            "attempt": event.attempt,
+            "max_attempts": event.max_attempts,
+            "delay_ms": event.delay_ms,
+            "reason": event.reason,
+            "exception": event.exception,
+            "rule": event.rule,
+        }
+    }
+
+
+def _decision_attributes(
+    route: Route, msg: StreamMessage[Any], decision: Decision
+) -> dict[str, Any]:
+    return {
+        ATTR.QUEUE: route.queue,
+        ATTR.MESSAGE_ID: msg.message_id or "",
+        ATTR.ATTEMPT: decision.attempt,
+        ATTR.MAX_ATTEMPTS: decision.max_attempts,
+        ATTR.CLASSIFICATION: decision.classification.verdict.value,
+        ATTR.RULE: decision.classification.rule,
+        ATTR.DELAY_MS: decision.delay_ms,
+    }
 
 
 def _queue_of(sub: Any) -> str:  # noqa: ANN401 - any subscriber

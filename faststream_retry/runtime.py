@@ -23,6 +23,7 @@ from pamqp.encode import field_table as encode_table
 from faststream_retry import headers as h
 from faststream_retry.events import EventKind, RetryEvent, RetryHook, emit
 from faststream_retry.policy import HandlerPolicy, RetryPolicy, get_handler_policy
+from faststream_retry.telemetry import ATTR
 from faststream_retry.tiers import (
     Tiers,
     compute_tick_ms,
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
         ConsumerTag,
     )
     from faststream.rabbit import RabbitBroker
+
+    from faststream_retry.telemetry import Telemetry
 
 __all__ = ["Route", "Runtime", "RuntimeConfig", "now_ms"]
 
@@ -64,6 +67,7 @@ class RuntimeConfig:
     pause_s: float
     publish_timeout_s: float
     hooks: Sequence[RetryHook]
+    telemetry: Telemetry
 
 
 @dataclass(slots=True)
@@ -400,6 +404,61 @@ class Runtime:
 
         return on_message
 
+    async def _traced_republish(
+        self,
+        route: Route,
+        message: AbstractIncomingMessage,
+        *,
+        kind: EventKind,
+        now: int,
+        due: int | None,
+        ttl: int,
+        exchange: str,
+        key: str,
+        headers: dict[str, Any],
+    ) -> bool:
+        """Republish one re-checked message inside its span (when tracing is on)."""
+        telemetry = self.config.telemetry
+        publisher = self.publisher
+        if publisher is None:  # stopped under our feet
+            return False
+        if not telemetry.tracing:
+            return await publisher.republish(
+                message, exchange=exchange, routing_key=key, headers=headers
+            )
+        attributes: dict[str, Any] = {
+            ATTR.QUEUE: route.queue,
+            ATTR.MESSAGE_ID: message.message_id or "",
+            ATTR.ATTEMPT: h.read_attempt(message.headers),
+            ATTR.NOW_MS: now,
+            ATTR.DESTINATION: exchange or key,
+            ATTR.ROUTING_KEY: key,
+        }
+        if due is not None:
+            attributes[ATTR.DUE_MS] = due
+            attributes[ATTR.REMAINING_MS] = due - now
+        if kind is EventKind.HOP:
+            attributes[ATTR.TIER_MS] = ttl
+        elif kind is EventKind.RELEASED:
+            attributes[ATTR.LATENESS_MS] = now - due if due is not None else 0
+        else:
+            attributes |= {ATTR.REASON: "invalid", ATTR.DLQ: route.dlq}
+        with telemetry.step(
+            f"{route.queue} {_SPAN_SUFFIX[kind]}",
+            message.headers,
+            headers,
+            attributes,
+            prefer_current=False,
+        ) as span:
+            ok = await publisher.republish(
+                message, exchange=exchange, routing_key=key, headers=headers
+            )
+            if span is not None and not ok:
+                telemetry.fail(span, "the copy was not confirmed; the message is requeued")
+            elif span is not None and kind is EventKind.DEAD_LETTERED:
+                telemetry.fail(span, "dead-lettered: invalid retry-due")
+        return ok
+
     async def recheck(self, route: Route, message: AbstractIncomingMessage) -> None:
         """The busy-wait step: release a due message, or send it round a tier again.
 
@@ -438,12 +497,35 @@ class Runtime:
                 ttl = tiers.pick(due - now)
                 exchange, key = tier_name(self.config.prefix, ttl), route.retry_queue
                 headers = h.carry_over(incoming)
-            ok = await publisher.republish(
-                message, exchange=exchange, routing_key=key, headers=headers
+            ok = await self._traced_republish(
+                route,
+                message,
+                kind=kind,
+                now=now,
+                due=due,
+                ttl=ttl,
+                exchange=exchange,
+                key=key,
+                headers=headers,
             )
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
+        if ok:
+            # Hops are the noisy path: never above DEBUG.
+            log.debug(
+                "re-check %s message %s from %s (due %s)",
+                kind.value,
+                message.message_id,
+                route.retry_queue,
+                due,
+            )
+        telemetry = self.config.telemetry
+        if ok and kind is EventKind.RELEASED:
+            telemetry.released.add(1, {ATTR.QUEUE: route.queue})
+            if due is not None:
+                telemetry.lateness.record(now - due, {ATTR.QUEUE: route.queue})
         if ok and kind is EventKind.DEAD_LETTERED:
+            telemetry.dead_lettered.add(1, {ATTR.QUEUE: route.queue, ATTR.REASON: "invalid"})
             log.warning(
                 "dead-lettered message %s from %s: reason=invalid (due time beyond max_delay)",
                 message.message_id,
@@ -465,6 +547,13 @@ class Runtime:
                 ),
             )
         await _settle(message, ok=ok, pause_s=self.config.pause_s)
+
+
+_SPAN_SUFFIX = {
+    EventKind.HOP: "retry hop",
+    EventKind.RELEASED: "retry release",
+    EventKind.DEAD_LETTERED: "dead-letter",
+}
 
 
 async def _settle(message: AbstractIncomingMessage, *, ok: bool, pause_s: float) -> None:

@@ -88,6 +88,7 @@ class App:
         url: str,
         prefix: str | None = None,
         broker_options: dict[str, Any] | None = None,
+        outer_middlewares: tuple[Any, ...] = (),
         **retry_options: Any,
     ) -> None:
         self.prefix = prefix or unique("t")
@@ -96,7 +97,10 @@ class App:
         retry_options.setdefault("publish_failure_pause", 0.2)
         self.retry = RetryMiddleware(prefix=self.prefix, **retry_options)
         self.broker = RabbitBroker(
-            url, middlewares=[self.retry], logger=None, **(broker_options or {})
+            url,
+            middlewares=[*outer_middlewares, self.retry],
+            logger=None,
+            **(broker_options or {}),
         )
         self.retry.install(self.broker)
         self.events: list[Any] = []

@@ -366,3 +366,45 @@ async def test_failure_during_graceful_shutdown_still_gets_its_copy(
     tiers = app.retry.runtime(app.broker).tiers
     assert tiers is not None
     assert await queue_depth(amqp, tier_name(app.prefix, tiers.pick(30_000))) == 1
+
+
+async def test_one_log_line_per_decision_and_none_per_hop(
+    make_app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retry that takes several hops logs one INFO line; the hops stay at DEBUG."""
+    app: App = make_app()
+    queue = unique("logged")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    @retry_policy(backoff=Fixed(0.7))  # 700 ms on a 100 ms tick: 400 + 200 + 100
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise TimeoutError("slow")
+
+    caplog.set_level("DEBUG", logger="faststream_retry")
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="m-1")
+    await eventually(lambda: calls == 2, what="the retried call")
+    await eventually(
+        lambda: any(e.kind is EventKind.RELEASED for e in app.events), what="the release report"
+    )
+    mine = [r for r in caplog.records if r.name == "faststream_retry"]
+    info = [r for r in mine if r.levelname == "INFO" and "scheduled" in r.getMessage()]
+    assert len(info) == 1
+    assert info[0].retry == {  # type: ignore[attr-defined]
+        "event": "scheduled",
+        "queue": queue,
+        "message_id": "m-1",
+        "attempt": 1,
+        "max_attempts": 5,
+        "delay_ms": 700,
+        "reason": None,
+        "exception": "TimeoutError",
+        "rule": "builtin",
+    }
+    hops = [r for r in mine if r.getMessage().startswith("re-check")]
+    assert len(hops) == 3  # two hops and the release
+    assert all(r.levelname == "DEBUG" for r in hops)

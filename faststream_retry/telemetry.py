@@ -1,0 +1,178 @@
+"""OpenTelemetry spans and metrics (the API only; the SDK and exporters are yours).
+
+Span names follow the messaging convention ``<destination> <operation>``:
+
+==============================  =========================================================
+``<queue> retry scheduled``     a transient failure sent into the delay tiers (or, with
+                                ``faststream_retry.immediate``, retried in-process)
+``<queue> retry hop``           the re-check consumer sent a message round a tier again
+``<queue> retry release``       the re-check consumer republished a due message
+``<queue> dead-letter``         the message went to ``<queue>.dlq`` (status ERROR)
+==============================  =========================================================
+
+Each span's context is injected into the copy it publishes (``traceparent``), and the next
+step continues from it, so a message's whole life, every attempt included, is one trace.
+Under FastStream's ``RabbitTelemetryMiddleware`` the middleware's spans are children of
+its process span; without it they continue from the message's ``traceparent``.
+
+With no SDK configured, no span is made and headers travel unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
+
+__all__ = ["ATTR", "METRICS", "Telemetry"]
+
+TRACER_NAME = "faststream_retry"
+
+
+class ATTR:
+    """Span and metric attribute names (semantic conventions where they apply)."""
+
+    SYSTEM = "messaging.system"
+    DESTINATION = "messaging.destination.name"
+    OPERATION = "messaging.operation.type"
+    MESSAGE_ID = "messaging.message.id"
+    ROUTING_KEY = "messaging.rabbitmq.destination.routing_key"
+    QUEUE = "faststream_retry.queue"
+    ATTEMPT = "faststream_retry.attempt"
+    MAX_ATTEMPTS = "faststream_retry.max_attempts"
+    CLASSIFICATION = "faststream_retry.classification"
+    RULE = "faststream_retry.rule"
+    DELAY_MS = "faststream_retry.delay_ms"
+    DUE_MS = "faststream_retry.due_ms"
+    NOW_MS = "faststream_retry.now_ms"
+    REMAINING_MS = "faststream_retry.remaining_ms"
+    TIER_MS = "faststream_retry.tier_ms"
+    LATENESS_MS = "faststream_retry.lateness_ms"
+    REASON = "faststream_retry.reason"
+    DLQ = "faststream_retry.dlq"
+    IMMEDIATE = "faststream_retry.immediate"
+
+
+class METRICS:
+    """Metric names; every one carries ``faststream_retry.queue``."""
+
+    SCHEDULED = "faststream_retry.retries.scheduled"
+    """Counter: retries scheduled (attribute: classification rule)."""
+    RELEASED = "faststream_retry.retries.released"
+    """Counter: due messages released back to their queue."""
+    DEAD_LETTERED = "faststream_retry.dead_lettered"
+    """Counter: dead letters (attribute: reason)."""
+    FAILURES = "faststream_retry.failures"
+    """Counter: handler failures (attribute: classification)."""
+    LATENESS = "faststream_retry.lateness"
+    """Histogram, ms: release time minus due time."""
+    PLANNED_DELAY = "faststream_retry.planned_delay"
+    """Histogram, ms: the delay each scheduled retry was given."""
+
+
+class _HeaderGetter(Getter[Mapping[str, Any]]):
+    """Reads propagation headers, ignoring any value that is not a string (untrusted)."""
+
+    def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
+        value = carrier.get(key)
+        return [value] if isinstance(value, str) else None
+
+    def keys(self, carrier: Mapping[str, Any]) -> list[str]:
+        return [k for k in carrier if isinstance(k, str)]
+
+
+_GETTER = _HeaderGetter()
+
+
+class Telemetry:
+    """The plugin's tracer, meter and instruments."""
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        """Use the given providers, or the global ones (set later is fine)."""
+        self._explicit_tracing = tracer_provider is not None
+        self.tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(TRACER_NAME, meter_provider=meter_provider)
+        self.scheduled = meter.create_counter(
+            METRICS.SCHEDULED, unit="{message}", description="Retries scheduled"
+        )
+        self.released = meter.create_counter(
+            METRICS.RELEASED, unit="{message}", description="Due messages released"
+        )
+        self.dead_lettered = meter.create_counter(
+            METRICS.DEAD_LETTERED, unit="{message}", description="Messages dead-lettered"
+        )
+        self.failures = meter.create_counter(
+            METRICS.FAILURES, unit="{failure}", description="Handler failures by classification"
+        )
+        self.lateness = meter.create_histogram(
+            METRICS.LATENESS, unit="ms", description="Release time minus due time"
+        )
+        self.planned_delay = meter.create_histogram(
+            METRICS.PLANNED_DELAY, unit="ms", description="Delay of each scheduled retry"
+        )
+
+    @property
+    def tracing(self) -> bool:
+        """Return whether spans would be recorded (an SDK provider is configured)."""
+        return self._explicit_tracing or not isinstance(
+            trace.get_tracer_provider(), ProxyTracerProvider
+        )
+
+    @staticmethod
+    def parent(headers: Mapping[str, Any] | None, *, prefer_current: bool) -> otel_context.Context:
+        """Return the context a span should continue.
+
+        The current span (FastStream's process span) when there is one and
+        ``prefer_current``; otherwise what the message's headers carry. A hostile
+        header yields a fresh root, never an error.
+        """
+        if prefer_current and trace.get_current_span().get_span_context().is_valid:
+            return otel_context.get_current()
+        try:
+            return propagate.extract(headers or {}, context=otel_context.Context(), getter=_GETTER)
+        except Exception:  # untrusted input: a broken traceparent starts a new trace
+            return otel_context.Context()
+
+    @contextlib.contextmanager
+    def step(
+        self,
+        name: str,
+        incoming: Mapping[str, Any] | None,
+        outgoing: dict[str, Any],
+        attributes: Mapping[str, Any],
+        *,
+        prefer_current: bool,
+    ) -> Iterator[trace.Span | None]:
+        """Run one step (a publish of a copy) in a PRODUCER span, when tracing is on.
+
+        The span continues ``incoming``'s trace (or the current span, see
+        ``parent``) and its context is injected into ``outgoing``, the copy's
+        headers. With tracing off it yields ``None`` and touches nothing.
+        """
+        if not self.tracing:
+            yield None
+            return
+        with self.tracer.start_as_current_span(
+            name,
+            context=self.parent(incoming, prefer_current=prefer_current),
+            kind=SpanKind.PRODUCER,
+            attributes={ATTR.SYSTEM: "rabbitmq", **attributes},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            propagate.inject(outgoing)
+            yield span
+
+    @staticmethod
+    def fail(span: trace.Span, description: str) -> None:
+        """Mark ``span`` as failed."""
+        span.set_status(Status(StatusCode.ERROR, description))

@@ -1,0 +1,166 @@
+"""Spans on a real broker: one trace per message, every attempt, hop and outcome in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+from faststream.rabbit.opentelemetry import RabbitTelemetryMiddleware
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from faststream_retry import Fixed, PermanentError, RetryPolicy
+from faststream_retry.events import EventKind
+from faststream_retry.telemetry import ATTR
+from tests.integration.conftest import App, drain, eventually, unique
+
+pytestmark = pytest.mark.rabbit
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def provider(exporter: InMemorySpanExporter) -> TracerProvider:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+def parent_of(span: ReadableSpan, spans: dict[int, ReadableSpan]) -> ReadableSpan | None:
+    return spans.get(span.parent.span_id) if span.parent else None
+
+
+def chain(spans: list[ReadableSpan], leaf: ReadableSpan) -> list[str]:
+    """Names from the root down to ``leaf``."""
+    by_id = {s.context.span_id: s for s in spans}
+    names = [leaf.name]
+    node: ReadableSpan | None = leaf
+    while node is not None and (node := parent_of(node, by_id)) is not None:
+        names.append(node.name)
+    return names[::-1]
+
+
+@pytest.mark.parametrize(
+    "with_faststream_telemetry", [False, True], ids=["plain", "faststream-otel"]
+)
+async def test_retried_then_succeeded_is_one_trace(
+    make_app: Any,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    with_faststream_telemetry: bool,
+) -> None:
+    """Two transient failures then success: one trace, scheduled -> release -> next attempt."""
+    outer = (
+        (RabbitTelemetryMiddleware(tracer_provider=provider),) if with_faststream_telemetry else ()
+    )
+    app: App = make_app(
+        default=RetryPolicy(backoff=Fixed(0.1)), tracer_provider=provider, outer_middlewares=outer
+    )
+    queue = unique("traced")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise ConnectionError(f"db down #{calls}")
+
+    await app.start()
+    await app.broker.publish("x", queue=queue)
+    await eventually(lambda: calls == 3, what="3 calls")
+    await eventually(
+        lambda: sum(e.kind is EventKind.RELEASED for e in app.events) == 2, what="2 releases"
+    )
+    await app.stop()
+
+    spans = list(exporter.get_finished_spans())
+    ours = [s for s in spans if s.instrumentation_scope.name == "faststream_retry"]
+    assert [s.name for s in sorted(ours, key=lambda s: s.start_time or 0)] == [
+        f"{queue} retry scheduled",
+        f"{queue} retry release",
+        f"{queue} retry scheduled",
+        f"{queue} retry release",
+    ]
+    assert len({s.context.trace_id for s in spans}) == 1, "every span in one trace"
+    scheduled = [s for s in ours if s.name.endswith("scheduled")]
+    released = [s for s in ours if s.name.endswith("release")]
+    assert [s.attributes[ATTR.ATTEMPT] for s in scheduled] == [1, 2]
+    for span in scheduled:
+        assert span.kind is SpanKind.PRODUCER
+        assert span.attributes[ATTR.DELAY_MS] == 100
+        assert span.attributes[ATTR.TIER_MS] == 100
+        assert span.attributes[ATTR.CLASSIFICATION] == "transient"
+        assert span.attributes[ATTR.RULE] == "builtin"
+        assert [e.name for e in span.events] == ["exception"]
+    for span in released:
+        assert 0 <= span.attributes[ATTR.LATENESS_MS] < 500
+
+    last_release = max(released, key=lambda s: s.start_time or 0)
+    if with_faststream_telemetry:
+        process = [s for s in spans if s.name.endswith(" process")]
+        assert len(process) == 3
+        last_process = max(process, key=lambda s: s.start_time or 0)
+        assert chain(spans, last_process)[-7:] == [
+            process[0].name,
+            f"{queue} retry scheduled",
+            f"{queue} retry release",
+            process[0].name,
+            f"{queue} retry scheduled",
+            f"{queue} retry release",
+            process[0].name,
+        ]
+    else:
+        assert chain(spans, last_release) == [
+            f"{queue} retry scheduled",
+            f"{queue} retry release",
+            f"{queue} retry scheduled",
+            f"{queue} retry release",
+        ]
+
+
+@pytest.mark.parametrize(
+    "with_faststream_telemetry", [False, True], ids=["plain", "faststream-otel"]
+)
+async def test_dead_letter_span_is_an_error_with_the_exception(
+    make_app: Any,
+    amqp: AbstractRobustConnection,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    with_faststream_telemetry: bool,
+) -> None:
+    """A permanent failure: one dead-letter span, status ERROR, the exception recorded."""
+    outer = (
+        (RabbitTelemetryMiddleware(tracer_provider=provider),) if with_faststream_telemetry else ()
+    )
+    app: App = make_app(tracer_provider=provider, outer_middlewares=outer)
+    queue = unique("traced-dead")
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        raise PermanentError("no such user")
+
+    await app.start()
+    await app.broker.publish("x", queue=queue)
+    assert len(await drain(amqp, f"{queue}.dlq", expect=1)) == 1
+    await app.stop()
+    spans = list(exporter.get_finished_spans())
+    (dead,) = [s for s in spans if s.instrumentation_scope.name == "faststream_retry"]
+    assert dead.name == f"{queue} dead-letter"
+    assert dead.status.status_code is StatusCode.ERROR
+    assert dead.attributes[ATTR.REASON] == "permanent"
+    assert dead.attributes[ATTR.DLQ] == f"{queue}.dlq"
+    assert dead.attributes[ATTR.ATTEMPT] == 1
+    (event,) = dead.events
+    assert event.name == "exception"
+    assert event.attributes["exception.type"] == "faststream_retry.errors.PermanentError"
+    if with_faststream_telemetry:
+        (process,) = [s for s in spans if s.name.endswith(" process")]
+        assert dead.parent is not None
+        assert dead.parent.span_id == process.context.span_id
