@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange, RabbitQueue
+from faststream.rabbit.opentelemetry import RabbitTelemetryMiddleware
 from pydantic import BaseModel, HttpUrl
 
 from faststream_retry import (
@@ -38,7 +39,9 @@ retry = RetryMiddleware(
     ),
     max_delay=timedelta(minutes=1),
 )
-broker = RabbitBroker(RABBITMQ_URL, middlewares=[retry], logger=None)
+# FastStream's own telemetry outside, the retry middleware inside: our spans nest
+# under its process span, and one notification is one trace, retries included.
+broker = RabbitBroker(RABBITMQ_URL, middlewares=[RabbitTelemetryMiddleware(), retry], logger=None)
 retry.install(broker)
 
 notifications = RabbitExchange("notification-exchange", type=ExchangeType.FANOUT)

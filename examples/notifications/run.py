@@ -1,12 +1,18 @@
 """Run the notification demo: publish a batch, narrate every retry, summarise.
 
 python -m examples.notifications.run        (scripts/demo does this for you)
+
+Every notification is one trace. Set OTEL_EXPORTER_OTLP_ENDPOINT (for example
+http://127.0.0.1:4318, Jaeger's OTLP/HTTP port) to export the spans; the demo prints
+each message's trace id, and at the end the span tree of one message that was retried
+and then dead-lettered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import statistics
 import sys
 import time
@@ -14,6 +20,11 @@ from collections import Counter
 from datetime import datetime, timezone
 
 import aio_pika
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 from rich.table import Table
 
@@ -74,6 +85,67 @@ def narrate(event: RetryEvent) -> None:
         )
 
 
+def setup_tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
+    """An SDK provider: spans kept in memory for the tree, and exported if asked."""
+    service = os.environ.get("OTEL_SERVICE_NAME", "notifications")
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
+            OTLPSpanExporter,
+        )
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    return provider, memory
+
+
+TREE_FACTS = (
+    "faststream_retry.attempt",
+    "faststream_retry.delay_ms",
+    "faststream_retry.tier_ms",
+    "faststream_retry.lateness_ms",
+    "faststream_retry.reason",
+)
+
+
+def print_tree(spans: list[ReadableSpan], trace_id: int) -> None:
+    """Draw one trace as a tree: offset from the root's start, duration, name."""
+    mine = sorted(
+        (s for s in spans if s.context and s.context.trace_id == trace_id),
+        key=lambda s: s.start_time or 0,
+    )
+    if not mine:
+        return
+    ids = {s.context.span_id for s in mine if s.context}
+    children: dict[int | None, list[ReadableSpan]] = {}
+    for span in mine:
+        parent = span.parent.span_id if span.parent and span.parent.span_id in ids else None
+        children.setdefault(parent, []).append(span)
+    start = mine[0].start_time or 0
+
+    def walk(span: ReadableSpan, depth: int) -> None:
+        offset = ((span.start_time or 0) - start) / 1e6
+        took = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
+        attributes = span.attributes or {}
+        facts = " ".join(
+            f"{key.rsplit('.', 1)[-1]}={attributes[key]!s}"
+            for key in TREE_FACTS
+            if key in attributes
+        )
+        status = " [red]ERROR[/]" if span.status.status_code.name == "ERROR" else ""
+        console.print(
+            f"  {offset:7.0f} ms {took:5.1f} ms  {'  ' * depth}{span.name}{status}"
+            + (f"  [dim]{facts}[/]" if facts else "")
+        )
+        for child in children.get(span.context.span_id if span.context else None, []):
+            walk(child, depth + 1)
+
+    for root in children.get(None, []):
+        walk(root, 0)
+
+
 def settled(queue: str) -> int:
     dead = sum(1 for e in events if e.kind is EventKind.DEAD_LETTERED and e.queue == queue)
     return len(app.world.delivered[queue]) + dead
@@ -110,6 +182,7 @@ async def show_a_dead_letter(connection: aio_pika.abc.AbstractConnection) -> Non
 async def main(timeout: float = 60.0) -> int:
     # The plugin logs one line per decision; the narration below says the same.
     logging.getLogger("faststream_retry").setLevel(logging.ERROR)
+    provider, memory = setup_tracing()
     app.retry._hooks.append(narrate)  # noqa: SLF001 - the demo narrates through a hook
     connection = await aio_pika.connect_robust(app.RABBITMQ_URL)
     await purge_leftovers(connection)
@@ -122,10 +195,18 @@ async def main(timeout: float = 60.0) -> int:
         f"[bold]notification-exchange[/] (fanout) -> email-queue, webhook-queue. "
         f"SMTP is down for the first 2.5 s. Publishing {len(NOTIFICATIONS)} notifications.\n"
     )
+    tracer = trace.get_tracer("notifications-demo")
+    trace_ids: dict[str, int] = {}
     for notification in NOTIFICATIONS:
-        await app.broker.publish(
-            notification, exchange=app.notifications, message_id=f"n{notification['id']}"
-        )
+        name = f"n{notification['id']}"
+        with tracer.start_as_current_span(f"notify {name}") as span:
+            trace_ids[name] = span.get_span_context().trace_id
+            await app.broker.publish(notification, exchange=app.notifications, message_id=name)
+    console.print(
+        "[dim]trace ids: "
+        + ", ".join(f"{name} {trace_id:032x}" for name, trace_id in trace_ids.items())
+        + "[/]\n"
+    )
     deadline = time.monotonic() + timeout
     while any(settled(q) < len(NOTIFICATIONS) for q in QUEUES):
         if time.monotonic() > deadline:
@@ -159,6 +240,14 @@ async def main(timeout: float = 60.0) -> int:
     )
     await show_a_dead_letter(connection)
     await connection.close()
+    provider.force_flush()
+    console.print(
+        f"\n[bold]The trace of n5[/] ({trace_ids['n5']:032x}): its email is retried until "
+        "SMTP is back; its webhook endpoint is down, so it is retried, then dead-lettered.\n"
+        "  offset     took  span"
+    )
+    print_tree(list(memory.get_finished_spans()), trace_ids["n5"])
+    provider.shutdown()
     return 0 if ok else 1
 
 

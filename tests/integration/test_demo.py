@@ -1,0 +1,33 @@
+"""The README's demo runs and balances: what the newcomer's first command shows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.rabbit
+
+
+def test_demo_settles_every_message_and_draws_the_trace(rabbit_url: str) -> None:
+    """sent = delivered + dead-lettered on both queues, and n5's trace is drawn."""
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.notifications.run"],
+        cwd=ROOT,
+        env={**os.environ, "RABBITMQ_URL": rabbit_url, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "sent = delivered + dead-lettered for every queue: yes" in out
+    assert "│ email-queue   │    8 │         7 │" in out
+    assert "1 exhausted, 3 permanent" in out
+    assert "webhook-queue dead-letter ERROR  attempt=4" in out
+    assert "retry-reason: permanent" in out
