@@ -164,3 +164,38 @@ async def test_dead_letter_span_is_an_error_with_the_exception(
         (process,) = [s for s in spans if s.name.endswith(" process")]
         assert dead.parent is not None
         assert dead.parent.span_id == process.context.span_id
+
+
+async def test_hops_chain_between_scheduled_and_release(
+    make_app: Any, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """A delay that needs several tiers: scheduled -> hop(s) -> release, one chain."""
+    app: App = make_app(default=RetryPolicy(backoff=Fixed(0.7)), tracer_provider=provider)
+    queue = unique("hops")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise TimeoutError("slow")
+
+    await app.start()
+    await app.broker.publish("x", queue=queue)
+    await eventually(lambda: calls == 2, what="the retried call")
+    await eventually(lambda: any(e.kind is EventKind.RELEASED for e in app.events), what="release")
+    await app.stop()
+    spans = list(exporter.get_finished_spans())
+    (release,) = [s for s in spans if s.name == f"{queue} retry release"]
+    names = chain(spans, release)
+    assert names[0] == f"{queue} retry scheduled"
+    assert names[-1] == f"{queue} retry release"
+    hops = names[1:-1]
+    assert hops, "700 ms from the 400 ms tier needs at least one hop"
+    assert set(hops) == {f"{queue} retry hop"}
+    for hop in (s for s in spans if s.name == f"{queue} retry hop"):
+        assert hop.attributes[ATTR.TIER_MS] in {100, 200}
+        assert 0 < hop.attributes[ATTR.REMAINING_MS] <= 300
+        assert hop.attributes[ATTR.TIER_MS] <= max(hop.attributes[ATTR.REMAINING_MS], 100)
+    assert release.attributes[ATTR.LATENESS_MS] >= 0
