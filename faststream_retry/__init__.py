@@ -10,6 +10,7 @@ from faststream_retry.errors import (
     PermanentError,
     RetryConfigError,
     RetryLater,
+    RetryTopologyError,
     TransientError,
 )
 from faststream_retry.events import EventKind, RetryEvent, RetryHook
@@ -38,6 +39,7 @@ __all__ = [
     "RetryMiddleware",
     "RetryPolicy",
     "RetryRecorder",
+    "RetryTopologyError",
     "Schedule",
     "TransientError",
     "Verdict",

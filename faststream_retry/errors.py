@@ -8,6 +8,7 @@ __all__ = [
     "PermanentError",
     "RetryConfigError",
     "RetryLater",
+    "RetryTopologyError",
     "TransientError",
 ]
 
@@ -53,3 +54,12 @@ class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like 
 
 class RetryConfigError(ValueError):
     """A retry option is missing, unknown or invalid; the message names it and the fix."""
+
+
+class RetryTopologyError(RetryConfigError):
+    """The live broker cannot host the plugin as configured (raised when it starts).
+
+    Either the server is too old for the queue type, or queues or exchanges the plugin
+    declares already exist with other arguments; the message names each one, the
+    argument and how to migrate.
+    """

@@ -82,7 +82,13 @@ class RetryMiddleware:
         tick: the base tier's TTL. ``None``: the GCD of the delays the policies
             name, at least 100 ms.
         max_delay: bounds every delay, ``RetryLater``'s too; the tiers reach up to it.
-        queue_type: ``"classic"`` or ``"quorum"`` for every queue the plugin declares.
+        queue_type: ``"classic"`` or ``"quorum"`` for every queue the plugin declares
+            (tiers, ``<queue>.retry``, ``<queue>.dlq``). Quorum tiers dead-letter
+            at-least-once; quorum needs RabbitMQ 3.10 or later.
+        delivery_limit: ``x-delivery-limit`` of the quorum ``<queue>.retry`` queues.
+            The re-check consumer acks and republishes, so only redeliveries spend
+            it (a crashed consumer, a copy the broker would not confirm); at the
+            limit RabbitMQ moves the message to ``<queue>.dlq``.
         prefetch: unacked messages per re-check consumer channel.
         publish_failure_pause: how long a message whose copy could not be confirmed
             is held before it is requeued (no hot loop while the broker is sick).
@@ -101,6 +107,7 @@ class RetryMiddleware:
         tick: timedelta | float | None = None,
         max_delay: timedelta | float = timedelta(days=1),
         queue_type: str = "classic",
+        delivery_limit: int = 20,
         prefetch: int = 200,
         publish_failure_pause: timedelta | float = timedelta(seconds=1),
         publish_timeout: timedelta | float = timedelta(seconds=30),
@@ -117,6 +124,10 @@ class RetryMiddleware:
             raise RetryConfigError(f"prefix must be a short non-empty str, got {prefix!r}")
         if queue_type not in {"classic", "quorum"}:
             raise RetryConfigError(f"queue_type is 'classic' or 'quorum', got {queue_type!r}")
+        if isinstance(delivery_limit, bool) or not isinstance(delivery_limit, int):
+            raise RetryConfigError(f"delivery_limit must be an int >= 1, got {delivery_limit!r}")
+        if delivery_limit < 1:
+            raise RetryConfigError(f"delivery_limit must be an int >= 1, got {delivery_limit!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise RetryConfigError(f"prefetch must be an int >= 1, got {prefetch!r}")
         if not all(callable(hook) for hook in hooks):
@@ -132,6 +143,7 @@ class RetryMiddleware:
             tick_ms=tick_ms,
             max_delay_ms=max_delay_ms,
             queue_type=queue_type,
+            delivery_limit=delivery_limit,
             prefetch=prefetch,
             pause_s=to_ms(publish_failure_pause, "publish_failure_pause") / 1000,
             publish_timeout_s=max(to_ms(publish_timeout, "publish_timeout") / 1000, 0.001),

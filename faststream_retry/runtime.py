@@ -21,6 +21,7 @@ from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
 from faststream_retry import headers as h
+from faststream_retry.checks import check_broker, work_queue_findings
 from faststream_retry.events import EventKind, RetryEvent, RetryHook, emit
 from faststream_retry.policy import HandlerPolicy, RetryPolicy, get_handler_policy
 from faststream_retry.telemetry import ATTR
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
     from faststream_retry.telemetry import Telemetry
 
-__all__ = ["Route", "Runtime", "RuntimeConfig", "now_ms"]
+__all__ = ["QueueSpec", "Route", "Runtime", "RuntimeConfig", "now_ms"]
 
 log = logging.getLogger("faststream_retry")
 
@@ -63,6 +64,7 @@ class RuntimeConfig:
     tick_ms: int | None
     max_delay_ms: int
     queue_type: str
+    delivery_limit: int
     prefetch: int
     pause_s: float
     publish_timeout_s: float
@@ -76,6 +78,8 @@ class Route:
 
     queue: str
     policies: list[tuple[Any, HandlerPolicy | None]]
+    arguments: dict[str, Any] = field(default_factory=dict)
+    """The origin queue's declared arguments, as its subscriber knows them."""
     retry_queue: str = field(init=False)
     dlq: str = field(init=False)
 
@@ -132,9 +136,20 @@ def collect_routes(broker: RabbitBroker) -> dict[str, Route]:
         queue = subscriber_queue(sub)
         if queue is None:
             continue
-        route = routes.setdefault(queue, Route(queue, []))
+        arguments = getattr(getattr(sub, "queue", None), "arguments", None)
+        route = routes.setdefault(
+            queue, Route(queue, [], dict(arguments) if isinstance(arguments, dict) else {})
+        )
         route.policies.extend((item, _handler_policy(item)) for item in sub.calls)
     return routes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A queue the plugin declares: its name and arguments (always durable)."""
+
+    name: str
+    arguments: dict[str, Any]
 
 
 class Publisher:
@@ -293,6 +308,7 @@ class Runtime:
         self._publish_channel: AbstractRobustChannel | None = None
         self._consumers: list[tuple[AbstractQueue, ConsumerTag]] = []
         self._pending: set[asyncio.Task[None]] = set()
+        self._specs: dict[str, QueueSpec] = {}
 
     @property
     def connected(self) -> bool:
@@ -318,8 +334,45 @@ class Runtime:
             self.plan()
         return self.routes.get(queue)
 
-    def _queue_arguments(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {"x-queue-type": self.config.queue_type, **(extra or {})}
+    def queue_specs(self) -> list[QueueSpec]:
+        """Return every queue the plugin declares, with its arguments (after ``plan``)."""
+        assert self.tiers is not None  # noqa: S101 - plan() ran
+        quorum = self.config.queue_type == "quorum"
+        base: dict[str, Any] = {"x-queue-type": self.config.queue_type}
+        # Quorum queues dead-letter at most once by default: a message expiring out
+        # of a tier while a node fails could vanish. At-least-once needs
+        # reject-publish overflow (RabbitMQ >= 3.10).
+        safe_dl: dict[str, Any] = (
+            {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+            if quorum
+            else {}
+        )
+        # One queue-wide TTL per tier queue: RabbitMQ expires messages only at the
+        # head of a queue, so mixed per-message TTLs in one queue would hold a short
+        # wait behind a long one. No routing-key override on the DLX: an expired
+        # message goes back by its own key, `<queue>.retry`.
+        specs = [
+            QueueSpec(
+                tier_name(self.config.prefix, ttl),
+                {**base, "x-message-ttl": ttl, "x-dead-letter-exchange": "", **safe_dl},
+            )
+            for ttl in self.tiers.ttls_ms
+        ]
+        for route in self.routes.values():
+            retry_args = dict(base)
+            if quorum:
+                # The re-check consumer acks and republishes, so only redeliveries
+                # (a crashed consumer, a copy that could not be confirmed) count.
+                # At the limit the message goes to the DLQ, never nowhere.
+                retry_args |= {
+                    "x-delivery-limit": self.config.delivery_limit,
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": route.dlq,
+                    **safe_dl,
+                }
+            specs.append(QueueSpec(route.retry_queue, retry_args))
+            specs.append(QueueSpec(route.dlq, dict(base)))
+        return specs
 
     async def declare(self, connection: AbstractRobustConnection) -> None:
         """Declare tiers, re-check queues and DLQs, and open the plugin's channels.
@@ -328,6 +381,16 @@ class Runtime:
         after a reconnect, before the consumers are restored.
         """
         tiers = self.plan()
+        specs = {spec.name: spec for spec in self.queue_specs()}
+        version = await check_broker(
+            connection,
+            queue_type=self.config.queue_type,
+            prefix=self.config.prefix,
+            exchanges=[tier_name(self.config.prefix, ttl) for ttl in tiers.ttls_ms],
+            queues=specs.values(),
+        )
+        for level, text in work_queue_findings(self.routes.values(), self.config.default, version):
+            log.log(level, "faststream-retry: %s", text)
         self._publish_channel = await connection.channel(publisher_confirms=True)
         self._consume_channel = await connection.channel(publisher_confirms=False)
         assert self._publish_channel is not None  # noqa: S101 - for mypy
@@ -337,21 +400,12 @@ class Runtime:
         for ttl in tiers.ttls_ms:
             name = tier_name(self.config.prefix, ttl)
             exchange = await channel.declare_exchange(name, ExchangeType.FANOUT, durable=True)
-            # One queue-wide TTL per tier queue: RabbitMQ expires messages only at
-            # the head of a queue, so mixed per-message TTLs in one queue would hold
-            # a short wait behind a long one. No routing-key override on the DLX:
-            # an expired message goes back by its own key, `<queue>.retry`.
-            queue = await channel.declare_queue(
-                name,
-                durable=True,
-                arguments=self._queue_arguments(
-                    {"x-message-ttl": ttl, "x-dead-letter-exchange": ""}
-                ),
-            )
+            queue = await channel.declare_queue(name, durable=True, arguments=specs[name].arguments)
             await queue.bind(exchange, routing_key="")
         for route in self.routes.values():
             for name in (route.retry_queue, route.dlq):
-                await channel.declare_queue(name, durable=True, arguments=self._queue_arguments())
+                await channel.declare_queue(name, durable=True, arguments=specs[name].arguments)
+        self._specs = specs
         self.publisher = Publisher(channel, self.config.publish_timeout_s)
         log.info(
             "faststream-retry: tick %d ms, %d tiers up to %d ms, %d queues covered: %s",
@@ -367,7 +421,9 @@ class Runtime:
         assert self._consume_channel is not None  # noqa: S101 - declare() ran
         for route in self.routes.values():
             queue = await self._consume_channel.declare_queue(
-                route.retry_queue, durable=True, arguments=self._queue_arguments()
+                route.retry_queue,
+                durable=True,
+                arguments=self._specs[route.retry_queue].arguments,
             )
             tag = await queue.consume(self._recheck_callback(route))
             self._consumers.append((queue, tag))

@@ -18,6 +18,8 @@
 #   RMQ_TIMEOUT=90       seconds to wait for readiness
 #   RMQ_FRESH=1          wipe the node's data before a *new* start (never on reuse)
 #   RMQ_AUTO_INSTALL=1   apt-get install rabbitmq-server if missing (root only)
+#   RMQ_COOKIE=          Erlang cookie to boot with (nodes that cluster must share one;
+#                        scripts/rabbitmq/cluster.sh sets it)
 #
 # Idempotent: if the node is already up it is reused (exit 0, same URL).
 # Concurrent calls with the same RMQ_PORT are serialised by flock.
@@ -112,6 +114,11 @@ export RABBITMQ_PID_FILE="$RMQ_BASE/rabbitmq.pid"
 export HOME="$RMQ_BASE/home"        # Erlang cookie lives in $HOME/.erlang.cookie
 export ERL_CRASH_DUMP="$RMQ_BASE/log/erl_crash.dump"   # default is $PWD (= your repo)
 mkdir -p "$HOME" "$RABBITMQ_LOG_BASE"
+if [[ -n "${RMQ_COOKIE:-}" ]]; then
+  rm -f "$HOME/.erlang.cookie"
+  (umask 077; printf '%s' "$RMQ_COOKIE" > "$HOME/.erlang.cookie")
+  chmod 400 "$HOME/.erlang.cookie"
+fi
 STARTUP_LOG="$RABBITMQ_LOG_BASE/startup.log"
 NODE_LOG="$RABBITMQ_LOG_BASE/${RMQ_NODENAME}.log"
 
