@@ -1,0 +1,48 @@
+"""The fault suite's figures: each scenario adds a row, printed at the end of the run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from _pytest.terminal import TerminalReporter
+
+    from tests.faults.support import Tally
+
+ROWS: list[dict[str, Any]] = []
+
+
+class Report:
+    """Records one scenario's figures for the end-of-run table."""
+
+    def add(self, scenario: str, faults: str, tally: Tally, seconds: float) -> None:
+        ROWS.append(
+            {
+                "scenario": scenario,
+                "messages": len(tally.sent),
+                "faults": faults,
+                "processed": len(set(tally.processed)),
+                "dead-lettered": len(set(tally.dead)),
+                "lost": len(tally.lost),
+                "duplicates": tally.duplicates,
+                "settled after the last fault, s": f"{seconds:.1f}",
+            }
+        )
+
+
+@pytest.fixture
+def report() -> Report:
+    return Report()
+
+
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    if not ROWS:
+        return
+    columns = list(ROWS[0])
+    terminalreporter.section("fault suite figures")
+    terminalreporter.write_line("| " + " | ".join(columns) + " |")
+    terminalreporter.write_line("|" + "---|" * len(columns))
+    for row in ROWS:
+        terminalreporter.write_line("| " + " | ".join(str(row[c]) for c in columns) + " |")

@@ -1,0 +1,205 @@
+"""The fault suite's parts: a deterministic workload, a tally by message id, brokers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+import pytest
+
+from faststream_retry import PermanentError
+from faststream_retry import headers as h
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts" / "rabbitmq"
+
+MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``n`` messages whose fate depends only on their id and attempt, so a duplicate
+    delivery behaves exactly like the original:
+
+    - ``i % 10 == 0``: permanent failure, dead-lettered at once;
+    - ``i % 10 == 4``: always transient, dead-lettered as exhausted;
+    - ``i % 10 in (1, 2, 3)``: two transient failures, then processed;
+    - otherwise processed at once.
+    """
+
+    n: int
+    prefix: str = "m"
+
+    @property
+    def ids(self) -> list[str]:
+        return [f"{self.prefix}{i:05d}" for i in range(self.n)]
+
+    @staticmethod
+    def index(message_id: str) -> int:
+        return int(message_id[-5:])
+
+    def expected_dead(self) -> set[str]:
+        return {m for m in self.ids if self.index(m) % 10 in (0, 4)}
+
+    def behave(self, message_id: str | None, headers: dict[str, Any] | None) -> None:
+        """Raise what the handler of ``message_id`` raises on this delivery."""
+        if message_id is None:
+            raise PermanentError("no message id")
+        kind = self.index(message_id) % 10
+        if kind == 0:
+            raise PermanentError(f"{message_id} is malformed")
+        if kind == 4:
+            raise TimeoutError(f"{message_id}: upstream timed out")
+        if kind in (1, 2, 3) and h.read_attempt(headers) < 2:
+            raise ConnectionError(f"{message_id}: upstream refused")
+
+
+async def publish_all(url: str, queue: str, ids: list[str], batch: int = 200) -> None:
+    """Publish persistent messages with confirms, straight to ``queue``."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        for start in range(0, len(ids), batch):
+            await asyncio.gather(
+                *(
+                    channel.default_exchange.publish(
+                        aio_pika.Message(
+                            m.encode(),
+                            message_id=m,
+                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        ),
+                        routing_key=queue,
+                    )
+                    for m in ids[start : start + batch]
+                )
+            )
+
+
+@dataclass
+class Tally:
+    """What became of every id: processed (handler returned) or dead-lettered."""
+
+    sent: list[str]
+    processed: list[str] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)
+
+    @property
+    def settled(self) -> set[str]:
+        return set(self.processed) | set(self.dead)
+
+    @property
+    def lost(self) -> set[str]:
+        return set(self.sent) - self.settled
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.processed) - len(set(self.processed)) + len(self.dead) - len(set(self.dead))
+
+
+class DeadLetterWatch:
+    """Consumes ``<queue>.dlq`` as the test runs, recording the ids that arrive."""
+
+    def __init__(self, url: str, dlq: str, into: list[str]) -> None:
+        self.url, self.dlq, self.into = url, dlq, into
+        self.connection: AbstractRobustConnection | None = None
+
+    async def start(self) -> None:
+        self.connection = await aio_pika.connect_robust(self.url)
+        channel = await self.connection.channel()
+        queue = await channel.get_queue(self.dlq, ensure=True)
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            self.into.append(message.message_id or "?")
+            await message.ack()
+
+        await queue.consume(on_message)
+
+    async def stop(self) -> None:
+        if self.connection is not None:
+            await self.connection.close()
+
+
+async def wait_settled(tally: Tally, timeout: float, what: str) -> float:
+    """Wait until every id is processed or dead-lettered, then a quiet window.
+
+    Returns the seconds it took. Fails with the missing ids on timeout.
+    """
+    started = time.monotonic()
+    while tally.lost:
+        if time.monotonic() - started > timeout:
+            missing = sorted(tally.lost)
+            pytest.fail(f"{what}: {len(missing)} ids neither processed nor dead: {missing[:10]}")
+        await asyncio.sleep(0.1)
+    took = time.monotonic() - started
+    await asyncio.sleep(2.0)  # late duplicates still count
+    return took
+
+
+def check_outcomes(workload: Workload, tally: Tally) -> None:
+    """sent = processed + dead-lettered, each id where its handler sent it, none lost."""
+    assert tally.lost == set()
+    assert set(tally.dead) == workload.expected_dead()
+    assert set(tally.processed) == set(workload.ids) - workload.expected_dead()
+    assert set(tally.processed) & set(tally.dead) == set()
+
+
+class Node:
+    """A RabbitMQ node of the project's broker script, on a port of its own."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.base = Path(os.environ.get("TMPDIR", "/tmp")) / f"rabbitmq-test-{port}"  # noqa: S108
+        self.url = f"amqp://guest:guest@127.0.0.1:{port}/"
+
+    def _run(self, script: str, **env: str) -> None:
+        done = subprocess.run(
+            ["bash", str(SCRIPTS / script)],
+            env={**os.environ, "RMQ_PORT": str(self.port), **env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            pytest.fail(f"{script} on port {self.port} failed:\n{done.stderr}")
+
+    def start(self, *, fresh: bool) -> None:
+        self._run("start.sh", RMQ_FRESH="1" if fresh else "0")
+
+    def stop(self, *, keep_data: bool = False) -> None:
+        self._run("stop.sh", RMQ_KEEP_DATA="1" if keep_data else "0")
+
+    def kill(self) -> None:
+        """SIGKILL the broker: a crash, no graceful shutdown."""
+        pid = int((self.base / "rabbitmq.pid").read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return
+            time.sleep(0.05)
+
+
+async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Wait for ``condition`` or fail."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
