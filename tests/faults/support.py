@@ -203,3 +203,20 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def delete_topology(
+    url: str, queues: list[str], prefix: str, tick_ms: int, max_ms: int
+) -> None:
+    """Delete a scenario's queues and its delay tiers from a shared broker."""
+    from faststream_retry.tiers import Tiers, tier_name  # noqa: PLC0415
+
+    connection = await aio_pika.connect(url)
+    async with connection:
+        for ttl in Tiers.build(tick_ms, max_ms).ttls_ms:
+            queues = [*queues, tier_name(prefix, ttl)]
+        for name in queues:
+            channel = await connection.channel()
+            with contextlib.suppress(Exception):
+                await channel.queue_delete(name)
+                await channel.exchange_delete(name)
