@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.integration.conftest import amqp  # noqa: F401 - the fixture, shared
+
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
 
