@@ -5,6 +5,8 @@
 #   bash cluster.sh start     # prints one AMQP URL per node (stdout), messages on stderr
 #   bash cluster.sh stop
 #   bash cluster.sh kill N    # SIGKILL node N (1-based): a crash, not a shutdown
+#   bash cluster.sh rebalance # spread quorum queue leaders over the nodes
+#   bash cluster.sh leaders   # "<queue> <leader node>" per quorum queue
 #
 # Knobs: RMQ_CLUSTER_PORT=5680 (node k listens on PORT+k-1), RMQ_CLUSTER_SIZE=3,
 # RMQ_COOKIE (one is made up; every node must share it to cluster).
@@ -55,6 +57,12 @@ stop() {
   done
 }
 
+rebalance() {
+  local sbin=/usr/lib/rabbitmq/bin
+  [[ -x "$sbin/rabbitmq-queues" ]] || sbin="$(dirname "$(readlink -f "$(command -v rabbitmq-queues)")")"
+  HOME="$(base_of 1)/home" LC_ALL=C.UTF-8 "$sbin/rabbitmq-queues" -q -n "$(node_of 1)" rebalance quorum --formatter json >&2
+}
+
 kill_node() {
   local pid_file; pid_file="$(base_of "$1")/rabbitmq.pid"
   [[ -s "$pid_file" ]] || die "node $1 has no pid file"
@@ -66,5 +74,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   kill) kill_node "${2:?which node}" ;;
-  *) die "usage: cluster.sh start | stop | kill N" ;;
+  rebalance) rebalance ;;
+  leaders) ctl_of 1 list_queues --no-table-headers name leader ;;
+  *) die "usage: cluster.sh start | stop | kill N | rebalance | leaders" ;;
 esac

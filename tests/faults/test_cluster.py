@@ -1,0 +1,116 @@
+"""R4: a three-node cluster on loopback, every queue quorum; one node is killed
+(SIGKILL) while retries wait and hop. Nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from typing import TYPE_CHECKING
+
+import pytest
+from faststream.rabbit import QueueType, RabbitMessage, RabbitQueue
+
+from faststream_retry import RetryPolicy, Schedule
+from faststream_retry.events import EventKind
+from tests.faults.support import (
+    MAX_ATTEMPTS,
+    SCRIPTS,
+    DeadLetterWatch,
+    Tally,
+    Workload,
+    check_outcomes,
+    publish_all,
+    until,
+    wait_settled,
+)
+from tests.integration.conftest import App, unique
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.faults.conftest import Report
+
+pytestmark = [pytest.mark.rabbit, pytest.mark.fault]
+
+
+def cluster(*args: str) -> str:
+    done = subprocess.run(
+        ["bash", str(SCRIPTS / "cluster.sh"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"cluster.sh {' '.join(args)} failed:\n{done.stderr}")
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def urls() -> Iterator[list[str]]:
+    urls = cluster("start").split()
+    assert len(urls) == 3
+    yield urls
+    cluster("stop")
+
+
+async def test_a_node_killed_in_a_quorum_cluster_loses_nothing(
+    urls: list[str], report: Report
+) -> None:
+    """1,000 messages on quorum queues (the work queue with a delivery limit and a DLQ
+    route); leaders spread over the nodes; node 3 is SIGKILLed mid-retries."""
+    workload = Workload(1000)
+    queue = unique("r4")
+    tally = Tally(workload.ids)
+    app = App(
+        urls[0],
+        queue_type="quorum",
+        tick=0.2,
+        max_delay=10,
+        default=RetryPolicy(max_attempts=MAX_ATTEMPTS, backoff=Schedule([1.5, 2.0])),
+    )
+    work_queue = RabbitQueue(
+        queue,
+        durable=True,
+        queue_type=QueueType.QUORUM,
+        arguments={
+            "x-delivery-limit": 10,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": f"{queue}.dlq",
+        },
+    )
+
+    @app.broker.subscriber(work_queue)
+    async def handle(msg: RabbitMessage) -> None:
+        workload.behave(msg.message_id, msg.headers)
+        tally.processed.append(msg.message_id or "?")
+
+    await app.start()
+    cluster("rebalance")
+    ours = [line.split() for line in cluster("leaders").splitlines()]
+    victim = "rabbit-test-5682@localhost"  # node 3
+    led = [
+        name for name, leader in ours if name.startswith((queue, app.prefix)) and leader == victim
+    ]
+    assert led, "node 3 leads some of the plugin's queues, so killing it moves leaders"
+    watch = DeadLetterWatch(urls[0], f"{queue}.dlq", tally.dead)
+    await watch.start()
+    try:
+        publishing = asyncio.create_task(publish_all(urls[0], queue, workload.ids, batch=50))
+        await until(
+            lambda: sum(e.kind is EventKind.SCHEDULED for e in app.events) >= 200,
+            90,
+            "retries scheduled",
+        )
+        cluster("kill", "3")
+        await publishing
+        seconds = await wait_settled(tally, 180, "R4")
+    finally:
+        await watch.stop()
+        await app.stop()
+    check_outcomes(workload, tally)
+    report.add(
+        "R4 quorum cluster",
+        f"1 of 3 nodes SIGKILLed, leading {len(led)} of the queues",
+        tally,
+        seconds,
+    )
