@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.integration.conftest import amqp  # noqa: F401 - the fixture, shared
+from tests.integration.conftest import amqp, make_app  # noqa: F401 - fixtures, shared
 
 if TYPE_CHECKING:
     from _pytest.terminal import TerminalReporter
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from tests.faults.support import Tally
 
 ROWS: list[dict[str, Any]] = []
+NOTES: list[str] = []
 
 
 class Report:
@@ -33,6 +34,9 @@ class Report:
             }
         )
 
+    def note(self, text: str) -> None:
+        NOTES.append(text)
+
 
 @pytest.fixture
 def report() -> Report:
@@ -40,11 +44,13 @@ def report() -> Report:
 
 
 def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
-    if not ROWS:
+    if not ROWS and not NOTES:
         return
-    columns = list(ROWS[0])
+    columns = list(ROWS[0]) if ROWS else []
     terminalreporter.section("fault suite figures")
     terminalreporter.write_line("| " + " | ".join(columns) + " |")
     terminalreporter.write_line("|" + "---|" * len(columns))
     for row in ROWS:
         terminalreporter.write_line("| " + " | ".join(str(row[c]) for c in columns) + " |")
+    for text in NOTES:
+        terminalreporter.write_line(text)

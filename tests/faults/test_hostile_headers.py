@@ -1,0 +1,182 @@
+"""S1 and S2: hostile headers on a real broker, and the size of what the plugin adds."""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+import pytest
+from aiormq.exceptions import AMQPError
+from faststream.rabbit import RabbitMessage
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from pamqp.encode import field_table as encode_table
+
+from faststream_retry import Fixed, RetryPolicy, TransientError
+from faststream_retry import headers as h
+from faststream_retry.events import EventKind
+from tests.faults.support import DeadLetterWatch, Tally, until, wait_settled
+from tests.integration.conftest import App, drain, queue_depth, unique
+from tests.strategies import amqp_values, hostile_headers
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractRobustConnection
+
+    from tests.faults.conftest import Report
+
+pytestmark = [pytest.mark.rabbit, pytest.mark.fault]
+
+EXAMPLES = 300
+
+
+def draw(strategy: st.SearchStrategy[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """``n`` values of ``strategy`` (hypothesis generates; the test asserts on the lot)."""
+    found: list[dict[str, Any]] = []
+
+    @settings(
+        max_examples=n,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        deadline=None,
+    )
+    @given(strategy)
+    def collect(value: dict[str, Any]) -> None:
+        found.append(value)
+
+    collect()
+    return found
+
+
+def encodable(headers: dict[str, Any]) -> bool:
+    try:
+        encode_table(headers)
+    except (TypeError, ValueError, OverflowError, struct.error):
+        return False  # pamqp cannot send it, so it never arrives either
+    return True
+
+
+with_trace_keys = st.one_of(
+    hostile_headers,
+    st.dictionaries(st.sampled_from(["traceparent", "tracestate", h.DUE]), amqp_values, max_size=3),
+)
+HAND_PICKED: list[dict[str, Any]] = [
+    {h.ORIGIN_QUEUE: "other"},
+    {h.DUE: 2**62, h.ATTEMPT: 1},
+    {h.DUE: -1, h.ATTEMPT: -5},
+    {h.DUE: "soon", h.ATTEMPT: "1e9"},
+    {h.ATTEMPT: 2**31 + 7},
+    {h.HISTORY: [{"attempt": "x"}, 5, None]},
+    {"x-death": [{"queue": "other", "count": -1}], "x-first-death-queue": "other"},
+    {"traceparent": "00-zz-yy-01", "tracestate": b"\xff"},
+]
+
+
+async def test_hostile_headers_never_crash_misroute_or_lose(
+    make_app: Any, rabbit_url: str, amqp: AbstractRobustConnection, report: Report
+) -> None:
+    """Each header set arrives twice, at the work queue and at its ``.retry`` queue.
+    Every message ends processed or in its DLQ; the sibling queue gets nothing; the
+    re-check consumer keeps consuming."""
+    app: App = make_app(max_delay=2, default=RetryPolicy(max_attempts=3, backoff=Fixed(0.2)))
+    queue, other = unique("s1"), unique("s1-other")
+    failed_once: set[str] = set()
+    tally = Tally([])
+    strays: list[str | None] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(msg: RabbitMessage) -> None:
+        if msg.message_id not in failed_once:
+            failed_once.add(msg.message_id or "?")
+            raise ConnectionError("first delivery fails, so the headers are read")
+        tally.processed.append(msg.message_id or "?")
+
+    @app.broker.subscriber(other)
+    async def sibling(msg: RabbitMessage) -> None:
+        strays.append(msg.message_id)
+
+    cases = [c for c in HAND_PICKED + draw(with_trace_keys, EXAMPLES) if encodable(c)]
+    await app.start()
+    watch = DeadLetterWatch(rabbit_url, f"{queue}.dlq", tally.dead)
+    await watch.start()
+    refused = 0
+    connection = await aio_pika.connect(rabbit_url)
+    try:
+        for i, headers in enumerate(cases):
+            if connection.is_closed:
+                connection = await aio_pika.connect(rabbit_url)
+            channel = await connection.channel(publisher_confirms=True)
+            try:
+                for target, tag in ((queue, "w"), (f"{queue}.retry", "r")):
+                    await channel.default_exchange.publish(
+                        aio_pika.Message(b"{}", headers=headers, message_id=f"h{i:04d}{tag}"),
+                        routing_key=target,
+                    )
+                    tally.sent.append(f"h{i:04d}{tag}")
+            except (AMQPError, RuntimeError):
+                # RabbitMQ itself refuses some tables pamqp can encode (a float in an
+                # array, for one) by closing the connection: they never reach a consumer.
+                refused += 1
+                continue
+            await channel.close()
+        try:
+            seconds = await wait_settled(tally, 60, "S1")
+        except pytest.fail.Exception:
+            lost = {m: cases[int(m[1:5])] for m in sorted(tally.lost) if m.startswith("h")}
+            pytest.fail(f"lost, with their headers: {lost!r}")
+        # The re-check consumer is alive: a plain retry still comes back.
+        before = len(tally.processed)
+        await app.broker.publish("after", queue=queue, message_id="after")
+        await until(lambda: len(tally.processed) == before + 1, 15, "a retry after the storm")
+        tally.sent.append("after")
+    finally:
+        await watch.stop()
+        await connection.close()
+    assert tally.lost == set()
+    assert tally.duplicates == 0
+    assert set(tally.processed) & set(tally.dead) == set()
+    assert strays == []
+    for name in (queue, f"{queue}.retry"):
+        assert await queue_depth(amqp, name) == 0
+    reasons = {e.reason for e in app.events if e.kind is EventKind.DEAD_LETTERED}
+    assert reasons <= {"exhausted", "invalid"}
+    report.add(
+        "S1 hostile headers",
+        f"{len(cases) - refused} header sets (hypothesis + hand-picked), each at the queue "
+        f"and at .retry ({refused} more refused by RabbitMQ itself)",
+        tally,
+        seconds,
+    )
+
+
+async def test_added_headers_stay_bounded_after_100_retries(
+    make_app: Any, amqp: AbstractRobustConnection, report: Report
+) -> None:
+    """One message fails 100 times with a long error; every copy, the dead letter
+    included, carries at most ``headers.MAX_ADDED_BYTES`` of the plugin's headers."""
+    app: App = make_app(tick=0.1, default=RetryPolicy(max_attempts=101, backoff=Fixed(0.1)))
+    queue = unique("s2")
+    app_headers = {"tenant": "acme", "trace": "x" * 100}
+    base = len(encode_table(app_headers))
+    added: list[int] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(msg: RabbitMessage) -> None:
+        added.append(len(encode_table(dict(msg.headers))) - base)
+        raise TransientError("é" * 20_000)  # far beyond every field's limit
+
+    await app.start()
+    await app.broker.publish("x", queue=queue, headers=app_headers)
+    await until(lambda: len(added) == 101, 60, "101 deliveries")
+    (dead,) = await drain(amqp, f"{queue}.dlq", expect=1)
+    dead_added = len(encode_table(dict(dead.headers))) - base
+    assert dead.headers[h.REASON] == "exhausted"
+    assert dead.headers[h.ATTEMPT] == 101
+    assert max(added) <= h.MAX_ADDED_BYTES
+    assert dead_added <= h.MAX_ADDED_BYTES
+    assert {k: dead.headers[k] for k in app_headers} == app_headers
+    report.note(
+        f"S2 bounds: after 100 retries the plugin's headers take at most {max(added)} bytes "
+        f"on a retry copy and {dead_added} on the dead letter (budget {h.MAX_ADDED_BYTES})"
+    )
