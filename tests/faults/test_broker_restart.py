@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from tests.faults.conftest import Report
 
-pytestmark = [pytest.mark.rabbit, pytest.mark.fault]
+pytestmark = [pytest.mark.rabbit, pytest.mark.fault, pytest.mark.timeout(400)]
 
 
 @pytest.fixture(scope="module")

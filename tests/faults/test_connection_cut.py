@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from tests.faults.conftest import Report
 
-pytestmark = [pytest.mark.rabbit, pytest.mark.fault]
+pytestmark = [pytest.mark.rabbit, pytest.mark.fault, pytest.mark.timeout(400)]
 
 
 async def test_cut_connections_lose_nothing(

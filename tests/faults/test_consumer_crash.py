@@ -29,7 +29,7 @@ from tests.integration.conftest import unique
 if TYPE_CHECKING:
     from tests.faults.conftest import Report
 
-pytestmark = [pytest.mark.rabbit, pytest.mark.fault]
+pytestmark = [pytest.mark.rabbit, pytest.mark.fault, pytest.mark.timeout(400)]
 
 
 class Worker:
