@@ -34,6 +34,9 @@ start() {
   for k in $(seq 1 "$SIZE"); do
     wait "${pids[$((k - 1))]}" || { cat "$(base_of "$k").start.log" >&2; die "node $k did not start"; }
     urls+=("$(tail -n 1 "$(base_of "$k").url")")
+    if grep -q "docker container" "$(base_of "$k").start.log"; then
+      stop; die "a cluster needs the rabbitmq-server package: Docker containers cannot join on loopback"
+    fi
   done
   local first; first="$(node_of 1)"
   for k in $(seq 2 "$SIZE"); do

@@ -40,6 +40,8 @@ def cluster(*args: str) -> str:
         text=True,
         check=False,
     )
+    if "needs the rabbitmq-server package" in done.stderr:
+        pytest.skip("a cluster needs a local rabbitmq-server (the Debian package), not Docker")
     if done.returncode != 0:
         pytest.fail(f"cluster.sh {' '.join(args)} failed:\n{done.stderr}")
     return done.stdout
