@@ -132,6 +132,21 @@ class DeadLetterWatch:
             await self.connection.close()
 
 
+async def depths(url: str, queues: list[str]) -> dict[str, int | str]:
+    """Ready messages per queue, to say where missing ids are when a scenario fails."""
+    found: dict[str, int | str] = {}
+    connection = await aio_pika.connect(url)
+    async with connection:
+        for name in queues:
+            channel = await connection.channel()
+            try:
+                declared = await channel.declare_queue(name, passive=True)
+                found[name] = declared.declaration_result.message_count or 0
+            except Exception as exc:
+                found[name] = repr(exc)
+    return found
+
+
 async def wait_settled(tally: Tally, timeout: float, what: str) -> float:
     """Wait until every id is processed or dead-lettered, then a quiet window.
 
@@ -195,7 +210,10 @@ class Node:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 return
-            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                    return
+            except OSError:  # gone between the two looks
                 return
             time.sleep(0.05)
 

@@ -44,7 +44,8 @@ async def test_cut_connections_lose_nothing(
     queue = unique("r3")
     tally = Tally(workload.ids)
     app = App(
-        f"amqp://guest:guest@127.0.0.1:{proxy.port}/?reconnect_interval=0.5",
+        f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
+        broker_options={"reconnect_interval": 0.5},
         default=RetryPolicy(max_attempts=MAX_ATTEMPTS, backoff=Schedule([0.5, 0.8])),
     )
 
