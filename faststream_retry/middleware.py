@@ -124,9 +124,11 @@ class RetryMiddleware:
             raise RetryConfigError(f"prefix must be a short non-empty str, got {prefix!r}")
         if queue_type not in {"classic", "quorum"}:
             raise RetryConfigError(f"queue_type is 'classic' or 'quorum', got {queue_type!r}")
-        if isinstance(delivery_limit, bool) or not isinstance(delivery_limit, int):
-            raise RetryConfigError(f"delivery_limit must be an int >= 1, got {delivery_limit!r}")
-        if delivery_limit < 1:
+        if (
+            isinstance(delivery_limit, bool)
+            or not isinstance(delivery_limit, int)
+            or delivery_limit < 1
+        ):
             raise RetryConfigError(f"delivery_limit must be an int >= 1, got {delivery_limit!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise RetryConfigError(f"prefetch must be an int >= 1, got {prefetch!r}")

@@ -17,10 +17,9 @@ import pytest
 
 from faststream_retry import PermanentError
 from faststream_retry import headers as h
+from faststream_retry.tiers import Tiers, tier_name
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,21 +131,6 @@ class DeadLetterWatch:
             await self.connection.close()
 
 
-async def depths(url: str, queues: list[str]) -> dict[str, int | str]:
-    """Ready messages per queue, to say where missing ids are when a scenario fails."""
-    found: dict[str, int | str] = {}
-    connection = await aio_pika.connect(url)
-    async with connection:
-        for name in queues:
-            channel = await connection.channel()
-            try:
-                declared = await channel.declare_queue(name, passive=True)
-                found[name] = declared.declaration_result.message_count or 0
-            except Exception as exc:
-                found[name] = repr(exc)
-    return found
-
-
 async def wait_settled(tally: Tally, timeout: float, what: str) -> float:
     """Wait until every id is processed or dead-lettered, then a quiet window.
 
@@ -218,26 +202,14 @@ class Node:
             time.sleep(0.05)
 
 
-async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Wait for ``condition`` or fail."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def delete_topology(
     url: str, queues: list[str], prefix: str, tick_ms: int, max_ms: int
 ) -> None:
     """Delete a scenario's queues and its delay tiers from a shared broker."""
-    from faststream_retry.tiers import Tiers, tier_name  # noqa: PLC0415
-
     connection = await aio_pika.connect(url)
     async with connection:
-        for ttl in Tiers.build(tick_ms, max_ms).ttls_ms:
-            queues = [*queues, tier_name(prefix, ttl)]
-        for name in queues:
+        tiers = [tier_name(prefix, ttl) for ttl in Tiers.build(tick_ms, max_ms).ttls_ms]
+        for name in [*queues, *tiers]:
             channel = await connection.channel()
             with contextlib.suppress(Exception):
                 await channel.queue_delete(name)

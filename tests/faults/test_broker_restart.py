@@ -20,10 +20,9 @@ from tests.faults.support import (
     Workload,
     check_outcomes,
     publish_all,
-    until,
     wait_settled,
 )
-from tests.integration.conftest import App, unique
+from tests.integration.conftest import App, eventually, unique
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -86,12 +85,12 @@ async def test_broker_restarts_lose_nothing(
     try:
         await publish_all(node.url, queue, workload.ids)
         # 40 % of the messages fail first; wait until most wait in the tiers.
-        await until(lambda: count(EventKind.SCHEDULED) >= 600, 60, "retries scheduled")
+        await eventually(lambda: count(EventKind.SCHEDULED) >= 600, 60, "retries scheduled")
         await asyncio.to_thread(node.stop, keep_data=True)
         await asyncio.to_thread(node.start, fresh=False)
         # Once releases flow again, crash the broker in the middle of them.
         released = count(EventKind.RELEASED) + count(EventKind.HOP)
-        await until(
+        await eventually(
             lambda: count(EventKind.RELEASED) + count(EventKind.HOP) >= released + 100,
             90,
             "the re-check consumer busy again",

@@ -20,10 +20,9 @@ from tests.faults.support import (
     Workload,
     check_outcomes,
     publish_all,
-    until,
     wait_settled,
 )
-from tests.integration.conftest import App, unique
+from tests.integration.conftest import App, eventually, unique
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -98,7 +97,7 @@ async def test_a_node_killed_in_a_quorum_cluster_loses_nothing(
     await watch.start()
     try:
         publishing = asyncio.create_task(publish_all(urls[0], queue, workload.ids, batch=50))
-        await until(
+        await eventually(
             lambda: sum(e.kind is EventKind.SCHEDULED for e in app.events) >= 200,
             90,
             "retries scheduled",

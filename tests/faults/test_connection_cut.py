@@ -20,10 +20,9 @@ from tests.faults.support import (
     Workload,
     check_outcomes,
     publish_all,
-    until,
     wait_settled,
 )
-from tests.integration.conftest import App, unique
+from tests.integration.conftest import App, eventually, unique
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -60,7 +59,7 @@ async def test_cut_connections_lose_nothing(
 
     async def recovered() -> None:
         before = progress()
-        await until(lambda: progress() >= before + 20, 60, "work after the reconnect")
+        await eventually(lambda: progress() >= before + 20, 60, "work after the reconnect")
 
     await app.start()
     watch = DeadLetterWatch(rabbit_url, f"{queue}.dlq", tally.dead)

@@ -16,8 +16,8 @@ from pamqp.encode import field_table as encode_table
 from faststream_retry import Fixed, RetryPolicy, TransientError
 from faststream_retry import headers as h
 from faststream_retry.events import EventKind
-from tests.faults.support import DeadLetterWatch, Tally, until, wait_settled
-from tests.integration.conftest import App, drain, queue_depth, unique
+from tests.faults.support import DeadLetterWatch, Tally, wait_settled
+from tests.integration.conftest import App, drain, eventually, queue_depth, unique
 from tests.strategies import amqp_values, hostile_headers
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ async def test_hostile_headers_never_crash_misroute_or_lose(
         # The re-check consumer is alive: a plain retry still comes back.
         before = len(tally.processed)
         await app.broker.publish("after", queue=queue, message_id="after")
-        await until(lambda: len(tally.processed) == before + 1, 15, "a retry after the storm")
+        await eventually(lambda: len(tally.processed) == before + 1, 15, "a retry after the storm")
         tally.sent.append("after")
     finally:
         await watch.stop()
@@ -175,7 +175,7 @@ async def test_added_headers_stay_bounded_after_100_retries(
 
     await app.start()
     await app.broker.publish("x", queue=queue, headers=app_headers)
-    await until(lambda: len(added) == 101, 60, "101 deliveries")
+    await eventually(lambda: len(added) == 101, 60, "101 deliveries")
     (dead,) = await drain(amqp, f"{queue}.dlq", expect=1)
     dead_added = len(encode_table(dict(dead.headers))) - base
     assert dead.headers[h.REASON] == "exhausted"
