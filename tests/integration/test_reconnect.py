@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+from pamqp.commands import Basic
 
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.tiers import tier_name
@@ -74,3 +75,80 @@ async def test_topology_is_declared_again_after_a_reconnect(
     # And the loop works end to end on the restored channels.
     await app.broker.publish("after", queue=queue)
     await eventually(lambda: calls == 2, timeout=20, what="the retried call after reconnect")
+
+
+async def _retry_round_trip(app: App, queue: str, calls: list[str], body: str) -> None:
+    """Publish ``body``; its first call fails transiently; wait for the second."""
+    await app.broker.publish(body, queue=queue)
+    await eventually(lambda: calls.count(body) == 2, timeout=20, what=f"{body} retried")
+
+
+def _flaky_app(make_app: Any) -> tuple[App, str, list[str]]:
+    app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
+    queue = unique("heal")
+    calls: list[str] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        calls.append(body)
+        if calls.count(body) == 1:
+            raise ConnectionError("down")
+
+    return app, queue, calls
+
+
+async def test_a_publish_channel_the_broker_closes_is_reopened(make_app: Any) -> None:
+    """A channel error on the plugin's publish channel (here a 404) does not stop retries."""
+    app, queue, calls = _flaky_app(make_app)
+    await app.start()
+    runtime = app.retry.runtime(app.broker)
+    await _retry_round_trip(app, queue, calls, "before")
+    old = runtime._publish_channel
+    assert runtime.publisher is not None
+    # Publishing to a missing exchange makes the broker close the channel.
+    assert not await runtime.publisher.publish(
+        exchange=unique("missing"), routing_key="", body=b"", properties=Basic.Properties()
+    )
+    await eventually(
+        lambda: runtime._publish_channel is not old and runtime._up.is_set(),
+        timeout=20,
+        what="the publish channel reopened",
+    )
+    await _retry_round_trip(app, queue, calls, "after")
+
+
+async def test_a_consume_channel_the_broker_closes_is_reopened(make_app: Any) -> None:
+    """A channel error on the re-check consumer's channel: the consumer comes back."""
+    app, queue, calls = _flaky_app(make_app)
+    await app.start()
+    runtime = app.retry.runtime(app.broker)
+    old = runtime._consume_channel
+    assert old is not None
+    # Acking a delivery tag the broker never sent closes the channel (406).
+    underlay = await old.get_underlay_channel()
+    await underlay.basic_ack(delivery_tag=424242)
+    await eventually(
+        lambda: runtime._consume_channel is not old and runtime._up.is_set(),
+        timeout=20,
+        what="the consume channel reopened",
+    )
+    await _retry_round_trip(app, queue, calls, "after")
+
+
+async def test_a_deleted_retry_queue_is_declared_and_consumed_again(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """Deleting ``<queue>.retry`` cancels its consumer; the plugin declares and consumes it again."""
+    app, queue, calls = _flaky_app(make_app)
+    await app.start()
+    runtime = app.retry.runtime(app.broker)
+    old = runtime._consume_channel
+    channel = await amqp.channel()
+    await channel.queue_delete(f"{queue}.retry")
+    await channel.close()
+    await eventually(
+        lambda: runtime._consume_channel is not old and runtime._up.is_set(),
+        timeout=20,
+        what="the channels reopened",
+    )
+    await _retry_round_trip(app, queue, calls, "after")
