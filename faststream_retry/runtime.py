@@ -513,7 +513,8 @@ class Runtime:
 
     async def _publish_underlay(self) -> UnderlayChannel:
         """The publish channel, waiting up to the publish timeout while it reopens."""
-        await asyncio.wait_for(self._up.wait(), self.config.publish_timeout_s)
+        if not self._up.is_set():  # wait_for costs a task: only when it must wait
+            await asyncio.wait_for(self._up.wait(), self.config.publish_timeout_s)
         channel = self._publish_channel
         assert channel is not None  # noqa: S101 - set before _up
         return await channel.get_underlay_channel()

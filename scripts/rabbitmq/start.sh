@@ -156,6 +156,8 @@ fi
 
 # Pre-flight: a foreign listener on our ports would fool the readiness check.
 for p in "$RMQ_PORT" "$RMQ_DIST_PORT" $([[ "$RMQ_MANAGEMENT" == 1 ]] && echo "$RMQ_MGMT_PORT"); do
+  # A node killed a moment ago may still hold its port while it exits: give it 10 s.
+  for _ in $(seq 1 50); do port_open "$p" || break; sleep 0.2; done
   if port_open "$p"; then
     who="$(ss -ltnpH "sport = :$p" 2>/dev/null | sed -n 's/.*users:((\(.*\)))/\1/p' | head -1)"
     die "port $p is already in use${who:+ by $who} (not our node $RMQ_NODENAME). Choose another RMQ_PORT, or stop that broker."

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.faults.support import dump_tasks
 from tests.integration.conftest import amqp, make_app  # noqa: F401 - fixtures, shared
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from _pytest.terminal import TerminalReporter
 
     from tests.faults.support import Tally
@@ -41,6 +45,20 @@ class Report:
 @pytest.fixture
 def report() -> Report:
     return Report()
+
+
+# Seconds before pytest-timeout fires at which the watchdog prints the tasks.
+WATCHDOG_LEAD_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+async def watchdog(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Dump the pending tasks shortly before the test's timeout, then let it fire."""
+    marker = request.node.get_closest_marker("timeout")
+    seconds = float(marker.args[0]) if marker else float(request.config.getini("timeout"))
+    handle = asyncio.get_running_loop().call_later(max(seconds - WATCHDOG_LEAD_S, 1.0), dump_tasks)
+    yield
+    handle.cancel()
 
 
 def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:

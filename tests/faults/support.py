@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from faststream_retry import headers as h
 from faststream_retry.tiers import Tiers, tier_name
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,6 +150,50 @@ async def wait_settled(tally: Tally, timeout: float, what: str) -> float:
     return took
 
 
+async def stopped(what: str, stop: Awaitable[None], timeout: float = 30.0) -> None:
+    """Await a clean-up step within ``timeout`` seconds.
+
+    A stop that hangs after a fault is a finding in itself; bounding it turns a silent
+    pytest-timeout into a failure that names the step.
+    """
+    try:
+        await asyncio.wait_for(stop, timeout)
+    except TimeoutError:
+        pytest.fail(f"{what} did not finish within {timeout} s")
+
+
+class Timeline:
+    """Prints when each phase of a scenario starts; pytest shows it when a test fails."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def __call__(self, phase: str) -> None:
+        print(f"{time.monotonic() - self.started:7.1f} s  {phase}", flush=True)  # noqa: T201
+
+
+def dump_tasks() -> None:
+    """Print where every pending task waits, one line per frame.
+
+    pytest-timeout prints the threads, which for asyncio only shows the idle selector;
+    the coroutines are where a hang is.
+    """
+    print("pending tasks:", flush=True)  # noqa: T201
+    for task in asyncio.all_tasks():
+        print(f"  {task.get_name()}", flush=True)  # noqa: T201
+        # Task.get_stack() gives one frame of a suspended coroutine; the await chain
+        # gives them all, down to what it waits on.
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                print(f"      waits on {awaited!r}"[:300], flush=True)  # noqa: T201
+                break
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+            print(f"      {where}", flush=True)  # noqa: T201
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+
+
 def check_outcomes(workload: Workload, tally: Tally) -> None:
     """sent = processed + dead-lettered, each id where its handler sent it, none lost."""
     assert tally.lost == set()
@@ -185,21 +232,34 @@ class Node:
         self._run("stop.sh", RMQ_KEEP_DATA="1" if keep_data else "0")
 
     def kill(self) -> None:
-        """SIGKILL the broker: a crash, no graceful shutdown."""
+        """SIGKILL the broker: a crash, no graceful shutdown.
+
+        Returns once the process is gone and its AMQP port refuses connections, so
+        that a start right after does not find the port of the dying node still open.
+        """
         pid = int((self.base / "rabbitmq.pid").read_text())
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            try:
-                if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-                    return
-            except OSError:  # gone between the two looks
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not _alive(pid) and not _port_open(self.port):
                 return
             time.sleep(0.05)
+        pytest.fail(f"the broker on port {self.port} (pid {pid}) outlived SIGKILL by 30 s")
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a zombie holds no sockets)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
 
 
 async def delete_topology(

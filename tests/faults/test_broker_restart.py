@@ -10,16 +10,19 @@ from typing import TYPE_CHECKING
 import pytest
 from faststream.rabbit import QueueType, RabbitMessage, RabbitQueue
 
-from faststream_retry import RetryPolicy, Schedule
+from faststream_retry import Exponential, RetryPolicy
 from faststream_retry.events import EventKind
 from tests.faults.support import (
     MAX_ATTEMPTS,
     DeadLetterWatch,
     Node,
     Tally,
+    Timeline,
     Workload,
     check_outcomes,
+    dump_tasks,
     publish_all,
+    stopped,
     wait_settled,
 )
 from tests.integration.conftest import App, eventually, unique
@@ -48,7 +51,7 @@ def node() -> Iterator[Node]:
 async def test_broker_restarts_lose_nothing(
     node: Node, report: Report, queue_type: str, *, crash: bool
 ) -> None:
-    """2,000 messages; retries of 3 and 4 s; the broker stops and starts while they wait
+    """2,000 messages; retries after about 3 and 15 s; the broker stops and starts while they wait
     in the tiers, and again while the re-check consumer releases them.
 
     The second stop is a SIGKILL only with quorum queues: a classic queue dead-letters
@@ -62,8 +65,14 @@ async def test_broker_restarts_lose_nothing(
         node.url,
         broker_options={"reconnect_interval": 1.0},
         queue_type=queue_type,
-        tick=0.5,  # tiers 0.5, 1, 2 s...: a 3-4 s delay takes hops through re-check
-        default=RetryPolicy(max_attempts=MAX_ATTEMPTS, backoff=Schedule([3, 4])),
+        tick=0.5,  # tiers 0.5, 1, 2 s...: each delay takes hops through re-check
+        # Retries after 1.5-4.5 s, then 7.5-20 s: the second wave outlasts a restart on
+        # a loaded machine (up to 20 s seen) and is spread out, so when the broker is
+        # back releases are still to come and the second fault lands among them.
+        default=RetryPolicy(
+            max_attempts=MAX_ATTEMPTS,
+            backoff=Exponential(3, factor=5, maximum=20, jitter=0.5),
+        ),
     )
     work_queue = RabbitQueue(
         queue,
@@ -79,15 +88,20 @@ async def test_broker_restarts_lose_nothing(
     def count(kind: EventKind) -> int:
         return sum(e.kind is kind for e in app.events)
 
+    phase = Timeline()
     await app.start()
     watch = DeadLetterWatch(node.url, f"{queue}.dlq", tally.dead)
     await watch.start()
     try:
+        phase("publishing")
         await publish_all(node.url, queue, workload.ids)
+        phase("waiting for retries to be scheduled")
         # 40 % of the messages fail first; wait until most wait in the tiers.
         await eventually(lambda: count(EventKind.SCHEDULED) >= 600, 60, "retries scheduled")
+        phase("graceful restart")
         await asyncio.to_thread(node.stop, keep_data=True)
         await asyncio.to_thread(node.start, fresh=False)
+        phase("waiting for the re-check consumer")
         # Once releases flow again, crash the broker in the middle of them.
         released = count(EventKind.RELEASED) + count(EventKind.HOP)
         await eventually(
@@ -95,11 +109,13 @@ async def test_broker_restarts_lose_nothing(
             90,
             "the re-check consumer busy again",
         )
+        phase("SIGKILL" if crash else "graceful stop")
         if crash:
             await asyncio.to_thread(node.kill)
         else:
             await asyncio.to_thread(node.stop, keep_data=True)
         await asyncio.to_thread(node.start, fresh=False)
+        phase("waiting until settled")
         try:
             seconds = await wait_settled(tally, 120, "R1")
         except pytest.fail.Exception as failed:
@@ -133,9 +149,13 @@ async def test_broker_restarts_lose_nothing(
                 check=False,
             ).stdout
             pytest.fail(f"{failed}\nqueues:\n{listing}\nchannels:\n{channels}")
+    except pytest.fail.Exception:
+        dump_tasks()
+        raise
     finally:
-        await watch.stop()
-        await app.stop()
+        phase("stopping")
+        await stopped("closing the DLQ watch", watch.stop())
+        await stopped("stopping the app", app.stop())
     check_outcomes(workload, tally)
     second = "1 SIGKILL/start" if crash else "another graceful restart"
     report.add(f"R1 broker restart, {queue_type}", f"1 graceful restart + {second}", tally, seconds)

@@ -20,6 +20,7 @@ from tests.faults.support import (
     Workload,
     check_outcomes,
     publish_all,
+    stopped,
     wait_settled,
 )
 from tests.integration.conftest import App, eventually, unique
@@ -106,8 +107,8 @@ async def test_a_node_killed_in_a_quorum_cluster_loses_nothing(
         await publishing
         seconds = await wait_settled(tally, 180, "R4")
     finally:
-        await watch.stop()
-        await app.stop()
+        await stopped("closing the DLQ watch", watch.stop())
+        await stopped("stopping the app", app.stop())
     check_outcomes(workload, tally)
     report.add(
         "R4 quorum cluster",

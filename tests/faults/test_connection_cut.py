@@ -20,6 +20,7 @@ from tests.faults.support import (
     Workload,
     check_outcomes,
     publish_all,
+    stopped,
     wait_settled,
 )
 from tests.integration.conftest import App, eventually, unique
@@ -76,8 +77,8 @@ async def test_cut_connections_lose_nothing(
         seconds = await wait_settled(tally, 120, "R3")
         assert app.retry.runtime(app.broker).connected
     finally:
-        await watch.stop()
-        await app.stop()
+        await stopped("closing the DLQ watch", watch.stop())
+        await stopped("stopping the app", app.stop())
         await app.cleanup(amqp)
         await proxy.close()
     check_outcomes(workload, tally)

@@ -20,6 +20,7 @@ from tests.faults.support import (
     check_outcomes,
     delete_topology,
     publish_all,
+    stopped,
     wait_settled,
 )
 from tests.integration.conftest import eventually, unique
@@ -112,8 +113,8 @@ async def test_consumer_crashes_lose_nothing(
         poller.cancel()
         refresh()
     finally:
-        await app.stop()
-        await watch.stop()
+        await stopped("stopping the app", app.stop())
+        await stopped("closing the DLQ watch", watch.stop())
         await delete_topology(
             rabbit_url,
             [queue, f"{queue}.retry", f"{queue}.dlq"],

@@ -16,7 +16,7 @@ from pamqp.encode import field_table as encode_table
 from faststream_retry import Fixed, RetryPolicy, TransientError
 from faststream_retry import headers as h
 from faststream_retry.events import EventKind
-from tests.faults.support import DeadLetterWatch, Tally, wait_settled
+from tests.faults.support import DeadLetterWatch, Tally, stopped, wait_settled
 from tests.integration.conftest import App, drain, eventually, queue_depth, unique
 from tests.strategies import amqp_values, hostile_headers
 
@@ -139,7 +139,7 @@ async def test_hostile_headers_never_crash_misroute_or_lose(
         await eventually(lambda: len(tally.processed) == before + 1, 15, "a retry after the storm")
         tally.sent.append("after")
     finally:
-        await watch.stop()
+        await stopped("closing the DLQ watch", watch.stop())
     assert tally.lost == set()
     assert tally.duplicates == 0
     assert set(tally.processed) & set(tally.dead) == set()
