@@ -393,8 +393,9 @@ class Runtime:
         """Check the broker, open the plugin's channels and declare the topology.
 
         From here on a supervisor task watches the two channels: when one closes
-        (a reconnect, a channel error), it waits for the connection, opens both
-        again, declares the topology again and restarts the re-check consumers.
+        (a reconnect, a channel error) or the broker cancels a re-check consumer, it
+        waits for the connection, opens both again, declares the topology again and
+        restarts the re-check consumers.
         """
         tiers = self.plan()
         self._specs = {spec.name: spec for spec in self.queue_specs()}
