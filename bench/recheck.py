@@ -148,22 +148,29 @@ async def recheck(connection: AbstractRobustConnection, n: int) -> float:
     # Only the plugin's side runs: the origin queue is not consumed, so the
     # process does nothing but re-check hops, like the two loops above.
     runtime = retry.runtime(broker)
-    await runtime.declare(await broker.connect())
+    await runtime.start(await broker.connect())
     start = time.perf_counter()
     await runtime.start_consumers()
     await wait_count(lambda: released, n)
     elapsed = time.perf_counter() - start
     await runtime.stop()
     await broker.stop()
-    tiers = runtime.tiers
-    await delete(connection, origin, f"{origin}.retry", f"{origin}.dlq")
-    channel = await connection.channel()
-    for ttl in tiers.ttls_ms if tiers else ():
-        name = f"{retry._config.prefix}.delay.{ttl}"  # noqa: SLF001
-        await channel.queue_delete(name)
-        await channel.exchange_delete(name)
-    await channel.close()
+    await delete(connection, origin)
+    await delete_topology(connection, retry, broker)
     return n / elapsed
+
+
+async def delete_topology(
+    connection: AbstractRobustConnection, retry: RetryMiddleware, broker: RabbitBroker
+) -> None:
+    """Delete every queue and exchange the plugin planned for ``broker``."""
+    topology = retry.runtime(broker).plan
+    channel = await connection.channel()
+    for spec in topology.queues:
+        await channel.queue_delete(spec.name)
+    for exchange in topology.exchanges:
+        await channel.exchange_delete(exchange)
+    await channel.close()
 
 
 async def main(n: int, rounds: int) -> None:

@@ -21,7 +21,7 @@ from faststream.rabbit import Channel, RabbitBroker
 from rich.console import Console
 from rich.table import Table
 
-from bench.recheck import PREFETCH, URL, delete, fill, wait_count
+from bench.recheck import PREFETCH, URL, delete, delete_topology, fill, wait_count
 from faststream_retry import RetryMiddleware
 
 
@@ -57,15 +57,7 @@ async def consume(
     await broker.stop()
     await delete(connection, queue)
     if retry is not None:
-        runtime = retry.runtime(broker)
-        channel = await connection.channel()
-        await channel.queue_delete(f"{queue}.retry")
-        await channel.queue_delete(f"{queue}.dlq")
-        for ttl in runtime.tiers.ttls_ms if runtime.tiers else ():
-            name = f"{retry._config.prefix}.delay.{ttl}"  # noqa: SLF001
-            await channel.queue_delete(name)
-            await channel.exchange_delete(name)
-        await channel.close()
+        await delete_topology(connection, retry, broker)
     return n / elapsed
 
 

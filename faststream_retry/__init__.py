@@ -7,14 +7,15 @@ tiers with queue-wide TTLs and a re-check loop); permanent ones land in
 
 from faststream_retry.classify import BUILTIN_PERMANENT, BUILTIN_TRANSIENT, Verdict
 from faststream_retry.errors import (
+    InvalidDueTime,
     PermanentError,
     RetryConfigError,
     RetryLater,
     RetryTopologyError,
     TransientError,
 )
-from faststream_retry.events import EventKind, RetryEvent, RetryHook
-from faststream_retry.middleware import RetryMiddleware, RetryRecorder
+from faststream_retry.events import EventKind, Reason, RetryEvent, RetryHook, Rule
+from faststream_retry.middleware import RetryMiddleware
 from faststream_retry.policy import (
     Backoff,
     Exponential,
@@ -23,6 +24,7 @@ from faststream_retry.policy import (
     Schedule,
     retry_policy,
 )
+from faststream_retry.testing import RetryRecorder
 
 __all__ = [
     "BUILTIN_PERMANENT",
@@ -31,7 +33,9 @@ __all__ = [
     "EventKind",
     "Exponential",
     "Fixed",
+    "InvalidDueTime",
     "PermanentError",
+    "Reason",
     "RetryConfigError",
     "RetryEvent",
     "RetryHook",
@@ -40,6 +44,7 @@ __all__ = [
     "RetryPolicy",
     "RetryRecorder",
     "RetryTopologyError",
+    "Rule",
     "Schedule",
     "TransientError",
     "Verdict",

@@ -16,11 +16,11 @@ reads like.
 from __future__ import annotations
 
 import asyncio
-import enum
 import json
 from dataclasses import dataclass
 
 from faststream_retry.errors import PermanentError, TransientError
+from faststream_retry.events import Rule, Word
 
 __all__ = [
     "BUILTIN_PERMANENT",
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-class Verdict(str, enum.Enum):
+class Verdict(Word):
     """What a failure means for the message."""
 
     TRANSIENT = "transient"
@@ -40,10 +40,10 @@ class Verdict(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Classification:
-    """A verdict and the rule that decided it (``explicit``, ``handler``, ...)."""
+    """A verdict and the rule that decided it."""
 
     verdict: Verdict
-    rule: str
+    rule: Rule
 
 
 def _validation_errors() -> tuple[type[BaseException], ...]:
@@ -99,17 +99,17 @@ def classify(
 ) -> Classification:
     """Classify ``exc`` by the documented precedence (see the module docstring)."""
     if isinstance(exc, PermanentError):
-        return Classification(Verdict.PERMANENT, "explicit")
+        return Classification(Verdict.PERMANENT, Rule.EXPLICIT)
     if isinstance(exc, TransientError):
-        return Classification(Verdict.TRANSIENT, "explicit")
+        return Classification(Verdict.TRANSIENT, Rule.EXPLICIT)
     verdict = _match(exc, handler_transient, handler_permanent)
     if verdict is not None:
-        return Classification(verdict, "handler")
+        return Classification(verdict, Rule.HANDLER)
     verdict = _match(exc, default_transient, default_permanent)
     if verdict is not None:
-        return Classification(verdict, "default")
+        return Classification(verdict, Rule.DEFAULT)
     for cls in type(exc).__mro__:
         builtin = _BUILTIN.get(cls)
         if builtin is not None:
-            return Classification(builtin, "builtin")
-    return Classification(Verdict.TRANSIENT, "fallback")
+            return Classification(builtin, Rule.BUILTIN)
+    return Classification(Verdict.TRANSIENT, Rule.FALLBACK)

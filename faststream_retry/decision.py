@@ -1,4 +1,4 @@
-"""What to do with a failed message (pure: the middleware only carries it out)."""
+"""What to do with a failed message, and with one back from a tier (pure: adapters carry it out)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING
 
 from faststream_retry.classify import Classification, Verdict, classify
 from faststream_retry.errors import RetryLater
-from faststream_retry.policy import HandlerPolicy, RetryPolicy, to_ms
+from faststream_retry.events import Reason
+from faststream_retry.policy import HandlerPolicy, RetryPolicy, effective_policy, to_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from faststream_retry.tiers import Tiers
 
-__all__ = ["Action", "Decision", "decide"]
+__all__ = ["Action", "Decision", "Hop", "Invalid", "Release", "decide", "recheck_step"]
 
 
 class Action(str, enum.Enum):
@@ -34,8 +35,7 @@ class Decision:
     """The outcome of one failed handler call.
 
     ``attempt`` is this call's number (1 for the first); ``delay_ms`` is the rounded
-    delay for ``RETRY_LATER``; ``reason`` is ``permanent`` or ``exhausted`` for
-    ``DEAD_LETTER``.
+    delay for ``RETRY_LATER``; ``reason`` says why for ``DEAD_LETTER``.
     """
 
     action: Action
@@ -43,7 +43,7 @@ class Decision:
     max_attempts: int
     classification: Classification
     delay_ms: int = 0
-    reason: str | None = None
+    reason: Reason | None = None
 
 
 def decide(
@@ -56,7 +56,7 @@ def decide(
     rand: Callable[[], float],
 ) -> Decision:
     """Decide what a failure means, given it was failed handler call number ``attempt``."""
-    policy = handler.resolve(default) if handler is not None else default
+    policy = effective_policy(handler, default)
     classification = classify(
         exc,
         handler_transient=policy.transient if handler is not None else (),
@@ -67,19 +67,11 @@ def decide(
     max_attempts = policy.max_attempts
     if classification.verdict is Verdict.PERMANENT:
         return Decision(
-            Action.DEAD_LETTER,
-            attempt,
-            max_attempts,
-            classification,
-            reason="permanent",
+            Action.DEAD_LETTER, attempt, max_attempts, classification, reason=Reason.PERMANENT
         )
     if attempt >= max_attempts:
         return Decision(
-            Action.DEAD_LETTER,
-            attempt,
-            max_attempts,
-            classification,
-            reason="exhausted",
+            Action.DEAD_LETTER, attempt, max_attempts, classification, reason=Reason.EXHAUSTED
         )
     if isinstance(exc, RetryLater):
         delay = tiers.round_delay(to_ms(exc.delay, "RetryLater(delay=...)"))
@@ -94,3 +86,41 @@ def decide(
         classification,
         tiers.round_delay(raw),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Due: back to the work queue. ``lateness_ms`` is ``None`` when the due time was unreadable."""
+
+    lateness_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """Not due yet: round the tier with TTL ``tier_ms`` again."""
+
+    tier_ms: int
+    remaining_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A due time no legitimate delay can explain: dead-letter it."""
+
+    ahead_ms: int
+
+
+def recheck_step(due_ms: int | None, now_ms: int, tiers: Tiers) -> Release | Hop | Invalid:
+    """Decide what the re-check consumer does with a message back from a tier.
+
+    A missing or unreadable due time means due now. A due time beyond ``max_delay``
+    plus one tick can never be legitimate: capping it without rewriting the header
+    would send it round the tiers for ever, so it is ``Invalid``. Otherwise the
+    message waits in the largest tier that fits, and is never released early.
+    """
+    if due_ms is None or due_ms <= now_ms:
+        return Release(None if due_ms is None else now_ms - due_ms)
+    remaining = due_ms - now_ms
+    if remaining > tiers.max_delay_ms + tiers.tick_ms:
+        return Invalid(remaining)
+    return Hop(tiers.pick(remaining), remaining)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 __all__ = [
+    "InvalidDueTime",
     "PermanentError",
     "RetryConfigError",
     "RetryLater",
@@ -63,3 +64,17 @@ class RetryTopologyError(RetryConfigError):
     declares already exist with other arguments; the message names each one, the
     argument and how to migrate.
     """
+
+
+class InvalidDueTime(PermanentError):  # noqa: N818 - its name is on the wire already
+    """Recorded on a dead letter whose ``retry-due`` no legitimate delay can explain.
+
+    The re-check consumer never raises it: it names the cause in ``retry-exception``
+    (``faststream_retry.InvalidDueTime``) of a message dead-lettered with reason
+    ``invalid``, because its due time lies beyond now + ``max_delay`` + one tick.
+    """
+
+
+# The class is reached as faststream_retry.InvalidDueTime, and that is the name dead
+# letters have carried in retry-exception since the first release.
+InvalidDueTime.__module__ = "faststream_retry"

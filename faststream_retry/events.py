@@ -1,4 +1,9 @@
-"""Events the plugin reports to hooks: one per decision, release and re-check hop (pure)."""
+"""Events the plugin reports to hooks, and the words they use (pure).
+
+``Reason`` and ``Rule`` are ``str`` enums: their values are what the ``retry-reason``
+header, the metric labels and the log lines carry, and a member compares equal to its
+value (``Reason.EXHAUSTED == "exhausted"``).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,31 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["EventKind", "RetryEvent", "RetryHook", "emit"]
+if TYPE_CHECKING:
+    from faststream_retry.classify import Verdict
+
+__all__ = ["EventKind", "Reason", "RetryEvent", "RetryHook", "Rule", "Word", "emit"]
 
 log = logging.getLogger("faststream_retry")
 
 
-class EventKind(str, enum.Enum):
+class Word(str, enum.Enum):
+    """A ``str`` enum that prints as its value on every Python version."""
+
+    # Python 3.11 formats a str-mixin member as "Class.NAME"; these are words on the
+    # wire and in logs, so they format as their value everywhere.
+    def __str__(self) -> str:
+        """Return the value."""
+        return str(self.value)
+
+    def __format__(self, format_spec: str) -> str:
+        """Format the value."""
+        return format(str(self.value), format_spec)
+
+
+class EventKind(Word):
     """What happened to a message."""
 
     SCHEDULED = "scheduled"
@@ -25,14 +48,36 @@ class EventKind(str, enum.Enum):
     """The message was published to ``<queue>.dlq``."""
 
 
+class Reason(Word):
+    """Why a message was dead-lettered (the ``retry-reason`` header)."""
+
+    PERMANENT = "permanent"
+    """The failure was classified permanent: retrying cannot help."""
+    EXHAUSTED = "exhausted"
+    """A transient failure on the last attempt the policy allows."""
+    INVALID = "invalid"
+    """Its ``retry-due`` lies further ahead than any legitimate delay."""
+
+
+class Rule(Word):
+    """Which classification rule decided (see ``faststream_retry.classify``)."""
+
+    EXPLICIT = "explicit"
+    HANDLER = "handler"
+    DEFAULT = "default"
+    BUILTIN = "builtin"
+    FALLBACK = "fallback"
+
+
 @dataclass(frozen=True, slots=True)
 class RetryEvent:
     """One thing the plugin did with a message.
 
     Times are epoch milliseconds. ``delay_ms`` is the planned delay (``SCHEDULED``)
     or the tier TTL (``HOP``); ``lateness_ms`` is release time minus due time
-    (``RELEASED``); ``reason`` is ``permanent``, ``exhausted`` or ``invalid``
-    (``DEAD_LETTERED``); ``rule`` is the classification rule that decided.
+    (``RELEASED``); ``reason`` says why a message was ``DEAD_LETTERED``; ``rule`` is
+    the classification rule that decided and ``classification`` its verdict (both
+    only when a handler failed).
     """
 
     kind: EventKind
@@ -44,11 +89,12 @@ class RetryEvent:
     delay_ms: int | None = None
     due_ms: int | None = None
     lateness_ms: int | None = None
-    reason: str | None = None
+    reason: Reason | None = None
     exception: str | None = None
     error: str | None = None
-    rule: str | None = None
+    rule: Rule | None = None
     immediate: bool = False
+    classification: Verdict | None = None
 
 
 RetryHook = Callable[[RetryEvent], None]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import decimal
 import math
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -52,6 +53,8 @@ __all__ = [
     "FailureRecord",
     "carry_over",
     "dead_letter_headers",
+    "exception_name",
+    "now_ms",
     "read_attempt",
     "read_due",
     "retry_headers",
@@ -90,6 +93,18 @@ _MAX_DUE = 2**63
 
 _BROKER_DEATH_HEADERS = ("x-death",)
 _BROKER_DEATH_PREFIXES = ("x-first-death-", "x-last-death-")
+
+
+def now_ms() -> int:
+    """Return the wall clock in epoch milliseconds (the unit of ``retry-due``)."""
+    return time.time_ns() // 1_000_000
+
+
+def exception_name(exc: BaseException) -> str:
+    """Return what ``retry-exception`` says of ``exc``: its qualified type name."""
+    cls = type(exc)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
 def truncate(text: str, limit: int) -> str:
@@ -262,7 +277,7 @@ def dead_letter_headers(
     """Return the headers of the copy that goes to ``<queue>.dlq``."""
     headers = _failure_headers(incoming, failure)
     headers.pop(DUE, None)
-    headers[REASON] = reason
+    headers[REASON] = str(reason)  # a plain str on the wire, whatever enum came in
     headers[EXCEPTION] = failure.exception
     headers[ERROR] = truncate(failure.error, ERROR_LIMIT)
     headers[TRACEBACK] = truncate_tail(traceback, TRACEBACK_LIMIT)

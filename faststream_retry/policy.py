@@ -22,6 +22,7 @@ __all__ = [
     "HandlerPolicy",
     "RetryPolicy",
     "Schedule",
+    "effective_policy",
     "get_handler_policy",
     "retry_policy",
     "to_ms",
@@ -327,6 +328,21 @@ def retry_policy(**options: Any) -> Callable[[F], F]:  # noqa: ANN401 - validate
 
 
 def get_handler_policy(fn: object) -> HandlerPolicy | None:
-    """Return the policy ``@retry_policy`` attached to ``fn``, if any."""
-    policy = getattr(fn, _POLICY_ATTR, None)
-    return policy if isinstance(policy, HandlerPolicy) else None
+    """Return the policy ``@retry_policy`` attached to ``fn`` or to what it wraps, if any.
+
+    Decorators FastStream applies around a handler keep the original in
+    ``__wrapped__``; the chain is followed until the policy shows up.
+    """
+    seen: set[int] = set()
+    while fn is not None and id(fn) not in seen:
+        policy = getattr(fn, _POLICY_ATTR, None)
+        if isinstance(policy, HandlerPolicy):
+            return policy
+        seen.add(id(fn))
+        fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+def effective_policy(handler: HandlerPolicy | None, default: RetryPolicy) -> RetryPolicy:
+    """Return the policy a handler runs with: its own options over ``default``."""
+    return handler.resolve(default) if handler is not None else default

@@ -1,4 +1,4 @@
-"""The tick, the delay tiers and the names of everything the plugin declares (pure).
+"""The tick and the ladder of delay tiers (pure).
 
 A delay tier is a queue whose queue-wide TTL is ``tick * 2**k``; messages in it all
 expire after the same time, so RabbitMQ's head-first expiry never holds a short wait
@@ -19,32 +19,10 @@ from faststream_retry.errors import RetryConfigError
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = [
-    "MIN_TICK_MS",
-    "Tiers",
-    "compute_tick_ms",
-    "dlq_name",
-    "retry_queue_name",
-    "tier_name",
-]
+__all__ = ["MIN_TICK_MS", "Tiers", "compute_tick_ms"]
 
 MIN_TICK_MS = 100
 """The floor of the tick: below it the re-check loop would spin (jitter, odd factors)."""
-
-
-def retry_queue_name(queue: str) -> str:
-    """Return the re-check queue of origin queue ``queue``."""
-    return f"{queue}.retry"
-
-
-def dlq_name(queue: str) -> str:
-    """Return the dead-letter queue of origin queue ``queue``."""
-    return f"{queue}.dlq"
-
-
-def tier_name(prefix: str, ttl_ms: int) -> str:
-    """Return the name of the delay tier exchange and queue with this TTL."""
-    return f"{prefix}.delay.{ttl_ms}"
 
 
 def compute_tick_ms(delays_ms: Iterable[int], explicit_ms: int | None = None) -> int:
@@ -112,12 +90,3 @@ class Tiers:
                 break
             best = ttl
         return best
-
-    def hops(self, delay_ms: int) -> int:
-        """Return how many tier passes a delay of ``delay_ms`` takes (no latency)."""
-        count = 0
-        remaining = delay_ms
-        while remaining > 0:
-            remaining -= self.pick(remaining)
-            count += 1
-        return count

@@ -1,16 +1,21 @@
-"""Session fixtures: a real RabbitMQ for the tests marked ``rabbit``."""
+"""The fixtures every suite shares: a real RabbitMQ, a connection to it, apps on it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import aio_pika
 import pytest
 
+from tests.rabbit import App
+
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
+
+    from aio_pika.abc import AbstractRobustConnection
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts" / "rabbitmq"
@@ -35,3 +40,31 @@ def rabbit_url() -> Iterator[str]:
     finally:
         if ours:
             subprocess.run(["bash", str(SCRIPTS / "stop.sh")], capture_output=True, check=False)
+
+
+@pytest.fixture
+async def amqp(rabbit_url: str) -> AsyncIterator[AbstractRobustConnection]:
+    """A plain aio-pika connection, to look inside queues and publish raw messages."""
+    connection = await aio_pika.connect_robust(rabbit_url)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+async def make_app(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> AsyncIterator[Callable[..., App]]:
+    """Build apps for a test; stops them and deletes their queues afterwards."""
+    apps: list[App] = []
+
+    def build(**retry_options: Any) -> App:
+        app = App(rabbit_url, **retry_options)
+        apps.append(app)
+        return app
+
+    yield build
+    for app in apps:
+        await app.stop()
+        await app.cleanup(amqp)

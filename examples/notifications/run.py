@@ -183,7 +183,7 @@ async def main(timeout: float = 60.0) -> int:
     # The plugin logs one line per decision; the narration below says the same.
     logging.getLogger("faststream_retry").setLevel(logging.ERROR)
     provider, memory = setup_tracing()
-    app.retry._hooks.append(narrate)  # noqa: SLF001 - the demo narrates through a hook
+    app.retry.add_hook(narrate)  # the demo narrates through a hook
     connection = await aio_pika.connect_robust(app.RABBITMQ_URL)
     await purge_leftovers(connection)
     await app.broker.start()

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.faults.support import dump_tasks
-from tests.integration.conftest import amqp, make_app  # noqa: F401 - fixtures, shared
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -18,7 +18,8 @@ import pytest
 
 from faststream_retry import PermanentError
 from faststream_retry import headers as h
-from faststream_retry.tiers import Tiers, tier_name
+from faststream_retry.tiers import Tiers
+from faststream_retry.topology import tier_name
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable

@@ -25,7 +25,7 @@ from tests.faults.support import (
     stopped,
     wait_settled,
 )
-from tests.integration.conftest import App, eventually, unique
+from tests.rabbit import App, eventually, unique
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

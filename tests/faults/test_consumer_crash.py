@@ -23,7 +23,7 @@ from tests.faults.support import (
     stopped,
     wait_settled,
 )
-from tests.integration.conftest import eventually, unique
+from tests.rabbit import eventually, unique
 
 if TYPE_CHECKING:
     from tests.faults.conftest import Report

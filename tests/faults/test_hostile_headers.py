@@ -17,7 +17,7 @@ from faststream_retry import Fixed, RetryPolicy, TransientError
 from faststream_retry import headers as h
 from faststream_retry.events import EventKind
 from tests.faults.support import DeadLetterWatch, Tally, stopped, wait_settled
-from tests.integration.conftest import App, drain, eventually, queue_depth, unique
+from tests.rabbit import App, drain, eventually, queue_depth, unique
 from tests.strategies import amqp_values, hostile_headers
 
 if TYPE_CHECKING:

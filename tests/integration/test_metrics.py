@@ -12,7 +12,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from faststream_retry import Fixed, PermanentError, RetryPolicy
 from faststream_retry.events import EventKind
 from faststream_retry.telemetry import ATTR, METRICS
-from tests.integration.conftest import App, drain, eventually, unique
+from tests.rabbit import App, drain, eventually, unique
 
 pytestmark = pytest.mark.rabbit
 

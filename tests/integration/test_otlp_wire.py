@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.events import EventKind
-from tests.integration.conftest import App, eventually, unique
+from tests.rabbit import App, eventually, unique
 
 pytestmark = pytest.mark.rabbit
 

@@ -13,8 +13,8 @@ from aio_pika.abc import AbstractRobustConnection
 from pamqp.commands import Basic
 
 from faststream_retry import Fixed, RetryPolicy
-from faststream_retry.tiers import tier_name
-from tests.integration.conftest import App, eventually, queue_depth, unique
+from faststream_retry.topology import tier_name
+from tests.rabbit import App, eventually, queue_depth, unique
 
 pytestmark = pytest.mark.rabbit
 
@@ -101,16 +101,16 @@ async def test_a_publish_channel_the_broker_closes_is_reopened(make_app: Any) ->
     """A channel error on the plugin's publish channel (here a 404) does not stop retries."""
     app, queue, calls = _flaky_app(make_app)
     await app.start()
-    runtime = app.retry.runtime(app.broker)
+    live = app.retry.runtime(app.broker).live
+    assert live is not None
     await _retry_round_trip(app, queue, calls, "before")
-    old = runtime._publish_channel
-    assert runtime.publisher is not None
+    opened = live.channels.generation
     # Publishing to a missing exchange makes the broker close the channel.
-    assert not await runtime.publisher.publish(
+    assert not await live.publisher.publish(
         exchange=unique("missing"), routing_key="", body=b"", properties=Basic.Properties()
     )
     await eventually(
-        lambda: runtime._publish_channel is not old and runtime._up.is_set(),
+        lambda: live.channels.generation > opened and live.channels.ready,
         timeout=20,
         what="the publish channel reopened",
     )
@@ -121,14 +121,16 @@ async def test_a_consume_channel_the_broker_closes_is_reopened(make_app: Any) ->
     """A channel error on the re-check consumer's channel: the consumer comes back."""
     app, queue, calls = _flaky_app(make_app)
     await app.start()
-    runtime = app.retry.runtime(app.broker)
-    old = runtime._consume_channel
+    live = app.retry.runtime(app.broker).live
+    assert live is not None
+    opened = live.channels.generation
+    old = live.channels.consume_channel
     assert old is not None
     # Acking a delivery tag the broker never sent closes the channel (406).
     underlay = await old.get_underlay_channel()
     await underlay.basic_ack(delivery_tag=424242)
     await eventually(
-        lambda: runtime._consume_channel is not old and runtime._up.is_set(),
+        lambda: live.channels.generation > opened and live.channels.ready,
         timeout=20,
         what="the consume channel reopened",
     )
@@ -141,13 +143,14 @@ async def test_a_deleted_retry_queue_is_declared_and_consumed_again(
     """Deleting ``<queue>.retry`` cancels its consumer; the plugin declares and consumes it again."""
     app, queue, calls = _flaky_app(make_app)
     await app.start()
-    runtime = app.retry.runtime(app.broker)
-    old = runtime._consume_channel
+    live = app.retry.runtime(app.broker).live
+    assert live is not None
+    opened = live.channels.generation
     channel = await amqp.channel()
     await channel.queue_delete(f"{queue}.retry")
     await channel.close()
     await eventually(
-        lambda: runtime._consume_channel is not old and runtime._up.is_set(),
+        lambda: live.channels.generation > opened and live.channels.ready,
         timeout=20,
         what="the channels reopened",
     )

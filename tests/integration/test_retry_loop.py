@@ -20,8 +20,8 @@ from faststream_retry import (
     retry_policy,
 )
 from faststream_retry.events import EventKind
-from faststream_retry.tiers import tier_name
-from tests.integration.conftest import App, drain, eventually, queue_depth, unique
+from faststream_retry.topology import tier_name
+from tests.rabbit import App, drain, eventually, queue_depth, unique
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -363,7 +363,7 @@ async def test_failure_during_graceful_shutdown_still_gets_its_copy(
     scheduled = [e for e in app.events if e.kind is EventKind.SCHEDULED]
     assert len(scheduled) == 1, app.events
     assert await queue_depth(amqp, queue) == 0, "the original was acked"
-    tiers = app.retry.runtime(app.broker).tiers
+    tiers = app.retry.runtime(app.broker).plan.tiers
     assert tiers is not None
     assert await queue_depth(amqp, tier_name(app.prefix, tiers.pick(30_000))) == 1
 

@@ -11,8 +11,8 @@ from aiormq.exceptions import ChannelPreconditionFailed
 
 from faststream_retry import Fixed, PermanentError, RetryPolicy, RetryTopologyError, headers
 from faststream_retry.events import EventKind
-from faststream_retry.tiers import tier_name
-from tests.integration.conftest import App, drain, eventually, unique
+from faststream_retry.topology import tier_name
+from tests.rabbit import App, drain, eventually, unique
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -83,7 +83,7 @@ async def test_quorum_everywhere_retries_and_dead_letters(
     await app.stop()
     # A quorum queue refuses a classic redeclaration: proof of its type.
     runtime = app.retry.runtime(app.broker)
-    for spec in runtime.queue_specs():
+    for spec in runtime.plan.queues:
         assert spec.arguments["x-queue-type"] == "quorum"
         channel = await amqp.channel()
         with pytest.raises(ChannelPreconditionFailed):
@@ -106,9 +106,8 @@ async def test_a_stuck_message_in_a_quorum_retry_queue_ends_in_the_dlq_at_the_li
     await app.start()
     channel = await amqp.channel()
     runtime = app.retry.runtime(app.broker)
-    assert runtime.tiers is not None
-    for ttl in runtime.tiers.ttls_ms:  # every hop is now unroutable
-        await channel.queue_delete(tier_name(app.prefix, ttl))
+    for tier in runtime.plan.exchanges:  # every hop is now unroutable
+        await channel.queue_delete(tier)
     due = int(time.time() * 1000) + 30_000
     await channel.default_exchange.publish(
         aio_pika.Message(b"stuck", headers={headers.DUE: due, headers.ATTEMPT: 1}, message_id="s1"),

@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from faststream_retry import Fixed, PermanentError, RetryPolicy
 from faststream_retry.events import EventKind
 from faststream_retry.telemetry import ATTR
-from tests.integration.conftest import App, drain, eventually, unique
+from tests.rabbit import App, drain, eventually, unique
 
 pytestmark = pytest.mark.rabbit
 

@@ -10,9 +10,14 @@ import pytest
 from faststream.rabbit import QueueType, RabbitQueue
 
 from faststream_retry import RetryPolicy, RetryTopologyError
-from faststream_retry.checks import check_broker, parse_mismatch, parse_version, work_queue_findings
+from faststream_retry.amqp.declare import (
+    check_broker,
+    parse_mismatch,
+    parse_version,
+    work_queue_findings,
+)
 from faststream_retry.policy import HandlerPolicy
-from faststream_retry.runtime import Route
+from faststream_retry.topology import Handler, Route, TopologyOptions, plan
 
 
 @pytest.mark.parametrize(
@@ -82,11 +87,13 @@ async def test_too_old_a_broker_is_refused_before_anything_is_declared() -> None
     amqp = SimpleNamespace(server_properties={"version": b"3.9.29"})
     connection: Any = SimpleNamespace(transport=SimpleNamespace(connection=amqp))
     with pytest.raises(RetryTopologyError, match=r"3\.9\.29 is too old.*quorum.*3\.10"):
-        await check_broker(connection, queue_type="quorum", prefix="p", exchanges=(), queues=())
+        await check_broker(
+            connection, plan([], RetryPolicy(), TopologyOptions("p", 60_000, "quorum"))
+        )
 
 
 def route(arguments: dict[str, Any], max_attempts: int = 5) -> Route:
-    return Route("orders", [(None, HandlerPolicy({"max_attempts": max_attempts}))], arguments)
+    return Route("orders", (Handler(HandlerPolicy({"max_attempts": max_attempts})),), arguments)
 
 
 def texts(findings: list[tuple[int, str]], level: int) -> list[str]:

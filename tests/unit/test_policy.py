@@ -14,7 +14,7 @@ from faststream_retry import (
     Schedule,
     retry_policy,
 )
-from faststream_retry.policy import get_handler_policy, to_ms
+from faststream_retry.policy import HandlerPolicy, effective_policy, get_handler_policy, to_ms
 
 
 def mid() -> float:
@@ -168,3 +168,51 @@ class TestRetryPolicyDecorator:
 
         with pytest.raises(RetryConfigError, match=r"directly under @broker\.subscriber"):
             retry_policy(max_attempts=2)(Slotted())
+
+
+class TestEffectivePolicy:
+    def test_a_handler_without_a_policy_runs_with_the_default(self) -> None:
+        """No `@retry_policy`: the middleware's default, the very object."""
+        default = RetryPolicy(max_attempts=3)
+        assert effective_policy(None, default) is default
+
+    def test_handler_options_win_and_the_rest_come_from_the_default(self) -> None:
+        """Scalars the handler set win; the others come from the default."""
+        default = RetryPolicy(max_attempts=3, backoff=Fixed(2), immediate=1)
+        handler = HandlerPolicy({"max_attempts": 9, "enabled": False})
+        policy = effective_policy(handler, default)
+        assert (policy.max_attempts, policy.enabled) == (9, False)
+        assert (policy.backoff, policy.immediate) == (Fixed(2), 1)
+
+    def test_exception_lists_are_the_handlers_own(self) -> None:
+        """The default's types are not copied in: classify consults them as their own level."""
+        default = RetryPolicy(transient=(KeyError,), permanent=(ValueError,))
+        policy = effective_policy(HandlerPolicy({"permanent": (OSError,)}), default)
+        assert (policy.transient, policy.permanent) == ((), (OSError,))
+
+
+class TestFindingTheHandlersPolicy:
+    def test_found_through_wrappers(self) -> None:
+        """A decorator FastStream puts around the handler (functools.wraps) hides nothing."""
+
+        @retry_policy(max_attempts=4)
+        async def handler() -> None: ...
+
+        def wrapper() -> None: ...
+
+        wrapper.__wrapped__ = handler  # type: ignore[attr-defined]
+        policy = get_handler_policy(wrapper)
+        assert policy is not None
+        assert policy.options == {"max_attempts": 4}
+
+    def test_nothing_and_cycles_give_none(self) -> None:
+        """A function without a policy, None, or a wrapper cycle: no policy, no hang."""
+
+        def a() -> None: ...
+
+        def b() -> None: ...
+
+        a.__wrapped__ = b  # type: ignore[attr-defined]
+        b.__wrapped__ = a  # type: ignore[attr-defined]
+        assert get_handler_policy(a) is None
+        assert get_handler_policy(None) is None

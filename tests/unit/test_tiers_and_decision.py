@@ -20,9 +20,20 @@ from faststream_retry import (
     TransientError,
 )
 from faststream_retry.classify import Verdict, classify
-from faststream_retry.decision import Action, decide
+from faststream_retry.decision import Action, Hop, Invalid, Release, decide, recheck_step
 from faststream_retry.policy import HandlerPolicy
-from faststream_retry.tiers import MIN_TICK_MS, Tiers, compute_tick_ms, dlq_name, tier_name
+from faststream_retry.tiers import MIN_TICK_MS, Tiers, compute_tick_ms
+from faststream_retry.topology import dlq_name, tier_name
+
+
+def hops(tiers: Tiers, delay_ms: int) -> int:
+    """Count the re-check hops of a delay when each hop takes no time at all."""
+    now, count = 0, 0
+    while isinstance(step := recheck_step(delay_ms, now, tiers), Hop):
+        now += step.tier_ms
+        count += 1
+    assert isinstance(step, Release)
+    return count
 
 
 class TestTick:
@@ -62,7 +73,7 @@ class TestTiers:
         """The default max_delay costs 17 queues for a 1 s tick, not 86,400 hops."""
         tiers = Tiers.build(1000, 86_400_000)
         assert len(tiers.ttls_ms) == 17
-        assert tiers.hops(86_400_000) <= 17
+        assert hops(tiers, 86_400_000) <= 17
 
     @pytest.mark.parametrize(
         ("delay", "rounded"), [(1, 1000), (1000, 1000), (1001, 2000), (0, 1000), (10**12, 10_000)]
@@ -196,3 +207,28 @@ class TestDecide:
         """TransientError retries even when its type is listed permanent."""
         decision = decide_for(TransientError(), 1, permanent=(TransientError,))
         assert decision.action is Action.RETRY_LATER
+
+
+class TestRecheckStep:
+    TIERS = Tiers.build(100, 1000)  # 100, 200, 400, 800; max_delay 1000
+
+    def test_missing_or_unreadable_due_is_due_now(self) -> None:
+        """No due time: released at once, with no lateness to report."""
+        assert recheck_step(None, 5_000, self.TIERS) == Release(None)
+
+    @pytest.mark.parametrize(("due", "lateness"), [(5_000, 0), (4_990, 10), (0, 5_000)])
+    def test_due_or_overdue_is_released_with_its_lateness(self, due: int, lateness: int) -> None:
+        """Due at or before now: back to the work queue, lateness = now - due."""
+        assert recheck_step(due, 5_000, self.TIERS) == Release(lateness)
+
+    @pytest.mark.parametrize(
+        ("remaining", "tier"), [(1, 100), (100, 100), (399, 200), (400, 400), (1_100, 800)]
+    )
+    def test_not_due_waits_in_the_largest_tier_that_fits(self, remaining: int, tier: int) -> None:
+        """Never released early: even 1 ms short waits out the base tier."""
+        assert recheck_step(5_000 + remaining, 5_000, self.TIERS) == Hop(tier, remaining)
+
+    def test_beyond_max_delay_and_a_tick_is_invalid(self) -> None:
+        """max_delay + one tick is the last legitimate wait; one ms more is a forged header."""
+        assert isinstance(recheck_step(5_000 + 1_100, 5_000, self.TIERS), Hop)
+        assert recheck_step(5_000 + 1_101, 5_000, self.TIERS) == Invalid(1_101)

@@ -1,4 +1,4 @@
-"""Startup checks against the live broker, before anything is consumed.
+"""Declaring the plan on the broker, and the startup checks that come before it.
 
 RabbitMQ answers a declaration whose arguments differ from the existing queue's with
 ``406 PRECONDITION_FAILED`` and closes the channel; FastStream would surface that as a
@@ -14,22 +14,26 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aio_pika.abc import ExchangeType
 from aiormq.exceptions import ChannelPreconditionFailed
 
+from faststream_retry.amqp.channels import RPC_TIMEOUT_S
 from faststream_retry.errors import RetryTopologyError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from aio_pika.abc import AbstractRobustConnection
+    from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
     from faststream_retry.policy import RetryPolicy
-    from faststream_retry.runtime import QueueSpec, Route
+    from faststream_retry.topology import Plan, Route
 
 __all__ = [
     "MIN_VERSION",
     "Mismatch",
     "check_broker",
+    "declare_retry_queue",
+    "declare_topology",
     "parse_mismatch",
     "parse_version",
     "work_queue_findings",
@@ -127,22 +131,16 @@ def _advice(mismatch: Mismatch, prefix: str) -> str:
     )
 
 
-async def check_broker(
-    connection: AbstractRobustConnection,
-    *,
-    queue_type: str,
-    prefix: str,
-    exchanges: Iterable[str],
-    queues: Iterable[QueueSpec],
-) -> tuple[int, int] | None:
-    """Check the server version and declare every object once, collecting mismatches.
+async def check_broker(connection: AbstractRobustConnection, plan: Plan) -> tuple[int, int] | None:
+    """Check the server version and declare every object of ``plan`` once, collecting mismatches.
 
     Returns the server's ``(major, minor)`` version, if it could be read.
 
     Raises:
-        RetryTopologyError: the server is too old for ``queue_type``, or some object
-            exists with other arguments (each one named, with how to migrate).
+        RetryTopologyError: the server is too old for the plan's queue type, or some
+            object exists with other arguments (each one named, with how to migrate).
     """
+    queue_type, prefix = plan.options.queue_type, plan.options.prefix
     transport = connection.transport
     if transport is None:
         raise RetryTopologyError("the broker connection is closed; cannot check the topology")
@@ -161,8 +159,8 @@ async def check_broker(
         )
     mismatches: list[Mismatch] = []
     for kind, name, arguments in [
-        *(("exchange", name, None) for name in exchanges),
-        *(("queue", spec.name, spec.arguments) for spec in queues),
+        *(("exchange", name, None) for name in plan.exchanges),
+        *(("queue", spec.name, dict(spec.arguments)) for spec in plan.queues),
     ]:
         mismatch = await _declare(amqp, kind, name, arguments)
         if mismatch is not None:
@@ -195,14 +193,11 @@ def work_queue_findings(
         findings.append((level, "".join(parts)))
 
     for route in routes:
-        arguments: dict[str, Any] = route.arguments
+        arguments = route.arguments
         if arguments.get("x-queue-type") != "quorum":
             continue
         limit = arguments.get("x-delivery-limit")
-        max_attempts = max(
-            (p.resolve(default) if p is not None else default).max_attempts
-            for _, p in route.policies
-        )
+        max_attempts = max(p.max_attempts for p in route.policies(default))
         if limit is None:
             if version is not None and version < (4, 0):
                 add(
@@ -230,3 +225,35 @@ def work_queue_findings(
                 "a new copy); it bounds redeliveries after crashes only",
             )
     return findings
+
+
+async def declare_topology(channel: AbstractChannel, plan: Plan) -> None:
+    """Declare every tier (exchange, queue, binding) and each route's ``.retry`` and ``.dlq``.
+
+    Safe to run again: it runs after every reopen of the plugin's channels.
+    """
+    timeout = RPC_TIMEOUT_S
+    for ttl in plan.tiers.ttls_ms:
+        name = plan.tier(ttl)
+        exchange = await channel.declare_exchange(
+            name, ExchangeType.FANOUT, durable=True, timeout=timeout
+        )
+        queue = await channel.declare_queue(
+            name, durable=True, arguments=dict(plan.spec(name).arguments), timeout=timeout
+        )
+        await queue.bind(exchange, routing_key="", timeout=timeout)
+    for route in plan.routes.values():
+        for name in (route.retry_queue, route.dlq):
+            await channel.declare_queue(
+                name, durable=True, arguments=dict(plan.spec(name).arguments), timeout=timeout
+            )
+
+
+async def declare_retry_queue(channel: AbstractChannel, plan: Plan, route: Route) -> AbstractQueue:
+    """Declare ``route``'s re-check queue on ``channel`` (to consume it there)."""
+    return await channel.declare_queue(
+        route.retry_queue,
+        durable=True,
+        arguments=dict(plan.spec(route.retry_queue).arguments),
+        timeout=RPC_TIMEOUT_S,
+    )

@@ -1,4 +1,6 @@
-"""Helpers for tests against a real RabbitMQ: unique names, a running app, polling."""
+"""Helpers for tests against a real RabbitMQ: unique names, a running app, polling, draining.
+
+The fixtures built on them (``amqp``, ``make_app``) live in ``tests/conftest.py``."""
 
 from __future__ import annotations
 
@@ -8,19 +10,15 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import aio_pika
 import pytest
 from faststream.rabbit import RabbitBroker
 
 from faststream_retry import RetryMiddleware
-from faststream_retry.tiers import tier_name
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import Callable
 
     from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
-
-pytestmark = pytest.mark.rabbit
 
 
 async def eventually(
@@ -37,16 +35,6 @@ async def eventually(
 def unique(name: str) -> str:
     """Return ``name`` made unique to this test run."""
     return f"{name}-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-async def amqp(rabbit_url: str) -> AsyncIterator[AbstractRobustConnection]:
-    """A plain aio-pika connection, to look inside queues and publish raw messages."""
-    connection = await aio_pika.connect_robust(rabbit_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
 
 
 async def drain(
@@ -104,7 +92,7 @@ class App:
         )
         self.retry.install(self.broker)
         self.events: list[Any] = []
-        self.retry._hooks.append(self.events.append)
+        self.retry.add_hook(self.events.append)
         self.running = False
 
     async def start(self) -> None:
@@ -117,35 +105,15 @@ class App:
             self.running = False
 
     async def cleanup(self, connection: AbstractRobustConnection) -> None:
-        runtime = self.retry.runtime(self.broker)
+        topology = self.retry.runtime(self.broker).plan
         channel = await connection.channel()
-        names = []
-        for route in runtime.routes.values():
-            names += [route.queue, route.retry_queue, route.dlq]
-        tiers = runtime.tiers.ttls_ms if runtime.tiers else ()
-        for name in names + [tier_name(self.prefix, t) for t in tiers]:
+        names = [spec.name for spec in topology.queues]
+        names += [route.queue for route in topology.routes.values()]
+        for name in names:
             with contextlib.suppress(Exception):
                 await channel.queue_delete(name)
-        for ttl in tiers:
+        for exchange in topology.exchanges:
             with contextlib.suppress(Exception):
-                await channel.exchange_delete(tier_name(self.prefix, ttl))
+                await channel.exchange_delete(exchange)
         with contextlib.suppress(Exception):
             await channel.close()
-
-
-@pytest.fixture
-async def make_app(
-    rabbit_url: str, amqp: AbstractRobustConnection
-) -> AsyncIterator[Callable[..., App]]:
-    """Build apps for a test; stops them and deletes their queues afterwards."""
-    apps: list[App] = []
-
-    def build(**retry_options: Any) -> App:
-        app = App(rabbit_url, **retry_options)
-        apps.append(app)
-        return app
-
-    yield build
-    for app in apps:
-        await app.stop()
-        await app.cleanup(amqp)

@@ -1,0 +1,210 @@
+"""Every FastStream internal the plugin touches, in one place, each one checked.
+
+FastStream 0.7 has no public way to reach a subscriber's handler functions, the router
+prefix of its queue or the producer TestRabbitBroker swaps in. The plugin reads them here
+and nowhere else. ``check()`` exercises each one on a throwaway broker when a middleware
+is installed and raises ``RetryConfigError`` naming the FastStream version and the
+missing name: a rename upstream must stop the service at start, not make handler
+policies fall back to the default or prefixed queues lose their retries in silence.
+
+=====================================================  ===================================
+private name                                           what the plugin reads with it
+=====================================================  ===================================
+``SubscriberUsecase._outer_config.prefix``             the router prefix of a queue's name
+``SubscriberUsecase.calls``                            the handlers of a subscriber
+``HandlerItem.filter``, ``HandlerItem.handler``        which handler a message is for
+``HandlerCallWrapper._declared_call`` (0.7.6 on),      the function ``@retry_policy``
+``HandlerCallWrapper._original_call`` (0.7.0-0.7.5)    decorated
+``SubscriberUsecase.ack_policy``                       refusing ``AckPolicy.ACK_FIRST``
+``BrokerUsecase.config.producer``                      whether TestRabbitBroker is active
+``faststream.rabbit.testing.FakeProducer``             (test mode)
+context key ``"handler_"``                             the subscriber a message came to
+=====================================================  ===================================
+
+The context key cannot be seen without a message; a unit test pins it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
+
+from faststream.middlewares import AckPolicy
+
+from faststream_retry.errors import RetryConfigError
+from faststream_retry.policy import get_handler_policy
+from faststream_retry.topology import Handler, Route
+
+if TYPE_CHECKING:
+    from faststream._internal.context import ContextRepo
+    from faststream.rabbit import RabbitBroker
+
+    from faststream_retry.policy import HandlerPolicy
+
+__all__ = [
+    "FASTSTREAM_VERSION",
+    "SUBSCRIBER_KEY",
+    "Sample",
+    "acks_first",
+    "check",
+    "current_broker",
+    "current_subscriber",
+    "declared_function",
+    "problems",
+    "queue_of",
+    "routes_of",
+    "select_policy",
+    "under_test_broker",
+]
+
+FASTSTREAM_VERSION = version("faststream")
+
+SUBSCRIBER_KEY = "handler_"
+"""The context key under which FastStream keeps the subscriber of the current message."""
+
+
+def current_subscriber(context: ContextRepo) -> Any:  # noqa: ANN401 - a Rabbit subscriber
+    """Return the subscriber the current message came to (``None`` for RPC replies)."""
+    return context.get_local(SUBSCRIBER_KEY)
+
+
+def current_broker(context: ContextRepo) -> Any:  # noqa: ANN401 - a RabbitBroker
+    """Return the broker of the current message (a documented context field)."""
+    return context.get_local("broker")
+
+
+def queue_of(sub: Any) -> str | None:  # noqa: ANN401 - any subscriber
+    """Return the full name of the queue a Rabbit subscriber consumes, router prefix included."""
+    queue = getattr(sub, "queue", None)
+    name = getattr(queue, "name", None)
+    if not isinstance(name, str) or not name:
+        return None
+    outer = getattr(sub, "_outer_config", None)
+    prefix = getattr(outer, "prefix", "") or ""
+    return f"{prefix}{name}"
+
+
+def declared_function(item: Any) -> object:  # noqa: ANN401 - a HandlerItem
+    """Return the handler function as declared (where ``@retry_policy`` put its policy)."""
+    handler = getattr(item, "handler", None)
+    for attr in ("_declared_call", "_original_call"):
+        function = getattr(handler, attr, None)
+        if function is not None:
+            return function
+    return None
+
+
+def routes_of(broker: RabbitBroker) -> list[Route]:
+    """Return a route per Rabbit subscriber of ``broker`` (one queue may have several)."""
+    routes = []
+    for sub in broker.subscribers:
+        queue = queue_of(sub)
+        if queue is None:
+            continue
+        arguments = getattr(getattr(sub, "queue", None), "arguments", None)
+        handlers = tuple(
+            Handler(get_handler_policy(declared_function(item)), getattr(item, "filter", None))
+            for item in getattr(sub, "calls", ())
+        )
+        routes.append(
+            Route(queue, handlers, dict(arguments) if isinstance(arguments, dict) else {})
+        )
+    return routes
+
+
+async def select_policy(route: Route, msg: Any) -> HandlerPolicy | None:  # noqa: ANN401
+    """Return the policy of the handler that took ``msg``: the filters run again, in order."""
+    if len(route.handlers) == 1:
+        return route.handlers[0].policy
+    for handler in route.handlers:
+        accepted = handler.selector(msg) if callable(handler.selector) else False
+        if asyncio.iscoroutine(accepted):
+            accepted = await accepted
+        if accepted:
+            return handler.policy
+    return None
+
+
+def acks_first(sub: Any) -> bool:  # noqa: ANN401 - any subscriber
+    """Return whether ``sub`` acks a message before its handler runs (``AckPolicy.ACK_FIRST``)."""
+    return getattr(sub, "ack_policy", None) is AckPolicy.ACK_FIRST
+
+
+def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - RabbitBroker
+    """Return whether ``TestRabbitBroker`` is active on ``broker`` (it swaps the producer)."""
+    from faststream.rabbit.testing import FakeProducer  # noqa: PLC0415 - test-only module
+
+    return isinstance(getattr(broker.config, "producer", None), FakeProducer)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A broker with one router-prefixed subscriber of a known function, to probe."""
+
+    broker: Any
+    subscriber: Any
+    function: object
+    queue: str
+
+
+def sample() -> Sample:
+    """Build a throwaway broker (no connection) with a subscriber on a prefixed router."""
+    from faststream.rabbit import RabbitBroker, RabbitRouter  # noqa: PLC0415 - at install
+
+    broker = RabbitBroker()
+    router = RabbitRouter(prefix="probe.")
+
+    async def function(body: str) -> None: ...
+
+    router.subscriber("queue")(function)
+    broker.include_router(router)
+    return Sample(broker, next(iter(broker.subscribers)), function, "probe.queue")
+
+
+def problems(probe: Sample) -> list[str]:
+    """Return the private names that do not behave as the plugin expects on ``probe``."""
+    found = []
+    if queue_of(probe.subscriber) != probe.queue:
+        found.append("SubscriberUsecase._outer_config.prefix")
+    calls = getattr(probe.subscriber, "calls", None)
+    items = list(calls) if calls is not None else []
+    if not items:
+        found.append("SubscriberUsecase.calls")
+    for item in items[:1]:
+        if not callable(getattr(item, "filter", None)):
+            found.append("HandlerItem.filter")
+        if declared_function(item) is not probe.function:
+            found.append("HandlerItem.handler._declared_call / _original_call")
+    if not isinstance(getattr(probe.subscriber, "ack_policy", None), AckPolicy):
+        found.append("SubscriberUsecase.ack_policy")
+    config = getattr(probe.broker, "config", None)
+    if not hasattr(config, "producer"):
+        found.append("BrokerUsecase.config.producer")
+    try:
+        from faststream.rabbit.testing import FakeProducer  # noqa: F401, PLC0415
+    except ImportError:
+        found.append("faststream.rabbit.testing.FakeProducer")
+    return found
+
+
+@functools.cache
+def _checked() -> tuple[str, ...]:
+    try:
+        return tuple(problems(sample()))
+    except Exception as exc:  # reported as what could not be probed
+        return (f"a RabbitBroker with a prefixed RabbitRouter ({exc!r})",)
+
+
+def check() -> None:
+    """Raise ``RetryConfigError`` if a FastStream internal the plugin needs has changed."""
+    missing = _checked()
+    if missing:
+        raise RetryConfigError(
+            f"faststream-retry cannot work with FastStream {FASTSTREAM_VERSION}: "
+            f"{', '.join(missing)} changed or is gone. Install a FastStream version "
+            "this faststream-retry supports (see its pyproject.toml), or a newer "
+            "faststream-retry"
+        )

@@ -1,0 +1,175 @@
+"""The confirming publisher: copies of messages, confirmed by the broker or not at all.
+
+It publishes on a channel of the plugin's own, so FastStream's broker-level middlewares
+never see the plugin's copies and nothing rewrites ``app_id`` or invents ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+from pamqp.encode import field_table as encode_table
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from aio_pika.abc import AbstractIncomingMessage
+    from aiormq.abc import AbstractChannel as UnderlayChannel
+
+    from faststream_retry.reporting import Copy
+
+__all__ = ["Publisher", "copy_properties", "encodable_headers"]
+
+log = logging.getLogger("faststream_retry")
+
+
+class Publisher:
+    """Publishes with ``mandatory`` and a broker confirm; a return or a nack is a failure."""
+
+    def __init__(self, channel: Callable[[], Awaitable[UnderlayChannel]], timeout_s: float) -> None:
+        """Publish on the channel ``channel()`` returns (opened with publisher confirms)."""
+        self._channel = channel
+        self._timeout_s = timeout_s
+        # aiormq matches a basic.return to its publish by message_id; two publishes
+        # of one id in flight at once (a fanout message failing in two queues)
+        # could swap their outcomes, so they go one after the other.
+        # A future is made only when a second publish of an id arrives (rare).
+        self._inflight: dict[str, asyncio.Future[None] | None] = {}
+
+    async def send(self, message: AbstractIncomingMessage, copy: Copy) -> bool:
+        """Publish ``copy`` of ``message``; ``True`` only once confirmed (see ``republish``)."""
+        return await self.republish(
+            message, exchange=copy.exchange, routing_key=copy.routing_key, headers=copy.headers
+        )
+
+    async def republish(
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        exchange: str,
+        routing_key: str,
+        headers: dict[str, Any],
+    ) -> bool:
+        """Publish a copy of ``message`` with ``headers``; ``True`` only once confirmed.
+
+        Never raises: whatever goes wrong means "not confirmed", and the caller keeps
+        the original.
+        """
+        try:
+            return await self.publish(
+                exchange=exchange,
+                routing_key=routing_key,
+                body=message.body,
+                properties=copy_properties(message, headers),
+            )
+        except Exception:  # never let a publish problem lose the original
+            log.exception("could not publish a copy of message %s", message.message_id)
+            return False
+
+    async def publish(
+        self,
+        *,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: commands.Basic.Properties,
+    ) -> bool:
+        """Publish and return ``True`` only on a ``Basic.Ack`` for a routed message."""
+        message_id = properties.message_id or ""
+        while message_id in self._inflight:
+            waiter = self._inflight[message_id]
+            if waiter is None:
+                waiter = self._inflight[message_id] = asyncio.get_running_loop().create_future()
+            await asyncio.shield(waiter)
+        self._inflight[message_id] = None
+        try:
+            return await self._publish(exchange, routing_key, body, properties)
+        finally:
+            waiter = self._inflight.pop(message_id)
+            if waiter is not None:
+                waiter.set_result(None)
+
+    async def _publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: commands.Basic.Properties,
+    ) -> bool:
+        try:
+            channel = await self._channel()
+            result = await channel.basic_publish(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                properties=properties,
+                mandatory=True,
+                timeout=self._timeout_s,
+            )
+        except Exception as exc:  # any failure means "not confirmed"
+            headers = properties.headers or {}
+            kept = encodable_headers(headers)
+            if len(kept) == len(headers):
+                log.warning("publish to %r/%r not confirmed: %r", exchange, routing_key, exc)
+                return False
+            # The encoder refused a header value before anything was sent (each pamqp
+            # version refuses other values, some of them ones it decoded itself):
+            # send the headers that encode, or the message would cycle for ever.
+            log.warning(
+                "dropping unencodable headers %s from message %s (%r)",
+                sorted(set(headers) - set(kept)),
+                properties.message_id,
+                exc,
+            )
+            properties.headers = kept
+            return await self._publish(exchange, routing_key, body, properties)
+        if isinstance(result, commands.Basic.Ack):
+            return True
+        log.error(
+            "publish to %r/%r was returned by the broker (unroutable): %r",
+            exchange,
+            routing_key,
+            result,
+        )
+        return False
+
+
+def encodable_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the headers whose values the installed AMQP encoder accepts."""
+    kept = {}
+    for key, value in headers.items():
+        try:
+            encode_table({key: value})
+        except Exception:  # noqa: S112 - any encoder failure means: leave it out
+            continue
+        kept[key] = value
+    return kept
+
+
+def copy_properties(
+    src: AbstractIncomingMessage, headers: dict[str, Any]
+) -> commands.Basic.Properties:
+    """Return the properties of a republished copy of ``src``.
+
+    Everything the application set travels unchanged, except ``expiration`` (the
+    copy would expire inside a tier) and ``user_id`` (RabbitMQ refuses a publish
+    whose user_id is not the connection's user). Copies are persistent. A message
+    without an id gets one, kept from then on.
+    """
+    return commands.Basic.Properties(
+        content_type=src.content_type,
+        content_encoding=src.content_encoding,
+        headers=headers,
+        delivery_mode=2,
+        priority=src.priority,
+        correlation_id=src.correlation_id,
+        reply_to=src.reply_to,
+        message_id=src.message_id or uuid.uuid4().hex,
+        timestamp=src.timestamp,
+        message_type=src.type,
+        app_id=src.app_id,
+    )

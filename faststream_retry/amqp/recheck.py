@@ -1,0 +1,166 @@
+"""The re-check consumer: the busy-wait step every waiting message passes after each tier.
+
+It is written on aio-pika directly because every hop of every waiting message passes it.
+The destination comes from the queue the message was consumed from, never from a header,
+so a forged header cannot move a message to another queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from faststream_retry import headers as h
+from faststream_retry.amqp.channels import RPC_TIMEOUT_S
+from faststream_retry.amqp.declare import declare_retry_queue
+from faststream_retry.decision import Hop, Release, recheck_step
+from faststream_retry.errors import InvalidDueTime
+from faststream_retry.events import EventKind, Reason, RetryEvent
+from faststream_retry.reporting import Copy
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, ConsumerTag
+
+    from faststream_retry.amqp.publisher import Publisher
+    from faststream_retry.reporting import Reporter
+    from faststream_retry.topology import Plan, Route
+
+__all__ = ["RecheckConsumer", "settle"]
+
+log = logging.getLogger("faststream_retry")
+
+
+class RecheckConsumer:
+    """Consumes every route's ``<queue>.retry``: releases due messages, sends the rest round."""
+
+    def __init__(
+        self, plan: Plan, publisher: Publisher, reporter: Reporter, *, pause_s: float
+    ) -> None:
+        """Act on ``plan``'s routes; a copy that is not confirmed is requeued after ``pause_s``."""
+        self._plan = plan
+        self._publisher = publisher
+        self._reporter = reporter
+        self._pause_s = pause_s
+        self._consumers: list[tuple[AbstractQueue, ConsumerTag]] = []
+        self._pending: set[asyncio.Task[Any]] = set()
+
+    async def start(self, channel: AbstractChannel) -> list[ConsumerTag]:
+        """Consume every route's re-check queue on ``channel``; return the consumer tags."""
+        self._consumers.clear()  # those of a previous channel went with it
+        for route in self._plan.routes.values():
+            queue = await declare_retry_queue(channel, self._plan, route)
+            tag = await queue.consume(self._callback(route), timeout=RPC_TIMEOUT_S)
+            self._consumers.append((queue, tag))
+        return [tag for _, tag in self._consumers]
+
+    async def stop(self, wait_s: float) -> None:
+        """Stop consuming and give the messages in flight up to ``wait_s`` to finish."""
+        for queue, tag in self._consumers:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag, timeout=RPC_TIMEOUT_S)
+        self._consumers.clear()
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=wait_s)
+
+    def _callback(self, route: Route) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            task = asyncio.current_task()
+            if task is not None:
+                self._pending.add(task)
+            try:
+                await self.handle(route, message)
+            finally:
+                if task is not None:
+                    self._pending.discard(task)
+
+        return on_message
+
+    async def handle(self, route: Route, message: AbstractIncomingMessage) -> None:
+        """Release ``message`` if it is due, else send it round a tier; then settle it."""
+        ok = False
+        try:
+            now = h.now_ms()
+            incoming = message.headers
+            due = h.read_due(incoming)
+            attempt = h.read_attempt(incoming)
+            step = recheck_step(due, now, self._plan.tiers)
+            if isinstance(step, Release):
+                event = RetryEvent(
+                    EventKind.RELEASED,
+                    route.queue,
+                    message.message_id,
+                    attempt,
+                    now,
+                    due_ms=due,
+                    lateness_ms=step.lateness_ms,
+                )
+                copy = Copy("", route.queue, h.carry_over(incoming))
+            elif isinstance(step, Hop):
+                event = RetryEvent(
+                    EventKind.HOP,
+                    route.queue,
+                    message.message_id,
+                    attempt,
+                    now,
+                    delay_ms=step.tier_ms,
+                    due_ms=due,
+                )
+                copy = Copy(
+                    self._plan.tier(step.tier_ms), route.retry_queue, h.carry_over(incoming)
+                )
+            else:
+                event, copy = self._invalid(route, message, attempt, now, due)
+            send = functools.partial(self._publisher.send, message)
+            ok = await self._reporter.publish(event, copy, send, incoming=incoming)
+        except Exception:  # a hostile message must never kill the consumer
+            log.exception("re-check of a message from %s failed", route.retry_queue)
+        await settle(message, ok=ok, pause_s=self._pause_s)
+
+    def _invalid(
+        self,
+        route: Route,
+        message: AbstractIncomingMessage,
+        attempt: int,
+        now: int,
+        due: int | None,
+    ) -> tuple[RetryEvent, Copy]:
+        error = InvalidDueTime(
+            f"retry-due {due} is more than max_delay ({self._plan.tiers.max_delay_ms} ms) "
+            f"ahead of now ({now})"
+        )
+        failure = h.FailureRecord(
+            attempt=attempt, at_ms=now, exception=h.exception_name(error), error=str(error)
+        )
+        headers = h.dead_letter_headers(
+            message.headers, failure, reason=Reason.INVALID, origin_queue=route.queue
+        )
+        event = RetryEvent(
+            EventKind.DEAD_LETTERED,
+            route.queue,
+            message.message_id,
+            attempt,
+            now,
+            due_ms=due,
+            reason=Reason.INVALID,
+            exception=failure.exception,
+            error=h.truncate(failure.error, h.HISTORY_ERROR_LIMIT),
+        )
+        return event, Copy("", route.dlq, headers)
+
+
+async def settle(message: AbstractIncomingMessage, *, ok: bool, pause_s: float) -> None:
+    """Ack after a confirmed publish; otherwise requeue, after a pause (no hot loop)."""
+    try:
+        if ok:
+            await message.ack()
+            return
+        if pause_s:
+            await asyncio.sleep(pause_s)  # pause before the requeue: no hot loop
+        await message.nack(requeue=True)
+    except Exception as exc:  # channel gone: the broker redelivers the unacked copy
+        log.warning("could not settle message %s: %r", message.message_id, exc)

@@ -1,0 +1,217 @@
+"""One reporting path: every step feeds its span, the metrics, the log and the hooks.
+
+A step is a retry scheduled, a re-check hop, a release or a dead letter. The middleware
+and the re-check consumer describe it as a ``RetryEvent`` plus the copy it publishes, and
+``Reporter.publish`` does the rest, the same way for both: the copy is published inside
+the step's span (whose context it carries on), the span is marked failed when the copy
+was not confirmed or the message was dead-lettered, and only a confirmed step is counted,
+logged and handed to the hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from faststream_retry.events import EventKind, RetryEvent, RetryHook, emit
+from faststream_retry.telemetry import ATTR
+from faststream_retry.topology import dlq_name
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+    from faststream_retry.telemetry import Telemetry
+
+__all__ = ["Copy", "Reporter"]
+
+log = logging.getLogger("faststream_retry")
+
+_SPAN_SUFFIX = {
+    EventKind.SCHEDULED: "retry scheduled",
+    EventKind.HOP: "retry hop",
+    EventKind.RELEASED: "retry release",
+    EventKind.DEAD_LETTERED: "dead-letter",
+}
+
+
+@dataclass(slots=True)
+class Copy:
+    """The copy a step publishes: where to, and with which headers."""
+
+    exchange: str
+    routing_key: str
+    headers: dict[str, Any]
+
+
+class Reporter:
+    """Reports steps; holds the telemetry and the hooks of one middleware (or worker)."""
+
+    def __init__(self, telemetry: Telemetry, hooks: Sequence[RetryHook]) -> None:
+        """Report to ``telemetry`` and ``hooks`` (a live sequence: hooks may come and go)."""
+        self.telemetry = telemetry
+        self.hooks = hooks
+
+    async def publish(
+        self,
+        event: RetryEvent,
+        copy: Copy,
+        send: Callable[[Copy], Awaitable[bool]],
+        *,
+        incoming: Mapping[str, Any] | None,
+        exception: BaseException | None = None,
+        tier_ms: int | None = None,
+    ) -> bool:
+        """Send ``copy`` inside the step's span; report the step once it is confirmed.
+
+        A handler's failure (``event.classification`` set) continues the current span,
+        FastStream's process span when there is one; a re-check step continues the
+        trace the message carries. Returns whether the copy was confirmed.
+        """
+        telemetry = self.telemetry
+        if not telemetry.tracing:
+            ok = await send(copy)
+        else:
+            attributes = _span_attributes(event, copy, tier_ms)
+            with telemetry.step(
+                f"{event.queue} {_SPAN_SUFFIX[event.kind]}",
+                incoming,
+                copy.headers,
+                attributes,
+                prefer_current=event.classification is not None,
+            ) as span:
+                if span is not None and exception is not None:
+                    span.record_exception(exception)
+                ok = await send(copy)
+                if span is not None and not ok:
+                    telemetry.fail(span, "the copy was not confirmed; the message is requeued")
+                elif span is not None and event.kind is EventKind.DEAD_LETTERED:
+                    telemetry.fail(span, f"dead-lettered: {event.reason}")
+        if ok:
+            self.report(event)
+        return ok
+
+    def record(
+        self,
+        event: RetryEvent,
+        *,
+        incoming: Mapping[str, Any] | None,
+        exception: BaseException | None = None,
+    ) -> None:
+        """Report a step that publishes nothing (an in-process retry, test mode)."""
+        if event.immediate:  # the span is only a record: no copy carries it on
+            with self.telemetry.step(
+                f"{event.queue} {_SPAN_SUFFIX[event.kind]}",
+                incoming,
+                {},
+                _span_attributes(event, None, None),
+                prefer_current=True,
+            ) as span:
+                if span is not None and exception is not None:
+                    span.record_exception(exception)
+        self.report(event)
+
+    def report(self, event: RetryEvent) -> None:
+        """Count, log and hand ``event`` to the hooks."""
+        telemetry = self.telemetry
+        labels = {ATTR.QUEUE: event.queue}
+        if event.classification is not None:
+            telemetry.failures.add(1, labels | {ATTR.CLASSIFICATION: str(event.classification)})
+        kind = event.kind
+        if kind is EventKind.SCHEDULED:
+            telemetry.scheduled.add(1, labels | {ATTR.RULE: str(event.rule)})
+            telemetry.planned_delay.record(event.delay_ms or 0, labels)
+            log.info(
+                "retry scheduled for message %s from %s: attempt=%d/%d delay=%dms "
+                "rule=%s error=%s: %s",
+                event.message_id,
+                event.queue,
+                event.attempt,
+                event.max_attempts,
+                event.delay_ms or 0,
+                event.rule,
+                event.exception,
+                event.error,
+                extra=_log_fields(event),
+            )
+        elif kind is EventKind.DEAD_LETTERED:
+            telemetry.dead_lettered.add(1, labels | {ATTR.REASON: str(event.reason)})
+            log.warning(
+                "dead-lettered message %s from %s to %s: reason=%s attempt=%d/%s error=%s: %s",
+                event.message_id,
+                event.queue,
+                dlq_name(event.queue),
+                event.reason,
+                event.attempt,
+                event.max_attempts or "?",
+                event.exception,
+                event.error,
+                extra=_log_fields(event),
+            )
+        else:
+            if kind is EventKind.RELEASED:
+                telemetry.released.add(1, labels)
+                if event.lateness_ms is not None:
+                    telemetry.lateness.record(event.lateness_ms, labels)
+            # Hops and releases are the noisy path: never above DEBUG.
+            log.debug(
+                "re-check %s message %s from %s (due %s)",
+                kind,
+                event.message_id,
+                event.queue,
+                event.due_ms,
+            )
+        if self.hooks:  # events go nowhere when nobody listens
+            emit(self.hooks, event)
+
+
+def _span_attributes(event: RetryEvent, copy: Copy | None, tier_ms: int | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        ATTR.QUEUE: event.queue,
+        ATTR.MESSAGE_ID: event.message_id or "",
+        ATTR.ATTEMPT: event.attempt,
+    }
+    if event.classification is not None:  # a handler failed
+        attributes |= {
+            ATTR.MAX_ATTEMPTS: event.max_attempts,
+            ATTR.CLASSIFICATION: str(event.classification),
+            ATTR.RULE: str(event.rule),
+            ATTR.DELAY_MS: event.delay_ms or 0,
+        }
+    else:  # a re-check step
+        attributes[ATTR.NOW_MS] = event.at_ms
+        if event.due_ms is not None:
+            attributes[ATTR.DUE_MS] = event.due_ms
+            attributes[ATTR.REMAINING_MS] = event.due_ms - event.at_ms
+    kind = event.kind
+    if event.immediate:
+        attributes[ATTR.IMMEDIATE] = True
+    elif kind is EventKind.SCHEDULED:
+        attributes |= {ATTR.DUE_MS: event.due_ms, ATTR.TIER_MS: tier_ms}
+    elif kind is EventKind.HOP:
+        attributes[ATTR.TIER_MS] = event.delay_ms
+    elif kind is EventKind.RELEASED:
+        attributes[ATTR.LATENESS_MS] = event.lateness_ms or 0
+    elif kind is EventKind.DEAD_LETTERED and copy is not None:
+        attributes |= {ATTR.REASON: str(event.reason), ATTR.DLQ: copy.routing_key}
+    if copy is not None:
+        attributes[ATTR.DESTINATION] = copy.exchange or copy.routing_key
+        attributes[ATTR.ROUTING_KEY] = copy.routing_key
+    return attributes
+
+
+def _log_fields(event: RetryEvent) -> dict[str, Any]:
+    """Fields for structured log handlers (JSON formatters read ``record.retry``)."""
+    return {
+        "retry": {
+            "event": str(event.kind),
+            "queue": event.queue,
+            "message_id": event.message_id,
+            "attempt": event.attempt,
+            "max_attempts": event.max_attempts,
+            "delay_ms": event.delay_ms,
+            "reason": None if event.reason is None else str(event.reason),
+            "exception": event.exception,
+            "rule": None if event.rule is None else str(event.rule),
+        }
+    }

@@ -1,0 +1,200 @@
+"""Names and the plan of everything the plugin declares (pure: no broker imports).
+
+The plan is worked out from the work queues and their handlers' policies, before any
+connection exists: the tick and the tiers, and every queue with its arguments. The
+adapters declare exactly what it says, and the startup checks compare it with the broker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from faststream_retry.policy import HandlerPolicy, RetryPolicy, effective_policy
+from faststream_retry.tiers import Tiers, compute_tick_ms
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "Handler",
+    "Plan",
+    "QueueSpec",
+    "QueueType",
+    "Route",
+    "TopologyOptions",
+    "dlq_name",
+    "plan",
+    "queue_specs",
+    "retry_queue_name",
+    "tier_name",
+]
+
+QueueType = Literal["classic", "quorum"]
+
+
+def retry_queue_name(queue: str) -> str:
+    """Return the re-check queue of work queue ``queue``."""
+    return f"{queue}.retry"
+
+
+def dlq_name(queue: str) -> str:
+    """Return the dead-letter queue of work queue ``queue``."""
+    return f"{queue}.dlq"
+
+
+def tier_name(prefix: str, ttl_ms: int) -> str:
+    """Return the name of the delay tier exchange and queue with this TTL."""
+    return f"{prefix}.delay.{ttl_ms}"
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """One handler of a work queue.
+
+    ``selector`` is whatever tells the handler's messages apart when a queue has
+    several (FastStream's filter); the plan only carries it for the adapter.
+    """
+
+    policy: HandlerPolicy | None
+    selector: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A work queue, its handlers, and the arguments its owner declared it with."""
+
+    queue: str
+    handlers: tuple[Handler, ...]
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    retry_queue: str = field(init=False)
+    dlq: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        """Derive the names of the queue's re-check and dead-letter queues."""
+        object.__setattr__(self, "retry_queue", retry_queue_name(self.queue))
+        object.__setattr__(self, "dlq", dlq_name(self.queue))
+
+    def policies(self, default: RetryPolicy) -> list[RetryPolicy]:
+        """Return the effective policy of each handler."""
+        return [effective_policy(h.policy, default) for h in self.handlers]
+
+    def enabled(self, default: RetryPolicy) -> bool:
+        """Return whether any handler of the queue has retries on."""
+        return any(p.enabled for p in self.policies(default))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A queue the plugin declares: its name and arguments (always durable)."""
+
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyOptions:
+    """The middleware options that shape the topology."""
+
+    prefix: str
+    max_delay_ms: int
+    queue_type: QueueType = "classic"
+    delivery_limit: int = 20
+    tick_ms: int | None = None
+    """An explicit tick; ``None`` means the GCD of the delays the policies name."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything the plugin declares for a set of work queues."""
+
+    options: TopologyOptions
+    tiers: Tiers
+    routes: Mapping[str, Route]
+    queues: tuple[QueueSpec, ...]
+
+    def route(self, queue: str) -> Route | None:
+        """Return the route of ``queue``, if the plugin covers it."""
+        return self.routes.get(queue)
+
+    def spec(self, name: str) -> QueueSpec:
+        """Return the spec of the queue called ``name`` (a ``KeyError`` if it is not planned)."""
+        for spec in self.queues:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def tier(self, ttl_ms: int) -> str:
+        """Return the name of the tier exchange (and queue) with this TTL."""
+        return tier_name(self.options.prefix, ttl_ms)
+
+    @property
+    def exchanges(self) -> tuple[str, ...]:
+        """Return the tier exchanges, one per tier, each bound to its queue."""
+        return tuple(self.tier(ttl) for ttl in self.tiers.ttls_ms)
+
+
+def plan(routes: Iterable[Route], default: RetryPolicy, options: TopologyOptions) -> Plan:
+    """Plan the topology for ``routes``.
+
+    Routes of the same queue (several subscribers of one queue) are merged. Queues
+    whose every handler has retries switched off are left out. The tick is the GCD of
+    every delay the default and the handlers' policies name (see ``compute_tick_ms``).
+    """
+    merged: dict[str, Route] = {}
+    for route in routes:
+        known = merged.get(route.queue)
+        merged[route.queue] = (
+            route
+            if known is None
+            else Route(route.queue, known.handlers + route.handlers, known.arguments)
+        )
+    covered = {q: r for q, r in merged.items() if r.enabled(default)}
+    delays = list(default.backoff.named_delays_ms())
+    for route in covered.values():
+        for policy in route.policies(default):
+            delays.extend(policy.backoff.named_delays_ms())
+    tiers = Tiers.build(compute_tick_ms(delays, options.tick_ms), options.max_delay_ms)
+    return Plan(options, tiers, covered, queue_specs(tiers, covered.values(), options))
+
+
+def queue_specs(
+    tiers: Tiers, routes: Iterable[Route], options: TopologyOptions
+) -> tuple[QueueSpec, ...]:
+    """Return every queue the plugin declares, with its arguments: tiers first."""
+    quorum = options.queue_type == "quorum"
+    base: dict[str, Any] = {"x-queue-type": options.queue_type}
+    # Quorum queues dead-letter at most once by default: a message expiring out of a
+    # tier while a node fails could vanish. At-least-once needs reject-publish
+    # overflow (RabbitMQ >= 3.10).
+    safe_dl: dict[str, Any] = (
+        {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+        if quorum
+        else {}
+    )
+    # One queue-wide TTL per tier queue: RabbitMQ expires messages only at the head of
+    # a queue, so mixed per-message TTLs in one queue would hold a short wait behind a
+    # long one. No routing-key override on the DLX: an expired message goes back by
+    # its own key, `<queue>.retry`.
+    specs = [
+        QueueSpec(
+            tier_name(options.prefix, ttl),
+            {**base, "x-message-ttl": ttl, "x-dead-letter-exchange": "", **safe_dl},
+        )
+        for ttl in tiers.ttls_ms
+    ]
+    for route in routes:
+        retry_args = dict(base)
+        if quorum:
+            # The re-check consumer acks and republishes, so only redeliveries (a
+            # crashed consumer, a copy that could not be confirmed) count. At the
+            # limit the message goes to the DLQ, never nowhere.
+            retry_args |= {
+                "x-delivery-limit": options.delivery_limit,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": route.dlq,
+                **safe_dl,
+            }
+        specs.append(QueueSpec(route.retry_queue, retry_args))
+        specs.append(QueueSpec(route.dlq, dict(base)))
+    return tuple(specs)

@@ -1,0 +1,166 @@
+"""Each FastStream internal the plugin reads, on the FastStream installed: one test per probe.
+
+When FastStream renames one of them, the test of that probe fails here, and ``install()``
+refuses to run with an error naming it (``test_a_renamed_internal_stops_install``).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faststream import BaseMiddleware
+from faststream.middlewares import AckPolicy
+from faststream.rabbit import RabbitBroker, RabbitRouter, TestRabbitBroker
+
+from faststream_retry import RetryConfigError, RetryMiddleware, retry_policy
+from faststream_retry import _faststream as fs
+
+
+def prefixed_subscriber() -> tuple[RabbitBroker, Any, Any]:
+    broker = RabbitBroker()
+    router = RabbitRouter(prefix="svc.")
+
+    @retry_policy(max_attempts=7)
+    async def orders(body: str) -> None: ...
+
+    router.subscriber("orders")(orders)
+    broker.include_router(router)
+    (sub,) = broker.subscribers
+    return broker, sub, orders
+
+
+def test_the_router_prefix_is_part_of_the_queue_name() -> None:
+    """``SubscriberUsecase._outer_config.prefix``: prefixed queues keep their retries."""
+    _, sub, _ = prefixed_subscriber()
+    assert fs.queue_of(sub) == "svc.orders"
+
+
+def test_the_handler_function_is_the_declared_one() -> None:
+    """``calls``, ``HandlerItem.handler`` and ``_declared_call``/``_original_call``."""
+    _, sub, orders = prefixed_subscriber()
+    (item,) = sub.calls
+    assert fs.declared_function(item) is orders
+
+
+def test_routes_carry_each_handlers_policy() -> None:
+    """The handler's ``@retry_policy`` reaches the plan (else it would silently be the default)."""
+    broker, _, _ = prefixed_subscriber()
+    (route,) = fs.routes_of(broker)
+    assert route.queue == "svc.orders"
+    (handler,) = route.handlers
+    assert handler.policy is not None
+    assert handler.policy.options == {"max_attempts": 7}
+
+
+async def test_filters_pick_the_handler_and_its_policy() -> None:
+    """``HandlerItem.filter``: a queue with several handlers gets each message's own policy."""
+    broker = RabbitBroker()
+    sub = broker.subscriber("q")
+
+    @sub(filter=lambda m: m.content_type == "application/json")
+    @retry_policy(max_attempts=2)
+    async def json_handler(body: dict[str, Any]) -> None: ...
+
+    @sub
+    @retry_policy(max_attempts=9)
+    async def other(body: str) -> None: ...
+
+    (route,) = fs.routes_of(broker)
+    json_msg = SimpleNamespace(content_type="application/json", processed=False)
+    text_msg = SimpleNamespace(content_type="text/plain", processed=False)
+    json_policy = await fs.select_policy(route, json_msg)
+    text_policy = await fs.select_policy(route, text_msg)
+    assert json_policy is not None
+    assert json_policy.options == {"max_attempts": 2}
+    assert text_policy is not None
+    assert text_policy.options == {"max_attempts": 9}
+
+
+def test_ack_policy_is_read() -> None:
+    """``SubscriberUsecase.ack_policy``: ACK_FIRST subscribers are refused at start."""
+    broker = RabbitBroker()
+    first = broker.subscriber("a", ack_policy=AckPolicy.ACK_FIRST)
+    plain = broker.subscriber("b")
+    assert fs.acks_first(first)
+    assert not fs.acks_first(plain)
+
+
+async def test_the_test_broker_is_recognised() -> None:
+    """``config.producer`` is FastStream's ``FakeProducer`` only inside TestRabbitBroker."""
+    broker, _, _ = prefixed_subscriber()
+    assert not fs.under_test_broker(broker)
+    async with TestRabbitBroker(broker):
+        assert fs.under_test_broker(broker)
+    assert not fs.under_test_broker(broker)
+
+
+async def test_the_subscriber_is_in_context_under_its_key() -> None:
+    """Context key ``"handler_"``: without it no failure could be matched to its queue."""
+    seen: list[Any] = []
+
+    class Spy(BaseMiddleware):
+        async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+            seen.append(fs.current_subscriber(self.context))
+            seen.append(fs.current_broker(self.context))
+            return await call_next(msg)
+
+    broker = RabbitBroker(middlewares=[Spy])
+
+    @broker.subscriber("q")
+    async def handle(body: str) -> None: ...
+
+    async with TestRabbitBroker(broker) as br:
+        await br.publish("x", queue="q")
+    (sub,) = broker.subscribers
+    assert seen == [sub, broker]
+
+
+def test_every_probe_passes_on_the_installed_faststream() -> None:
+    """What install() checks: nothing is missing on the version CI installs."""
+    assert fs.problems(fs.sample()) == []
+    fs.check()
+
+
+@pytest.mark.parametrize(
+    ("broken", "name"),
+    [
+        ("prefix", "SubscriberUsecase._outer_config.prefix"),
+        ("calls", "SubscriberUsecase.calls"),
+        ("function", "HandlerItem.handler._declared_call / _original_call"),
+        ("ack_policy", "SubscriberUsecase.ack_policy"),
+        ("producer", "BrokerUsecase.config.producer"),
+    ],
+)
+def test_a_renamed_internal_is_named(broken: str, name: str) -> None:
+    """A sample missing one internal is reported by that internal's name."""
+    item = SimpleNamespace(filter=lambda _: True, handler=SimpleNamespace(_declared_call=print))
+    sub = SimpleNamespace(
+        queue=SimpleNamespace(name="queue"),
+        _outer_config=SimpleNamespace(prefix="probe."),
+        calls=[item],
+        ack_policy=AckPolicy.REJECT_ON_ERROR,
+    )
+    broker = SimpleNamespace(config=SimpleNamespace(producer=object()))
+    if broken == "prefix":
+        del sub._outer_config
+    elif broken == "calls":
+        del sub.calls
+    elif broken == "function":
+        del item.handler._declared_call
+    elif broken == "ack_policy":
+        del sub.ack_policy
+    else:
+        del broker.config.producer
+    assert fs.problems(fs.Sample(broker, sub, print, "probe.queue")) == [name]
+
+
+def test_a_renamed_internal_stops_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """install() raises RetryConfigError naming the FastStream version and the name."""
+    monkeypatch.setattr(fs, "_checked", lambda: ("SubscriberUsecase.calls",))
+    with pytest.raises(RetryConfigError) as caught:
+        RetryMiddleware().install(RabbitBroker())
+    text = str(caught.value)
+    assert f"FastStream {fs.FASTSTREAM_VERSION}" in text
+    assert "SubscriberUsecase.calls" in text

@@ -1,0 +1,139 @@
+"""The plan: routes, tick, tiers, and every queue with its arguments (pure, no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from faststream_retry import Exponential, Fixed, RetryPolicy, Schedule
+from faststream_retry.policy import HandlerPolicy
+from faststream_retry.topology import Handler, QueueType, Route, TopologyOptions, plan
+
+DEFAULT = RetryPolicy(backoff=Fixed(1))
+
+
+def route(queue: str, *policies: HandlerPolicy | None) -> Route:
+    return Route(queue, tuple(Handler(p) for p in policies) or (Handler(None),))
+
+
+def options(
+    queue_type: QueueType = "classic",
+    *,
+    max_delay_ms: int = 8000,
+    delivery_limit: int = 20,
+    tick_ms: int | None = None,
+) -> TopologyOptions:
+    return TopologyOptions("p", max_delay_ms, queue_type, delivery_limit, tick_ms)
+
+
+class TestNames:
+    def test_route_names(self) -> None:
+        """`<queue>.retry` and `<queue>.dlq`, derived from the work queue."""
+        r = route("svc.orders")
+        assert (r.retry_queue, r.dlq) == ("svc.orders.retry", "svc.orders.dlq")
+
+    def test_tier_names(self) -> None:
+        """One exchange per tier, named like its queue: `<prefix>.delay.<ms>`."""
+        p = plan([route("q")], DEFAULT, options())
+        assert p.exchanges == ("p.delay.1000", "p.delay.2000", "p.delay.4000", "p.delay.8000")
+        assert p.tier(2000) == "p.delay.2000"
+
+
+class TestClassicSpecs:
+    def test_every_queue_in_order_with_its_arguments(self) -> None:
+        """Tiers first (TTL, DLX back by their own key), then each route's .retry and .dlq."""
+        p = plan([route("a"), route("b")], DEFAULT, options(max_delay_ms=2000))
+        assert [(s.name, dict(s.arguments)) for s in p.queues] == [
+            (
+                "p.delay.1000",
+                {"x-queue-type": "classic", "x-message-ttl": 1000, "x-dead-letter-exchange": ""},
+            ),
+            (
+                "p.delay.2000",
+                {"x-queue-type": "classic", "x-message-ttl": 2000, "x-dead-letter-exchange": ""},
+            ),
+            ("a.retry", {"x-queue-type": "classic"}),
+            ("a.dlq", {"x-queue-type": "classic"}),
+            ("b.retry", {"x-queue-type": "classic"}),
+            ("b.dlq", {"x-queue-type": "classic"}),
+        ]
+
+    def test_no_tier_overrides_the_routing_key(self) -> None:
+        """An expired message goes back by its own key, so a header can never redirect it."""
+        p = plan([route("a")], DEFAULT, options())
+        assert all("x-dead-letter-routing-key" not in s.arguments for s in p.queues)
+
+
+class TestQuorumSpecs:
+    def test_tiers_dead_letter_at_least_once(self) -> None:
+        """At-most-once dead-lettering could lose a message expiring while a node fails."""
+        p = plan([route("a")], DEFAULT, options("quorum", max_delay_ms=1000))
+        assert dict(p.spec("p.delay.1000").arguments) == {
+            "x-queue-type": "quorum",
+            "x-message-ttl": 1000,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+
+    def test_retry_queue_dead_letters_to_the_dlq_at_the_limit(self) -> None:
+        """A message that hits the delivery limit of `.retry` lands in `.dlq`, never nowhere."""
+        p = plan([route("a")], DEFAULT, options("quorum", delivery_limit=7))
+        assert dict(p.spec("a.retry").arguments) == {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": 7,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "a.dlq",
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+        assert dict(p.spec("a.dlq").arguments) == {"x-queue-type": "quorum"}
+
+    def test_an_unplanned_queue_has_no_spec(self) -> None:
+        """Asking for a queue the plan does not hold is a bug, not a default."""
+        with pytest.raises(KeyError):
+            plan([], DEFAULT, options()).spec("nope.retry")
+
+
+class TestRoutes:
+    def test_subscribers_of_one_queue_are_merged(self) -> None:
+        """Two subscribers of one queue: one route with both handlers, the first arguments."""
+        first = Route("q", (Handler(None),), {"x-queue-type": "quorum"})
+        second = Route("q", (Handler(HandlerPolicy({"max_attempts": 2})),), {})
+        p = plan([first, second], DEFAULT, options())
+        assert list(p.routes) == ["q"]
+        assert len(p.routes["q"].handlers) == 2
+        assert p.routes["q"].arguments == {"x-queue-type": "quorum"}
+
+    def test_queues_with_retries_off_everywhere_are_left_out(self) -> None:
+        """No `.retry`/`.dlq` for a queue whose every handler has `enabled=False`."""
+        off = HandlerPolicy({"enabled": False})
+        p = plan([route("off", off), route("mixed", off, None)], DEFAULT, options())
+        assert set(p.routes) == {"mixed"}
+        assert p.route("off") is None
+        assert {s.name for s in p.queues} >= {"mixed.retry", "mixed.dlq"}
+        assert not {"off.retry", "off.dlq"} & {s.name for s in p.queues}
+
+    def test_a_disabled_default_leaves_undecorated_queues_out(self) -> None:
+        """`enabled=False` on the default switches off every handler without its own policy."""
+        on = HandlerPolicy({"enabled": True})
+        p = plan([route("plain"), route("on", on)], RetryPolicy(enabled=False), options())
+        assert set(p.routes) == {"on"}
+
+
+class TestTick:
+    def test_tick_is_the_gcd_of_every_policy_in_use(self) -> None:
+        """The default's and each handler's named delays; a handler's options over the default."""
+        handler = HandlerPolicy({"backoff": Schedule([1.5, 6])})
+        p = plan([route("q", handler)], RetryPolicy(backoff=Exponential(2, maximum=8)), options())
+        assert p.tiers.tick_ms == 500
+
+    def test_a_disabled_queue_does_not_shape_the_tick(self) -> None:
+        """Delays of handlers the plugin does not cover never shrink the tick."""
+        off = HandlerPolicy({"enabled": False, "backoff": Fixed(0.3)})
+        p = plan([route("off", off), route("on")], DEFAULT, options())
+        assert p.tiers.tick_ms == 1000
+
+    def test_an_explicit_tick_wins(self) -> None:
+        """`tick=` is used as given, and the tiers are built on it up to `max_delay`."""
+        p = plan([route("q")], DEFAULT, options(tick_ms=250, max_delay_ms=1000))
+        assert p.tiers.ttls_ms == (250, 500, 1000)
