@@ -59,7 +59,7 @@ class Reporter:
         send: Callable[[Copy], Awaitable[bool]],
         *,
         incoming: Mapping[str, Any] | None,
-        exception: BaseException | None = None,
+        exception: Exception | None = None,
         tier_ms: int | None = None,
     ) -> bool:
         """Send ``copy`` inside the step's span; report the step once it is confirmed.
@@ -96,7 +96,7 @@ class Reporter:
         event: RetryEvent,
         *,
         incoming: Mapping[str, Any] | None,
-        exception: BaseException | None = None,
+        exception: Exception | None = None,
     ) -> None:
         """Report a step that publishes nothing (an in-process retry, test mode)."""
         if event.immediate:  # the span is only a record: no copy carries it on

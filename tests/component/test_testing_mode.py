@@ -264,3 +264,22 @@ async def test_default_policy_can_switch_retries_off() -> None:
                 await br.publish("x", queue="off")
             await br.publish("x", queue="on")
     assert [e.kind for e in recorder.events] == [EventKind.SCHEDULED, EventKind.DEAD_LETTERED]
+
+
+async def test_hooks_can_be_added_and_removed_after_construction() -> None:
+    """add_hook/remove_hook: a hook sees the events in between, and only those."""
+    retry, broker = make()
+    seen: list[Any] = []
+
+    @broker.subscriber("hooked")
+    async def handle(body: str) -> None:
+        raise PermanentError(body)
+
+    async with TestRabbitBroker(broker) as br:
+        retry.add_hook(seen.append)
+        await br.publish("one", queue="hooked")
+        retry.remove_hook(seen.append)
+        await br.publish("two", queue="hooked")
+    assert [(e.kind, e.error) for e in seen] == [(EventKind.DEAD_LETTERED, "one")]
+    with pytest.raises(RetryConfigError, match="callable"):
+        retry.add_hook("not a hook")  # type: ignore[arg-type]

@@ -41,3 +41,26 @@ def test_metric_and_event_values() -> None:
     """Label values of the metrics and the values hooks receive."""
     assert [v.value for v in Verdict] == ["transient", "permanent"]
     assert [k.value for k in EventKind] == ["scheduled", "hop", "released", "dead_lettered"]
+
+
+def test_exception_header_values() -> None:
+    """What ``retry-exception`` says of each exception the plugin itself names."""
+    from faststream_retry import InvalidDueTime  # noqa: PLC0415 - part of what is pinned
+    from faststream_retry.headers import exception_name  # noqa: PLC0415
+
+    assert exception_name(PermanentError()) == "faststream_retry.errors.PermanentError"
+    assert exception_name(RetryLater(1)) == "faststream_retry.errors.RetryLater"
+    assert exception_name(InvalidDueTime()) == "faststream_retry.InvalidDueTime"
+    assert exception_name(TimeoutError()) == "TimeoutError"
+
+
+def test_reason_and_rule_values() -> None:
+    """``retry-reason`` values and the ``faststream_retry.rule`` label, as words."""
+    assert [str(r) for r in faststream_retry.Reason] == ["permanent", "exhausted", "invalid"]
+    assert [f"{r}" for r in faststream_retry.Rule] == [
+        "explicit",
+        "handler",
+        "default",
+        "builtin",
+        "fallback",
+    ]

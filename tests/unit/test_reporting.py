@@ -1,0 +1,174 @@
+"""One reporting path: a step's span, metrics, log line and hooks, for every kind of step."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from faststream_retry import EventKind, Reason, RetryEvent, Rule, Verdict
+from faststream_retry.reporting import Copy, Reporter
+from faststream_retry.telemetry import ATTR, METRICS, Telemetry
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.spans = InMemorySpanExporter()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.metrics = InMemoryMetricReader()
+        self.events: list[RetryEvent] = []
+        self.reporter = Reporter(
+            Telemetry(tracer_provider, MeterProvider(metric_readers=[self.metrics])),
+            [self.events.append],
+        )
+
+    def counts(self) -> dict[str, float]:
+        data = self.metrics.get_metrics_data()
+        found: dict[str, float] = {}
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    for point in metric.data.data_points:
+                        value = getattr(point, "value", None)
+                        found[metric.name] = value if value is not None else point.count  # type: ignore[attr-defined]
+        return found
+
+
+def failure(kind: EventKind, **fields: Any) -> RetryEvent:
+    return RetryEvent(
+        kind,
+        "orders",
+        "m-1",
+        2,
+        1_000,
+        max_attempts=4,
+        exception="TimeoutError",
+        error="slow",
+        rule=Rule.BUILTIN,
+        classification=Verdict.TRANSIENT,
+        **fields,
+    )
+
+
+async def confirmed(_: Copy) -> bool:
+    return True
+
+
+async def refused(_: Copy) -> bool:
+    return False
+
+
+async def test_a_confirmed_retry_is_spanned_counted_logged_and_hooked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scheduled: span with the decision, failure + scheduled counters, one INFO line, one event."""
+    harness = Harness()
+    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    copy = Copy("p.delay.400", "orders.retry", {})
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    ok = await harness.reporter.publish(
+        event, copy, confirmed, incoming={}, exception=TimeoutError("slow"), tier_ms=400
+    )
+    assert ok
+    (span,) = harness.spans.get_finished_spans()
+    assert span.name == "orders retry scheduled"
+    assert span.attributes is not None
+    assert span.attributes[ATTR.TIER_MS] == 400
+    assert span.attributes[ATTR.DESTINATION] == "p.delay.400"
+    assert span.attributes[ATTR.RULE] == "builtin"
+    assert [e.name for e in span.events] == ["exception"]
+    assert "traceparent" in copy.headers  # the next step continues this trace
+    assert harness.counts() == {
+        METRICS.FAILURES: 1,
+        METRICS.SCHEDULED: 1,
+        METRICS.PLANNED_DELAY: 1,
+    }
+    (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert line.levelname == "INFO"
+    assert harness.events == [event]
+
+
+async def test_an_unconfirmed_step_is_a_failed_span_and_nothing_else() -> None:
+    """Not confirmed: the span says so, and no metric, log line or event claims it happened."""
+    harness = Harness()
+    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    ok = await harness.reporter.publish(
+        event, Copy("p.delay.400", "orders.retry", {}), refused, incoming={}
+    )
+    assert not ok
+    (span,) = harness.spans.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+    assert harness.counts() == {}
+    assert harness.events == []
+
+
+async def test_dead_letters_are_error_spans_and_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    """Dead-lettered: ERROR span with reason and DLQ, the reason counter, one WARNING."""
+    harness = Harness()
+    event = failure(EventKind.DEAD_LETTERED, reason=Reason.EXHAUSTED)
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    await harness.reporter.publish(event, Copy("", "orders.dlq", {}), confirmed, incoming={})
+    (span,) = harness.spans.get_finished_spans()
+    assert span.name == "orders dead-letter"
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes is not None
+    assert (span.attributes[ATTR.REASON], span.attributes[ATTR.DLQ]) == ("exhausted", "orders.dlq")
+    assert harness.counts() == {METRICS.FAILURES: 1, METRICS.DEAD_LETTERED: 1}
+    (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert line.levelname == "WARNING"
+    assert "to orders.dlq: reason=exhausted attempt=2/4" in line.getMessage()
+
+
+async def test_recheck_steps_continue_the_message_trace_and_stay_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hops and releases: their own span names, lateness recorded, DEBUG lines only."""
+    harness = Harness()
+    hop = RetryEvent(EventKind.HOP, "orders", "m-1", 1, 1_000, delay_ms=200, due_ms=1_300)
+    release = RetryEvent(EventKind.RELEASED, "orders", "m-1", 1, 1_305, due_ms=1_300, lateness_ms=5)
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    await harness.reporter.publish(
+        hop, Copy("p.delay.200", "orders.retry", {}), confirmed, incoming={}
+    )
+    await harness.reporter.publish(release, Copy("", "orders", {}), confirmed, incoming={})
+    hop_span, release_span = harness.spans.get_finished_spans()
+    assert (hop_span.name, release_span.name) == ("orders retry hop", "orders retry release")
+    assert hop_span.attributes is not None
+    assert (hop_span.attributes[ATTR.TIER_MS], hop_span.attributes[ATTR.REMAINING_MS]) == (200, 300)
+    assert release_span.attributes is not None
+    assert release_span.attributes[ATTR.LATENESS_MS] == 5
+    assert harness.counts() == {METRICS.RELEASED: 1, METRICS.LATENESS: 1}
+    lines = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert [r.levelname for r in lines] == ["DEBUG", "DEBUG"]
+    assert lines[0].getMessage() == "re-check hop message m-1 from orders (due 1300)"
+    assert harness.events == [hop, release]
+
+
+async def test_an_invalid_due_time_counts_as_a_dead_letter_not_a_failure() -> None:
+    """No handler failed: only the dead-letter counter moves."""
+    harness = Harness()
+    event = RetryEvent(
+        EventKind.DEAD_LETTERED, "orders", "m-1", 1, 1_000, due_ms=10**12, reason=Reason.INVALID
+    )
+    await harness.reporter.publish(event, Copy("", "orders.dlq", {}), confirmed, incoming={})
+    assert harness.counts() == {METRICS.DEAD_LETTERED: 1}
+
+
+def test_an_immediate_retry_is_recorded_with_a_span_of_its_own() -> None:
+    """In-process retries publish nothing; their span only records the decision."""
+    harness = Harness()
+    event = failure(EventKind.SCHEDULED, delay_ms=0, immediate=True)
+    harness.reporter.record(event, incoming={}, exception=TimeoutError("slow"))
+    (span,) = harness.spans.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes[ATTR.IMMEDIATE] is True
+    assert ATTR.DESTINATION not in span.attributes
+    assert harness.events == [event]
