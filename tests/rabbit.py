@@ -32,6 +32,11 @@ async def eventually(
         await asyncio.sleep(0.01)
 
 
+def headers_of(message: AbstractIncomingMessage) -> dict[str, Any]:
+    """Return the headers of ``message``, typed for reading nested values in asserts."""
+    return dict(message.headers or {})
+
+
 def unique(name: str) -> str:
     """Return ``name`` made unique to this test run."""
     return f"{name}-{uuid.uuid4().hex[:8]}"

@@ -42,9 +42,9 @@ async def test_transient_failures_are_retried_at_once_and_recorded() -> None:
         if len(attempts_seen) < 3:
             raise ConnectionError("smtp down")
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder:
-            await br.publish("hi", queue="email-queue")
+            await broker.publish("hi", queue="email-queue")
     assert attempts_seen == [1, 2, 3]
     assert [(e.attempt, e.delay_ms) for e in recorder.scheduled] == [(1, 1000), (2, 2000)]
     assert recorder.dead_letters == []
@@ -60,9 +60,9 @@ async def test_handler_reads_the_attempt_header() -> None:
         seen.append(msg.headers.get("retry-attempt"))
         raise TimeoutError
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder:
-            await br.publish("x", queue="q2")
+            await broker.publish("x", queue="q2")
     assert seen == [None, 1, 2, 3]
     assert recorder.dead_letters[0].reason == "exhausted"
     assert recorder.dead_letters[0].attempt == 4
@@ -79,9 +79,9 @@ async def test_permanent_failure_is_dead_lettered_and_swallowed() -> None:
         calls += 1
         raise PermanentError("no url")
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder:
-            await br.publish({"x": 1}, queue="webhook-queue")
+            await broker.publish({"x": 1}, queue="webhook-queue")
     assert calls == 1
     (dead,) = recorder.dead_letters
     assert (dead.reason, dead.exception, dead.rule) == (
@@ -98,9 +98,9 @@ async def test_validation_error_is_permanent_by_default() -> None:
     @broker.subscriber("typed")
     async def typed(body: dict[str, int]) -> None: ...
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder:
-            await br.publish({"a": "not an int"}, queue="typed")
+            await broker.publish({"a": "not an int"}, queue="typed")
     assert [e.kind for e in recorder.events] == [EventKind.DEAD_LETTERED]
     assert recorder.dead_letters[0].rule == "builtin"
 
@@ -117,9 +117,9 @@ async def test_retry_later_delay_is_recorded() -> None:
         if calls == 1:
             raise RetryLater(delay=30)
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder:
-            await br.publish("x", queue="rate-limited")
+            await broker.publish("x", queue="rate-limited")
     assert [e.delay_ms for e in recorder.scheduled] == [30_000]
 
 
@@ -132,9 +132,9 @@ async def test_disabled_handler_passes_exceptions_through() -> None:
     async def raw(body: str) -> None:
         raise ValueError("mine to handle")
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder, pytest.raises(ValueError, match="mine to handle"):
-            await br.publish("x", queue="raw")
+            await broker.publish("x", queue="raw")
     assert recorder.events == []
 
 
@@ -146,9 +146,9 @@ async def test_faststream_control_exceptions_pass_through() -> None:
     async def ctl(body: str) -> None:
         raise RejectMessage
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder:
-            await br.publish("x", queue="ctl")
+            await broker.publish("x", queue="ctl")
     assert recorder.events == []
 
 
@@ -162,8 +162,8 @@ async def test_failed_handler_result_is_not_published() -> None:
     async def handler(body: str) -> str:
         raise PermanentError("bad")
 
-    async with TestRabbitBroker(broker) as br:
-        await br.publish("x", queue="in")
+    async with TestRabbitBroker(broker):
+        await broker.publish("x", queue="in")
         out.mock.assert_not_called()
 
 
@@ -177,9 +177,9 @@ async def test_success_path_is_untouched() -> None:
     async def handler(body: str) -> str:
         return body.upper()
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder:
-            await br.publish("x", queue="in")
+            await broker.publish("x", queue="in")
         out.mock.assert_called_once_with("X")
     assert recorder.events == []
 
@@ -258,11 +258,11 @@ async def test_default_policy_can_switch_retries_off() -> None:
         raise TimeoutError("retried")
 
     assert set(retry.runtime(broker).plan.routes) == {"on"}
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         with retry.testing() as recorder:
             with pytest.raises(TimeoutError, match="nobody"):
-                await br.publish("x", queue="off")
-            await br.publish("x", queue="on")
+                await broker.publish("x", queue="off")
+            await broker.publish("x", queue="on")
     assert [e.kind for e in recorder.events] == [EventKind.SCHEDULED, EventKind.DEAD_LETTERED]
 
 
@@ -275,11 +275,11 @@ async def test_hooks_can_be_added_and_removed_after_construction() -> None:
     async def handle(body: str) -> None:
         raise PermanentError(body)
 
-    async with TestRabbitBroker(broker) as br:
+    async with TestRabbitBroker(broker):
         retry.add_hook(seen.append)
-        await br.publish("one", queue="hooked")
+        await broker.publish("one", queue="hooked")
         retry.remove_hook(seen.append)
-        await br.publish("two", queue="hooked")
+        await broker.publish("two", queue="hooked")
     assert [(e.kind, e.error) for e in seen] == [(EventKind.DEAD_LETTERED, "one")]
     with pytest.raises(RetryConfigError, match="callable"):
         retry.add_hook("not a hook")  # type: ignore[arg-type]

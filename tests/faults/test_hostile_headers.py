@@ -164,7 +164,7 @@ async def test_added_headers_stay_bounded_after_100_retries(
     included, carries at most ``headers.MAX_ADDED_BYTES`` of the plugin's headers."""
     app: App = make_app(tick=0.1, default=RetryPolicy(max_attempts=101, backoff=Fixed(0.1)))
     queue = unique("s2")
-    app_headers = {"tenant": "acme", "trace": "x" * 100}
+    app_headers: dict[str, Any] = {"tenant": "acme", "trace": "x" * 100}
     base = len(encode_table(app_headers))
     added: list[int] = []
 

@@ -41,7 +41,7 @@ async def test_topology_is_declared_again_after_a_reconnect(
     await app.start()
     connection = await app.broker.connect()
     reconnected = asyncio.Event()
-    connection.reconnect_callbacks.add(lambda *_: reconnected.set())  # type: ignore[attr-defined]
+    connection.reconnect_callbacks.add(lambda *_: reconnected.set())
     base_tier = tier_name(app.prefix, 100)
     channel = await amqp.channel()
     await channel.queue_delete(base_tier)

@@ -21,7 +21,7 @@ from faststream_retry import (
 )
 from faststream_retry.events import EventKind
 from faststream_retry.topology import tier_name
-from tests.rabbit import App, drain, eventually, queue_depth, unique
+from tests.rabbit import App, drain, eventually, headers_of, queue_depth, unique
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -124,7 +124,7 @@ async def test_exhausted_after_max_attempts(make_app: Any, amqp: AbstractRobustC
     dead = await drain(amqp, f"{queue}.dlq", expect=1)
     assert calls == 3
     assert len(dead) == 1
-    headers = dead[0].headers
+    headers = headers_of(dead[0])
     assert headers["retry-reason"] == "exhausted"
     assert headers["retry-attempt"] == 3
     history = headers["retry-history"]
@@ -211,7 +211,7 @@ async def test_forged_header_never_moves_a_message_to_another_queue(
 
     await app.start()
     channel = await amqp.channel()
-    hostile = {
+    hostile: dict[str, Any] = {
         "retry-origin-queue": victim,
         "retry-due": "soon",
         "retry-attempt": -5,
@@ -287,7 +287,7 @@ async def test_unroutable_retry_copy_does_not_ack_the_original(
     """A tier queue deleted under the running app: the copy is returned, the original kept."""
     app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
     queue = unique("unroutable")
-    deliveries: list[tuple[bool, Any]] = []
+    deliveries: list[tuple[bool | None, Any]] = []
     times: list[float] = []
 
     @app.broker.subscriber(queue)

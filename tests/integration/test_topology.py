@@ -12,7 +12,7 @@ from aiormq.exceptions import ChannelPreconditionFailed
 from faststream_retry import Fixed, PermanentError, RetryPolicy, RetryTopologyError, headers
 from faststream_retry.events import EventKind
 from faststream_retry.topology import tier_name
-from tests.rabbit import App, drain, eventually, unique
+from tests.rabbit import App, drain, eventually, headers_of, unique
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -117,7 +117,7 @@ async def test_a_stuck_message_in_a_quorum_retry_queue_ends_in_the_dlq_at_the_li
     await app.stop()
     assert dead.body == b"stuck"
     assert dead.message_id == "s1"
-    death = dead.headers["x-death"][0]
+    death = headers_of(dead)["x-death"][0]
     assert death["reason"] == "delivery_limit"
     assert death["queue"] == f"{queue}.retry"
     await channel.close()

@@ -111,8 +111,8 @@ async def test_the_subscriber_is_in_context_under_its_key() -> None:
     @broker.subscriber("q")
     async def handle(body: str) -> None: ...
 
-    async with TestRabbitBroker(broker) as br:
-        await br.publish("x", queue="q")
+    async with TestRabbitBroker(broker):
+        await broker.publish("x", queue="q")
     (sub,) = broker.subscribers
     assert seen == [sub, broker]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,7 @@ class TestExponential:
             ({"initial": "1s"}, "initial"),
         ],
     )
-    def test_invalid_options_name_themselves(self, kwargs: dict[str, object], names: str) -> None:
+    def test_invalid_options_name_themselves(self, kwargs: dict[str, Any], names: str) -> None:
         """Each invalid option fails at construction with its name in the message."""
         with pytest.raises(RetryConfigError, match=names):
             Exponential(**kwargs)
@@ -92,7 +93,7 @@ class TestFixedAndSchedule:
         assert backoff.named_delays_ms() == (10_000, 60_000, 300_000)
 
     @pytest.mark.parametrize("bad", [[], [0], [1, -2], "10s", None])
-    def test_schedule_rejects_bad_lists(self, bad: object) -> None:
+    def test_schedule_rejects_bad_lists(self, bad: Any) -> None:
         """An empty, non-positive or non-list schedule is refused at construction."""
         with pytest.raises(RetryConfigError, match="Schedule"):
             Schedule(bad)
@@ -117,14 +118,14 @@ class TestRetryPolicy:
             ({"transient": ValueError, "permanent": (ValueError,)}, "both"),
         ],
     )
-    def test_invalid_options_name_themselves(self, kwargs: dict[str, object], name: str) -> None:
+    def test_invalid_options_name_themselves(self, kwargs: dict[str, Any], name: str) -> None:
         """Each invalid option fails with its name in the message."""
         with pytest.raises(RetryConfigError, match=name):
             RetryPolicy(**kwargs)
 
     def test_single_type_is_accepted(self) -> None:
         """transient=SomeError is taken as a one-element tuple."""
-        assert RetryPolicy(transient=KeyError).transient == (KeyError,)
+        assert RetryPolicy(transient=KeyError).transient == (KeyError,)  # type: ignore[arg-type]
 
     def test_to_ms_rounds_up(self) -> None:
         """Durations become whole milliseconds, never shorter."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -37,8 +37,9 @@ class Harness:
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:
                     for point in metric.data.data_points:
-                        value = getattr(point, "value", None)
-                        found[metric.name] = value if value is not None else point.count  # type: ignore[attr-defined]
+                        found[metric.name] = (
+                            point.value if isinstance(point, NumberDataPoint) else point.count
+                        )
         return found
 
 

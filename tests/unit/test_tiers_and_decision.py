@@ -20,7 +20,7 @@ from faststream_retry import (
     TransientError,
 )
 from faststream_retry.classify import Verdict, classify
-from faststream_retry.decision import Action, Hop, Invalid, Release, decide, recheck_step
+from faststream_retry.decision import Action, Decision, Hop, Invalid, Release, decide, recheck_step
 from faststream_retry.policy import HandlerPolicy
 from faststream_retry.tiers import MIN_TICK_MS, Tiers, compute_tick_ms
 from faststream_retry.topology import dlq_name, tier_name
@@ -160,7 +160,7 @@ class TestClassify:
 TIERS = Tiers.build(100, 86_400_000)
 
 
-def decide_for(exc: BaseException, attempt: int, **handler: object) -> object:
+def decide_for(exc: BaseException, attempt: int, **handler: object) -> Decision:
     return decide(
         exc,
         attempt=attempt,
