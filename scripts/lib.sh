@@ -18,26 +18,45 @@ pick_python() {
   return 1
 }
 
-ensure_venv() {
-  local py stamp="$VENV/.installed"
-  if [[ ! -x "$VENV/bin/python" ]]; then
-    py="$(pick_python)" || { log "ERROR: Python >= 3.10 is needed (apt-get install python3)"; exit 1; }
-    if ! "$py" -m venv "$VENV" 2>/dev/null; then
-      if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-        log "installing python3-venv"
-        apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv >&2
-        "$py" -m venv "$VENV"
-      else
-        log "ERROR: '$py -m venv' failed; install your distribution's venv package (python3-venv)"
-        exit 1
-      fi
+make_venv() {  # make_venv DIR: a virtualenv in DIR, unless one is there
+  local dir="$1" py
+  [[ -x "$dir/bin/python" ]] && return 0
+  py="$(pick_python)" || { log "ERROR: Python >= 3.10 is needed (apt-get install python3)"; exit 1; }
+  if ! "$py" -m venv "$dir" 2>/dev/null; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+      log "installing python3-venv"
+      apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv >&2
+      "$py" -m venv "$dir"
+    else
+      log "ERROR: '$py -m venv' failed; install your distribution's venv package (python3-venv)"
+      exit 1
     fi
   fi
+}
+
+ensure_venv() {
+  local stamp="$VENV/.installed"
+  make_venv "$VENV"
   # Reinstall only when the dependencies changed.
   if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
     log "installing faststream-retry and its dev dependencies into $VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip >&2
     "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
+    touch "$stamp"
+  fi
+}
+
+# A second virtualenv where every runtime dependency is pinned to the lowest version
+# pyproject.toml allows (the dev tools float). Needs ensure_venv first.
+LOWEST_VENV="${LOWEST_VENV:-$ROOT/.venv-lowest}"
+ensure_lowest_venv() {
+  local stamp="$LOWEST_VENV/.installed" constraints="$LOWEST_VENV/constraints.txt"
+  make_venv "$LOWEST_VENV"
+  if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
+    "$VENV/bin/python" "$ROOT/scripts/floors.py" >"$constraints"
+    log "installing faststream-retry at its dependency floors into $LOWEST_VENV"
+    "$LOWEST_VENV/bin/python" -m pip install -q --upgrade pip >&2
+    "$LOWEST_VENV/bin/python" -m pip install -q -c "$constraints" -e "$ROOT[dev]" >&2
     touch "$stamp"
   fi
 }

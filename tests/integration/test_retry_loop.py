@@ -214,7 +214,7 @@ async def test_forged_header_never_moves_a_message_to_another_queue(
     hostile: dict[str, Any] = {
         "retry-origin-queue": victim,
         "retry-due": "soon",
-        "retry-attempt": -5,
+        "retry-attempt": -500,
         "x-death": [{"queue": victim, "count": 99}],
         "x-first-death-queue": victim,
     }
