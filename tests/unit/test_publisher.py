@@ -1,0 +1,62 @@
+"""The confirming publisher's own decisions: what counts as confirmed, and header repair.
+
+The channel here stands in for aiormq only as far as the publisher's decisions go (the
+encoder's refusal, the broker's answer); confirms, returns and routing are tested
+against a real RabbitMQ in tests/integration.
+"""
+
+from __future__ import annotations
+
+import decimal
+from typing import Any
+
+from pamqp import commands
+from pamqp.encode import field_table as encode_table
+
+from faststream_retry.amqp.publisher import Publisher
+
+
+class Channel:
+    """Marshals the headers with the installed pamqp, as aiormq does, then answers."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+        self.sent: list[dict[str, Any]] = []
+
+    async def basic_publish(self, body: bytes, **kwargs: Any) -> object:
+        headers = dict(kwargs["properties"].headers or {})
+        encode_table(headers)  # raises what pamqp raises: TypeError on 4, struct.error on 3
+        self.sent.append(headers)
+        return self.answer
+
+
+def publisher(channel: Channel) -> Publisher:
+    async def get() -> Any:
+        return channel
+
+    return Publisher(get, timeout_s=1)
+
+
+async def publish(p: Publisher, headers: dict[str, Any]) -> bool:
+    properties = commands.Basic.Properties(headers=headers, message_id="m-1")
+    return await p.publish(exchange="", routing_key="q", body=b"x", properties=properties)
+
+
+async def test_a_header_the_encoder_refuses_is_left_out_and_the_copy_goes() -> None:
+    """Whatever the encoder raises, the copy is sent without that one header.
+
+    A decimal beyond 32 bits decodes fine but cannot be encoded again; pamqp 3 says so
+    with a struct.error, which once made the plugin requeue the message for ever.
+    """
+    channel = Channel(commands.Basic.Ack())
+    odd = decimal.Decimal("123456789012.5")
+    ok = await publish(publisher(channel), {"keep": 1, "odd": odd, "retry-attempt": 2})
+    assert ok
+    assert channel.sent == [{"keep": 1, "retry-attempt": 2}]
+
+
+async def test_only_an_ack_is_a_confirm() -> None:
+    """A returned message (unroutable) or a nack is not confirmed."""
+    assert await publish(publisher(Channel(commands.Basic.Ack())), {})
+    assert not await publish(publisher(Channel(commands.Basic.Nack())), {})
+    assert not await publish(publisher(Channel(object())), {})
