@@ -23,16 +23,15 @@ from faststream.exceptions import IgnoredException
 
 from faststream_retry import _faststream
 from faststream_retry import headers as h
+from faststream_retry.config import RetryConfig
 from faststream_retry.decision import Action, Decision, decide
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.events import EventKind, Reason, RetryEvent, RetryHook
-from faststream_retry.plugin import Plugin, RetryConfig, Runtime
-from faststream_retry.policy import RetryPolicy, effective_policy, to_ms
+from faststream_retry.plugin import Plugin, Runtime
+from faststream_retry.policy import RetryPolicy, effective_policy
 from faststream_retry.reporting import Copy, Reporter
 from faststream_retry.telemetry import Telemetry
 from faststream_retry.testing import RetryRecorder, recording
-from faststream_retry.tiers import Tiers, compute_tick_ms
-from faststream_retry.topology import TopologyOptions
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -99,36 +98,20 @@ class RetryMiddleware:
         meter_provider: MeterProvider | None = None,
     ) -> None:
         """Validate the configuration; see the class docstring."""
-        if default is None:
-            default = RetryPolicy()
-        if not isinstance(default, RetryPolicy):
-            raise RetryConfigError(f"default takes a RetryPolicy(...), got {default!r}")
-        if not isinstance(prefix, str) or not prefix or len(prefix) > 100:
-            raise RetryConfigError(f"prefix must be a short non-empty str, got {prefix!r}")
-        if queue_type not in {"classic", "quorum"}:
-            raise RetryConfigError(f"queue_type is 'classic' or 'quorum', got {queue_type!r}")
-        _positive_int(delivery_limit, "delivery_limit")
-        _positive_int(prefetch, "prefetch")
+        config = RetryConfig.build(
+            default,
+            prefix=prefix,
+            tick=tick,
+            max_delay=max_delay,
+            queue_type=queue_type,
+            delivery_limit=delivery_limit,
+            prefetch=prefetch,
+            publish_failure_pause=publish_failure_pause,
+            publish_timeout=publish_timeout,
+        )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")
-        tick_ms = None if tick is None else to_ms(tick, "tick")
-        max_delay_ms = to_ms(max_delay, "max_delay")
-        if tick_ms is not None:
-            Tiers.build(compute_tick_ms((), tick_ms), max_delay_ms)
         self._hooks: list[RetryHook] = list(hooks)
-        config = RetryConfig(
-            default=default,
-            topology=TopologyOptions(
-                prefix=prefix,
-                max_delay_ms=max_delay_ms,
-                queue_type="quorum" if queue_type == "quorum" else "classic",
-                delivery_limit=delivery_limit,
-                tick_ms=tick_ms,
-            ),
-            prefetch=prefetch,
-            pause_s=to_ms(publish_failure_pause, "publish_failure_pause") / 1000,
-            publish_timeout_s=max(to_ms(publish_timeout, "publish_timeout") / 1000, 0.001),
-        )
         reporter = Reporter(Telemetry(tracer_provider, meter_provider), self._hooks)
         self._plugin = Plugin(config, reporter)
 
@@ -393,8 +376,3 @@ def _event(
         immediate=immediate,
         classification=decision.classification.verdict,
     )
-
-
-def _positive_int(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RetryConfigError(f"{name} must be an int >= 1, got {value!r}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry import _faststream
@@ -20,7 +19,7 @@ from faststream_retry.amqp.declare import check_broker, declare_topology, work_q
 from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.recheck import RecheckConsumer
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.topology import Plan, TopologyOptions, plan
+from faststream_retry.topology import Plan, plan
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -28,25 +27,14 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractRobustConnection
     from faststream.rabbit import RabbitBroker
 
-    from faststream_retry.policy import RetryPolicy
+    from faststream_retry.config import RetryConfig
     from faststream_retry.reporting import Reporter
 
-__all__ = ["Live", "Plugin", "RetryConfig", "Runtime"]
+__all__ = ["Live", "Plugin", "Runtime"]
 
 log = logging.getLogger("faststream_retry")
 
 _INSTALLED_ATTR = "__faststream_retry_installed__"
-
-
-@dataclass(frozen=True, slots=True)
-class RetryConfig:
-    """What a middleware was configured with, in the units the plugin works in."""
-
-    default: RetryPolicy
-    topology: TopologyOptions
-    prefetch: int
-    pause_s: float
-    publish_timeout_s: float
 
 
 class Live:

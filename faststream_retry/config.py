@@ -1,0 +1,72 @@
+"""The middleware's options, validated and normalised to the units the plugin works in (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from faststream_retry.errors import RetryConfigError
+from faststream_retry.policy import RetryPolicy, to_ms
+from faststream_retry.tiers import Tiers, compute_tick_ms
+from faststream_retry.topology import TopologyOptions
+
+__all__ = ["RetryConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    """What a middleware was configured with: durations in ms or s, everything checked."""
+
+    default: RetryPolicy
+    topology: TopologyOptions
+    prefetch: int
+    pause_s: float
+    publish_timeout_s: float
+
+    @classmethod
+    def build(
+        cls,
+        default: RetryPolicy | None = None,
+        *,
+        prefix: str = "retry",
+        tick: timedelta | float | None = None,
+        max_delay: timedelta | float = timedelta(days=1),
+        queue_type: str = "classic",
+        delivery_limit: int = 20,
+        prefetch: int = 200,
+        publish_failure_pause: timedelta | float = timedelta(seconds=1),
+        publish_timeout: timedelta | float = timedelta(seconds=30),
+    ) -> RetryConfig:
+        """Validate every option (see ``RetryMiddleware``), naming the one that is wrong."""
+        if default is None:
+            default = RetryPolicy()
+        if not isinstance(default, RetryPolicy):
+            raise RetryConfigError(f"default takes a RetryPolicy(...), got {default!r}")
+        if not isinstance(prefix, str) or not prefix or len(prefix) > 100:
+            raise RetryConfigError(f"prefix must be a short non-empty str, got {prefix!r}")
+        if queue_type not in {"classic", "quorum"}:
+            raise RetryConfigError(f"queue_type is 'classic' or 'quorum', got {queue_type!r}")
+        _positive_int(delivery_limit, "delivery_limit")
+        _positive_int(prefetch, "prefetch")
+        tick_ms = None if tick is None else to_ms(tick, "tick")
+        max_delay_ms = to_ms(max_delay, "max_delay")
+        if tick_ms is not None:
+            Tiers.build(compute_tick_ms((), tick_ms), max_delay_ms)
+        return cls(
+            default=default,
+            topology=TopologyOptions(
+                prefix=prefix,
+                max_delay_ms=max_delay_ms,
+                queue_type="quorum" if queue_type == "quorum" else "classic",
+                delivery_limit=delivery_limit,
+                tick_ms=tick_ms,
+            ),
+            prefetch=prefetch,
+            pause_s=to_ms(publish_failure_pause, "publish_failure_pause") / 1000,
+            publish_timeout_s=max(to_ms(publish_timeout, "publish_timeout") / 1000, 0.001),
+        )
+
+
+def _positive_int(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RetryConfigError(f"{name} must be an int >= 1, got {value!r}")
