@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.policy import RetryPolicy, to_ms
 from faststream_retry.tiers import Tiers, compute_tick_ms
 from faststream_retry.topology import TopologyOptions
+
+if TYPE_CHECKING:
+    from datetime import timedelta
 
 __all__ = ["RetryConfig"]
 
@@ -24,18 +27,18 @@ class RetryConfig:
     publish_timeout_s: float
 
     @classmethod
-    def build(
+    def build(  # one argument per option; their defaults live on RetryMiddleware
         cls,
-        default: RetryPolicy | None = None,
+        default: RetryPolicy | None,
         *,
-        prefix: str = "retry",
-        tick: timedelta | float | None = None,
-        max_delay: timedelta | float = timedelta(days=1),
-        queue_type: str = "classic",
-        delivery_limit: int = 20,
-        prefetch: int = 200,
-        publish_failure_pause: timedelta | float = timedelta(seconds=1),
-        publish_timeout: timedelta | float = timedelta(seconds=30),
+        prefix: str,
+        tick: timedelta | float | None,
+        max_delay: timedelta | float,
+        queue_type: str,
+        delivery_limit: int,
+        prefetch: int,
+        publish_failure_pause: timedelta | float,
+        publish_timeout: timedelta | float,
     ) -> RetryConfig:
         """Validate every option (see ``RetryMiddleware``), naming the one that is wrong."""
         if default is None:
