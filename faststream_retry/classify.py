@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 
 from faststream_retry.errors import PermanentError, TransientError
-from faststream_retry.events import Rule, Word
+from faststream_retry.events import Rule, Verdict
 
 __all__ = [
     "BUILTIN_PERMANENT",
@@ -29,13 +29,6 @@ __all__ = [
     "Verdict",
     "classify",
 ]
-
-
-class Verdict(Word):
-    """What a failure means for the message."""
-
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Events the plugin reports to hooks, and the words they use (pure).
 
-``Reason`` and ``Rule`` are ``str`` enums: their values are what the ``retry-reason``
+``Verdict``, ``Reason`` and ``Rule`` are ``str`` enums: their values are what the ``retry-reason``
 header, the metric labels and the log lines carry, and a member compares equal to its
 value (``Reason.EXHAUSTED == "exhausted"``).
 """
@@ -11,12 +11,8 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from faststream_retry.classify import Verdict
-
-__all__ = ["EventKind", "Reason", "RetryEvent", "RetryHook", "Rule", "Word", "emit"]
+__all__ = ["EventKind", "Reason", "RetryEvent", "RetryHook", "Rule", "Verdict", "Word", "emit"]
 
 log = logging.getLogger("faststream_retry")
 
@@ -57,6 +53,13 @@ class Reason(Word):
     """A transient failure on the last attempt the policy allows."""
     INVALID = "invalid"
     """Its ``retry-due`` lies further ahead than any legitimate delay."""
+
+
+class Verdict(Word):
+    """What a failure means for the message."""
+
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
 
 
 class Rule(Word):
