@@ -148,7 +148,7 @@ async def recheck(connection: AbstractRobustConnection, n: int) -> float:
     # Only the plugin's side runs: the origin queue is not consumed, so the
     # process does nothing but re-check hops, like the two loops above.
     runtime = retry.runtime(broker)
-    await runtime.start(await broker.connect())
+    await runtime.start(await broker.connect(), runtime.replan())
     start = time.perf_counter()
     await runtime.start_consumers()
     await wait_count(lambda: released, n)

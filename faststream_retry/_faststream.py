@@ -21,13 +21,15 @@ private name                                           what the plugin reads wit
 context key ``"handler_"``                             the subscriber a message came to
 =====================================================  ===================================
 
-The context key cannot be seen without a message; a unit test pins it.
+The context key cannot be seen without a message: a unit test pins it, and a failure
+that arrives without it is logged once (``warn_no_subscriber``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
@@ -58,7 +60,10 @@ __all__ = [
     "routes_of",
     "select_policy",
     "under_test_broker",
+    "warn_no_subscriber",
 ]
+
+log = logging.getLogger("faststream_retry")
 
 FASTSTREAM_VERSION = version("faststream")
 
@@ -69,6 +74,18 @@ SUBSCRIBER_KEY = "handler_"
 def current_subscriber(context: ContextRepo) -> Any:  # noqa: ANN401 - a Rabbit subscriber
     """Return the subscriber the current message came to (``None`` for RPC replies)."""
     return context.get_local(SUBSCRIBER_KEY)
+
+
+@functools.cache
+def warn_no_subscriber() -> None:
+    """Say once that a failure arrived without its subscriber in context (see SUBSCRIBER_KEY)."""
+    log.warning(
+        "faststream-retry: a failed message reached the middleware without its subscriber "
+        "in FastStream's context (key %r), so it is left to FastStream's ack policy. Unless "
+        "it came from get_one() or an iterator, FastStream %s may have renamed that key",
+        SUBSCRIBER_KEY,
+        FASTSTREAM_VERSION,
+    )
 
 
 def current_broker(context: ContextRepo) -> Any:  # noqa: ANN401 - a RabbitBroker

@@ -218,6 +218,8 @@ class _RetryScope(BaseMiddleware):
         broker = _faststream.current_broker(self.context)
         sub = _faststream.current_subscriber(self.context)
         if broker is None or sub is None:
+            if broker is not None:
+                _faststream.warn_no_subscriber()
             raise exc
         config, reporter = self._plugin.config, self._plugin.reporter
         runtime = self._plugin.runtime(broker)

@@ -78,16 +78,21 @@ class Live:
         """Start the re-check consumers (and again after each reopen)."""
         self._consuming = True
         channel = self.channels.consume_channel
-        if self.channels.ready and channel is not None:  # else the reopen starts them
+        # A channel being reopened right now may be past its on_open: start on it
+        # here too (once per channel); a closed one is replaced, and its
+        # replacement's on_open starts them.
+        if channel is not None and not channel.is_closed:
             await self._consume(channel)
 
     async def stop_consumers(self) -> None:
         """Stop the re-check consumers and let their in-flight hops finish."""
         self._consuming = False
+        self.channels.forget_consumers()
         await self.recheck.stop(self._wait_s)
 
     async def close(self) -> None:
-        """Stop the consumers, then close the channels."""
+        """Stop reopening the channels, stop the consumers, then close the channels."""
+        await self.channels.stop_supervising()
         await self.stop_consumers()
         await self.channels.close()
 
@@ -127,14 +132,13 @@ class Runtime:
         """Return whether the topology is declared and the publisher is up."""
         return self.live is not None
 
-    async def start(self, connection: AbstractRobustConnection) -> None:
-        """Check the broker against a fresh plan, then open the channels and declare it.
+    async def start(self, connection: AbstractRobustConnection, topology: Plan) -> None:
+        """Check the broker against ``topology``, then open the channels and declare it.
 
         From here on the channels are supervised: when one closes (a reconnect, a
         channel error) or the broker cancels a re-check consumer, they are opened
         again, the topology is declared again and the consumers restart.
         """
-        topology = self.replan()
         version = await check_broker(connection, topology)
         for level, text in work_queue_findings(
             topology.routes.values(), self.config.default, version
@@ -165,9 +169,11 @@ class Runtime:
 
     async def stop(self) -> None:
         """Stop the consumers and close the channels."""
-        live, self.live = self.live, None
-        if live is not None:
-            await live.close()
+        if self.live is not None:
+            # Handlers still running meanwhile find the channels closing: their
+            # copies are not confirmed and their messages are requeued.
+            await self.live.close()
+        self.live = None
 
 
 class Plugin:
@@ -201,8 +207,10 @@ class Plugin:
         runtime = self.runtime(broker)
 
         async def start() -> None:
-            self._refuse_ack_first(runtime)
-            await runtime.start(await broker.connect())
+            # Planned from the subscribers the broker has now, at start.
+            topology = runtime.replan()
+            _refuse_ack_first(broker, topology)
+            await runtime.start(await broker.connect(), topology)
             await original_start()
             await runtime.start_consumers()
 
@@ -225,15 +233,14 @@ class Plugin:
         setattr(broker, _INSTALLED_ATTR, middleware)
         return broker
 
-    @staticmethod
-    def _refuse_ack_first(runtime: Runtime) -> None:
-        topology = runtime.replan()
-        for sub in runtime.broker.subscribers:
-            route = topology.route(_faststream.queue_of(sub) or "")
-            if route is not None and _faststream.acks_first(sub):
-                raise RetryConfigError(
-                    f"subscriber of {route.queue!r} uses AckPolicy.ACK_FIRST: the "
-                    "message is acked before the handler runs, so a failure cannot "
-                    "be retried safely. Use the default ack policy, or switch "
-                    "retries off for it with @retry_policy(enabled=False)"
-                )
+
+def _refuse_ack_first(broker: RabbitBroker, topology: Plan) -> None:
+    for sub in broker.subscribers:
+        route = topology.route(_faststream.queue_of(sub) or "")
+        if route is not None and _faststream.acks_first(sub):
+            raise RetryConfigError(
+                f"subscriber of {route.queue!r} uses AckPolicy.ACK_FIRST: the message is "
+                "acked before the handler runs, so a failure cannot be retried safely. "
+                "Use the default ack policy, or switch retries off for it with "
+                "@retry_policy(enabled=False)"
+            )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from faststream_retry.events import EventKind, RetryEvent, RetryHook, emit
 from faststream_retry.telemetry import ATTR
-from faststream_retry.topology import dlq_name
+from faststream_retry.topology import dlq_name, retry_queue_name
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -84,9 +84,10 @@ class Reporter:
                     span.record_exception(exception)
                 ok = await send(copy)
                 if span is not None and not ok:
-                    telemetry.fail(span, "the copy was not confirmed; the message is requeued")
+                    original = "original" if event.classification is not None else "message"
+                    telemetry.fail(span, f"the copy was not confirmed; the {original} is requeued")
                 elif span is not None and event.kind is EventKind.DEAD_LETTERED:
-                    telemetry.fail(span, f"dead-lettered: {event.reason}")
+                    telemetry.fail(span, _dead_letter_status(event))
         if ok:
             self.report(event)
         return ok
@@ -112,7 +113,19 @@ class Reporter:
         self.report(event)
 
     def report(self, event: RetryEvent) -> None:
-        """Count, log and hand ``event`` to the hooks."""
+        """Count, log and hand ``event`` to the hooks; never raises.
+
+        The step has happened when this runs (its copy is confirmed): a broken meter
+        or log handler must not make the caller requeue a message already copied.
+        """
+        try:
+            self._report(event)
+        except Exception:  # see the docstring: the copy exists, whatever fails here
+            log.exception(
+                "faststream-retry could not report %s of message %s", event.kind, event.message_id
+            )
+
+    def _report(self, event: RetryEvent) -> None:
         telemetry = self.telemetry
         labels = {ATTR.QUEUE: event.queue}
         if event.classification is not None:
@@ -158,11 +171,17 @@ class Reporter:
                 "re-check %s message %s from %s (due %s)",
                 kind,
                 event.message_id,
-                event.queue,
+                retry_queue_name(event.queue),
                 event.due_ms,
             )
         if self.hooks:  # events go nowhere when nobody listens
             emit(self.hooks, event)
+
+
+def _dead_letter_status(event: RetryEvent) -> str:
+    if event.classification is None:  # the re-check consumer's verdict on a header
+        return f"dead-lettered: {event.reason} retry-due"
+    return f"dead-lettered: {event.reason}"
 
 
 def _span_attributes(event: RetryEvent, copy: Copy | None, tier_ms: int | None) -> dict[str, Any]:

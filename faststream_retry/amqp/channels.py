@@ -67,18 +67,14 @@ class ChannelPair:
         # Set when one of them closes; the supervisor then opens both again.
         self._down = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
+        self._closed = False
         self.generation = 0
         """How many times the pair has been opened: a reopen makes it grow."""
 
     @property
     def ready(self) -> bool:
         """Return whether both channels are open and set up."""
-        return self._up.is_set()
-
-    @property
-    def publish_channel(self) -> AbstractChannel | None:
-        """Return the current publish channel."""
-        return self._publish
+        return self._up.is_set() and not self._closed
 
     @property
     def consume_channel(self) -> AbstractChannel | None:
@@ -94,23 +90,32 @@ class ChannelPair:
         """Watch a consumer on the consume channel: the broker cancelling it reopens the pair."""
         self._tags.add(consumer_tag)
 
+    def forget_consumers(self) -> None:
+        """Stop watching the consumers: they are about to be cancelled on purpose."""
+        self._tags.clear()
+
     async def underlay_for_publish(self) -> UnderlayChannel:
         """Return the publish channel, waiting up to ``wait_s`` while it reopens."""
-        if not self._up.is_set():  # wait_for costs a task: only when it must wait
+        if not self._up.is_set() and not self._closed:  # wait_for costs a task: only if it must
             await asyncio.wait_for(self._up.wait(), self._wait_s)
         channel = self._publish
-        if channel is None:  # closed by stop() while we waited
+        if self._closed or channel is None:
             raise ConnectionError("faststream-retry's channels are closed")
         return await channel.get_underlay_channel()
 
-    async def close(self) -> None:
-        """Stop reopening and close both channels."""
+    async def stop_supervising(self) -> None:
+        """Stop reopening the channels (they stay open until ``close``)."""
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
             self._supervisor = None
-        self._up.clear()
+
+    async def close(self) -> None:
+        """Stop reopening and close both channels."""
+        await self.stop_supervising()
+        self._closed = True
+        self._up.set()  # wakes publishers waiting for a reopen: they find the pair closed
         await close_quietly(self._consume, self._publish)
         self._consume = self._publish = self._consume_underlay = None
 
@@ -142,6 +147,8 @@ class ChannelPair:
         self._up.set()
 
     def _on_close(self, channel: Any, _exc: BaseException | None) -> None:  # noqa: ANN401
+        if self._closed:
+            return
         if channel is self._publish or channel is self._consume:
             self._up.clear()
             self._down.set()
@@ -162,6 +169,8 @@ class ChannelPair:
                 return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._down.wait(), _CANCEL_POLL_S)
+            # aiormq 6 drops a cancelled consumer's tag without telling anyone; tags
+            # of consumers stopped on purpose are forgotten first (forget_consumers).
             consumers = getattr(underlay, "consumers", {})
             gone = [tag for tag in self._tags if tag not in consumers]
             if gone and not self._down.is_set():

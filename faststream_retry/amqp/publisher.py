@@ -11,6 +11,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from aiormq.exceptions import AMQPError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
@@ -110,14 +111,17 @@ class Publisher:
                 mandatory=True,
                 timeout=self._timeout_s,
             )
-        except Exception as exc:  # any failure means "not confirmed"
+        except (AMQPError, ConnectionError, asyncio.TimeoutError) as exc:
+            log.warning("publish to %r/%r not confirmed: %r", exchange, routing_key, exc)
+            return False
+        except Exception as exc:  # before anything was sent: marshalling the frame failed
             headers = properties.headers or {}
             kept = encodable_headers(headers)
             if len(kept) == len(headers):
-                log.warning("publish to %r/%r not confirmed: %r", exchange, routing_key, exc)
+                log.exception("publish to %r/%r failed", exchange, routing_key)
                 return False
-            # The encoder refused a header value before anything was sent (each pamqp
-            # version refuses other values, some of them ones it decoded itself):
+            # The encoder refused a header value (each pamqp version refuses other
+            # values, some of them ones it decoded itself, and raises other errors):
             # send the headers that encode, or the message would cycle for ever.
             log.warning(
                 "dropping unencodable headers %s from message %s (%r)",

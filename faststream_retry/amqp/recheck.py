@@ -47,19 +47,31 @@ class RecheckConsumer:
         self._reporter = reporter
         self._pause_s = pause_s
         self._consumers: list[tuple[AbstractQueue, ConsumerTag]] = []
+        self._channel: AbstractChannel | None = None
         self._pending: set[asyncio.Task[Any]] = set()
 
     async def start(self, channel: AbstractChannel) -> list[ConsumerTag]:
-        """Consume every route's re-check queue on ``channel``; return the consumer tags."""
+        """Consume every route's re-check queue on ``channel``; return the consumer tags.
+
+        Once per channel: a second call with the same channel starts nothing.
+        """
+        if channel is self._channel:
+            return []
+        self._channel = channel
         self._consumers.clear()  # those of a previous channel went with it
         for route in self._plan.routes.values():
             queue = await declare_retry_queue(channel, self._plan, route)
             tag = await queue.consume(self._callback(route), timeout=RPC_TIMEOUT_S)
+            if self._channel is not channel:  # stop() ran meanwhile: undo, and leave
+                with contextlib.suppress(Exception):
+                    await queue.cancel(tag, timeout=RPC_TIMEOUT_S)
+                return []
             self._consumers.append((queue, tag))
         return [tag for _, tag in self._consumers]
 
     async def stop(self, wait_s: float) -> None:
         """Stop consuming and give the messages in flight up to ``wait_s`` to finish."""
+        self._channel = None
         for queue, tag in self._consumers:
             with contextlib.suppress(Exception):
                 await queue.cancel(tag, timeout=RPC_TIMEOUT_S)

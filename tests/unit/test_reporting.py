@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -149,7 +150,7 @@ async def test_recheck_steps_continue_the_message_trace_and_stay_at_debug(
     assert harness.counts() == {METRICS.RELEASED: 1, METRICS.LATENESS: 1}
     lines = [r for r in caplog.records if r.name == "faststream_retry"]
     assert [r.levelname for r in lines] == ["DEBUG", "DEBUG"]
-    assert lines[0].getMessage() == "re-check hop message m-1 from orders (due 1300)"
+    assert lines[0].getMessage() == "re-check hop message m-1 from orders.retry (due 1300)"
     assert harness.events == [hop, release]
 
 
@@ -173,3 +174,18 @@ def test_an_immediate_retry_is_recorded_with_a_span_of_its_own() -> None:
     assert span.attributes[ATTR.IMMEDIATE] is True
     assert ATTR.DESTINATION not in span.attributes
     assert harness.events == [event]
+
+
+async def test_a_broken_instrument_never_turns_a_confirmed_step_into_a_requeue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The copy exists once confirmed: a meter that raises is logged, and publish says True."""
+    harness = Harness()
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("exporter down")
+
+    monkeypatch.setattr(harness.reporter.telemetry, "scheduled", SimpleNamespace(add=broken))
+    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    copy = Copy("p.delay.400", "orders.retry", {})
+    assert await harness.reporter.publish(event, copy, confirmed, incoming={})
