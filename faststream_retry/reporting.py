@@ -127,10 +127,10 @@ class Reporter:
 
     def _report(self, event: RetryEvent) -> None:
         telemetry = self.telemetry
-        labels = {ATTR.QUEUE: event.queue}
+        kind = event.kind
+        labels = {ATTR.QUEUE: event.queue} if kind is not EventKind.HOP else {}
         if event.classification is not None:
             telemetry.failures.add(1, labels | {ATTR.CLASSIFICATION: str(event.classification)})
-        kind = event.kind
         if kind is EventKind.SCHEDULED:
             telemetry.scheduled.add(1, labels | {ATTR.RULE: str(event.rule)})
             telemetry.planned_delay.record(event.delay_ms or 0, labels)
@@ -166,14 +166,16 @@ class Reporter:
                 telemetry.released.add(1, labels)
                 if event.lateness_ms is not None:
                     telemetry.lateness.record(event.lateness_ms, labels)
-            # Hops and releases are the noisy path: never above DEBUG.
-            log.debug(
-                "re-check %s message %s from %s (due %s)",
-                kind,
-                event.message_id,
-                retry_queue_name(event.queue),
-                event.due_ms,
-            )
+            # Hops and releases are the noisy path: never above DEBUG, and no
+            # work for the line unless DEBUG is on.
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "re-check %s message %s from %s (due %s)",
+                    kind,
+                    event.message_id,
+                    retry_queue_name(event.queue),
+                    event.due_ms,
+                )
         if self.hooks:  # events go nowhere when nobody listens
             emit(self.hooks, event)
 

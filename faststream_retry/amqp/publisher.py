@@ -42,30 +42,17 @@ class Publisher:
         self._inflight: dict[str, asyncio.Future[None] | None] = {}
 
     async def send(self, message: AbstractIncomingMessage, copy: Copy) -> bool:
-        """Publish ``copy`` of ``message``; ``True`` only once confirmed (see ``republish``)."""
-        return await self.republish(
-            message, exchange=copy.exchange, routing_key=copy.routing_key, headers=copy.headers
-        )
-
-    async def republish(
-        self,
-        message: AbstractIncomingMessage,
-        *,
-        exchange: str,
-        routing_key: str,
-        headers: dict[str, Any],
-    ) -> bool:
-        """Publish a copy of ``message`` with ``headers``; ``True`` only once confirmed.
+        """Publish ``copy`` of ``message``; ``True`` only once confirmed.
 
         Never raises: whatever goes wrong means "not confirmed", and the caller keeps
         the original.
         """
         try:
             return await self.publish(
-                exchange=exchange,
-                routing_key=routing_key,
+                exchange=copy.exchange,
+                routing_key=copy.routing_key,
                 body=message.body,
-                properties=copy_properties(message, headers),
+                properties=copy_properties(message, copy.headers),
             )
         except Exception:  # never let a publish problem lose the original
             log.exception("could not publish a copy of message %s", message.message_id)
