@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.policy import RetryPolicy, to_ms
-from faststream_retry.tiers import Tiers, compute_tick_ms
+from faststream_retry.tiers import Tiers, checked_tick_ms
 from faststream_retry.topology import TopologyOptions
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class RetryConfig:
         tick_ms = None if tick is None else to_ms(tick, "tick")
         max_delay_ms = to_ms(max_delay, "max_delay")
         if tick_ms is not None:
-            Tiers.build(compute_tick_ms((), tick_ms), max_delay_ms)
+            Tiers.build(checked_tick_ms(tick_ms), max_delay_ms)
         return cls(
             default=default,
             topology=TopologyOptions(

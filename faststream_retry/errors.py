@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 __all__ = [
@@ -12,6 +13,8 @@ __all__ = [
     "RetryTopologyError",
     "TransientError",
 ]
+
+_LONGEST_S = timedelta.max.total_seconds()
 
 
 class TransientError(Exception):
@@ -46,10 +49,13 @@ class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like 
             raise RetryConfigError(
                 f"RetryLater(delay=...) takes a timedelta or seconds, got {delay!r}"
             )
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-        if not seconds >= 0:  # also rejects NaN
-            raise RetryConfigError(f"RetryLater(delay=...) must be >= 0, got {delay!r}")
-        self.delay = timedelta(seconds=float(seconds))
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise RetryConfigError(
+                f"RetryLater(delay=...) must be a finite duration >= 0, got {delay!r}"
+            )
+        # Anything longer is cut to max_delay anyway; timedelta itself ends here.
+        self.delay = timedelta.max if seconds >= _LONGEST_S else timedelta(seconds=seconds)
         super().__init__(reason or f"retry later, in {self.delay}")
 
 

@@ -109,10 +109,10 @@ def exception_name(exc: BaseException) -> str:
 
 def truncate(text: str, limit: int) -> str:
     """Cut ``text`` to at most ``limit`` UTF-8 bytes, marking the cut."""
-    raw = text.encode("utf-8", "replace")
+    raw = text.encode(errors="replace")
     if len(raw) <= limit:
         return text
-    return raw[: limit - 3].decode("utf-8", "ignore") + "..."
+    return raw[: limit - 3].decode(errors="ignore") + "..."
 
 
 def _int(value: object, upper: int) -> int | None:  # noqa: PLR0911 - one case per type
@@ -128,9 +128,9 @@ def _int(value: object, upper: int) -> int | None:  # noqa: PLR0911 - one case p
         except (ArithmeticError, ValueError, TypeError):
             return None
     if isinstance(value, (str, bytes, bytearray)):
-        text = value.decode("ascii", "replace") if not isinstance(value, str) else value
-        text = text.strip()
-        if not text.isdigit() or len(text) > 20:
+        text = value.strip()
+        # str.isdigit() also takes digits int() refuses ("²"); the length bounds int()'s work.
+        if not text.isascii() or not text.isdigit() or len(text) > 20:
             return None
         return _int(int(text), upper)
     return None
@@ -179,7 +179,7 @@ def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
+        return bytes(value).decode(errors="replace")
     return ""
 
 
@@ -245,7 +245,7 @@ class FailureRecord:
 def _failure_headers(incoming: Mapping[str, Any] | None, failure: FailureRecord) -> dict[str, Any]:
     headers = carry_over(incoming)
     first = _int(headers.get(FIRST_FAILED_AT), _MAX_MS) or failure.at_ms
-    history = _read_history(headers) if incoming else []
+    history = _read_history(headers)
     history.append(failure.as_entry())
     headers[VERSION] = FORMAT_VERSION
     headers[ATTEMPT] = failure.attempt
@@ -287,7 +287,7 @@ def dead_letter_headers(
 
 def truncate_tail(text: str, limit: int) -> str:
     """Keep the last ``limit`` UTF-8 bytes: a traceback's end names the failing line."""
-    raw = text.encode("utf-8", "replace")
+    raw = text.encode(errors="replace")
     if len(raw) <= limit:
         return text
-    return "..." + raw[-(limit - 3) :].decode("utf-8", "ignore")
+    return "..." + raw[-(limit - 3) :].decode(errors="ignore")

@@ -305,10 +305,7 @@ def retry_policy(**options: Any) -> Callable[[F], F]:  # noqa: ANN401 - validate
             f"valid options: {', '.join(sorted(_OPTIONS))}"
         )
     # Validate now, against the stock defaults, so a bad value fails at import time.
-    try:
-        RetryPolicy(**options)
-    except TypeError as exc:  # pragma: no cover - unknown names are caught above
-        raise RetryConfigError(str(exc)) from exc
+    RetryPolicy(**options)
     handler_policy = HandlerPolicy(dict(options))
 
     def decorate(fn: F) -> F:

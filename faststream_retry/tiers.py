@@ -19,10 +19,20 @@ from faststream_retry.errors import RetryConfigError
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["MIN_TICK_MS", "Tiers", "compute_tick_ms"]
+__all__ = ["MIN_TICK_MS", "Tiers", "checked_tick_ms", "compute_tick_ms"]
 
 MIN_TICK_MS = 100
 """The floor of the tick: below it the re-check loop would spin (jitter, odd factors)."""
+
+
+def checked_tick_ms(explicit_ms: int) -> int:
+    """Return a tick the user set, or raise ``RetryConfigError`` when it is below the floor."""
+    if explicit_ms < MIN_TICK_MS:
+        raise RetryConfigError(
+            f"tick must be at least {MIN_TICK_MS} ms, got {explicit_ms} ms "
+            "(a shorter tick turns the re-check loop into a busy loop)"
+        )
+    return explicit_ms
 
 
 def compute_tick_ms(delays_ms: Iterable[int], explicit_ms: int | None = None) -> int:
@@ -32,12 +42,7 @@ def compute_tick_ms(delays_ms: Iterable[int], explicit_ms: int | None = None) ->
     rounded up to it when they are scheduled.
     """
     if explicit_ms is not None:
-        if explicit_ms < MIN_TICK_MS:
-            raise RetryConfigError(
-                f"tick must be at least {MIN_TICK_MS} ms, got {explicit_ms} ms "
-                "(a shorter tick turns the re-check loop into a busy loop)"
-            )
-        return explicit_ms
+        return checked_tick_ms(explicit_ms)
     positive = [d for d in delays_ms if d > 0]
     if not positive:
         return 1000
@@ -73,7 +78,7 @@ class Tiers:
 
     def round_delay(self, delay_ms: float) -> int:
         """Round a delay up to the tick grid, at least one tick, at most ``max_delay``."""
-        if not delay_ms > 0:  # also NaN
+        if not delay_ms > 0:  # also NaN and -inf, which ceil() refuses
             return self.tick_ms
         ticks = math.ceil(min(delay_ms, self.max_delay_ms) / self.tick_ms)
         return max(1, ticks) * self.tick_ms

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.rabbit import App
 
@@ -19,6 +20,18 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts" / "rabbitmq"
+
+# scripts/mutation runs the suites once per mutant and compares the score with a floor,
+# so the examples must be the same every run; mutmut also calls a test from more than one
+# pytest session in one process, which the executor check takes for a bug in the test.
+settings.register_profile(
+    "mutation",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.differing_executors],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import struct
+import time
 from importlib.metadata import version
 from typing import Any
 
 from hypothesis import given, reject, settings
+from hypothesis import strategies as st
 from pamqp.decode import field_table as decode_table
 from pamqp.encode import field_table as encode_table
 
@@ -137,3 +139,179 @@ class TestRepair:
         """A refused value costs its own header only; the message goes on with the rest."""
         headers = {"ok": 1, "huge": 2**64, "plain": b"x", h.ATTEMPT: 3}
         assert encodable_headers(headers) == {"ok": 1, h.ATTEMPT: 3}
+
+
+numeric_text = st.text(alphabet=st.sampled_from("0123456789 \t²³¹٣߂\ufffd"), max_size=25)
+
+
+class TestNumbers:
+    """The number reader's bounds, one value either side of each."""
+
+    @given(st.one_of(numeric_text, numeric_text.map(str.encode)))
+    def test_numbers_as_text_never_raise(self, raw: str | bytes) -> None:
+        """Digits int() refuses ('²', which str.isdigit() takes) read as missing."""
+        assert 0 <= h.read_attempt({h.ATTEMPT: raw}) < 2**31
+        due = h.read_due({h.DUE: raw})
+        assert due is None or 0 <= due < 2**63
+
+    def test_non_ascii_digits_are_not_numbers(self) -> None:
+        """Only ASCII digits count, in text or in bytes."""
+        for raw in ("²", "٣", "1²", b"\xff7", bytearray(b"7\xff")):
+            assert h.read_attempt({h.ATTEMPT: raw}) == 0, raw
+
+    def test_text_and_bytes_spellings(self) -> None:
+        """ASCII digits with surrounding blanks read as the number, as str, bytes or bytearray."""
+        for raw in (" 7\t", b" 7 ", bytearray(b"7")):
+            assert h.read_attempt({h.ATTEMPT: raw}) == 7, raw
+
+    def test_attempt_upper_bound_is_exclusive(self) -> None:
+        """2**31 - 1 is the largest readable attempt, as int, float or text."""
+        for top in (2**31 - 1, float(2**31 - 1), str(2**31 - 1)):
+            assert h.read_attempt({h.ATTEMPT: top}) == 2**31 - 1
+        for over in (2**31, float(2**31), str(2**31)):
+            assert h.read_attempt({h.ATTEMPT: over}) == 0
+
+    def test_zero_is_a_number(self) -> None:
+        """0 reads as 0, not as missing (a due time of 0 is due now, not unreadable)."""
+        for zero in (0, 0.0, decimal.Decimal(0), "0", b"0"):
+            assert h.read_due({h.DUE: zero}) == 0, zero
+        for below in (-1, -0.5, decimal.Decimal("-0.1")):
+            assert h.read_due({h.DUE: below}) is None, below
+
+    def test_at_most_twenty_digits_are_parsed(self) -> None:
+        """A 20-digit numeral is read; a 21-digit one is refused before int() sees it."""
+        assert h.read_due({h.DUE: "0" * 19 + "5"}) == 5
+        assert h.read_due({h.DUE: "0" * 20 + "5"}) is None
+
+    def test_now_ms_is_the_wall_clock_in_integer_milliseconds(self) -> None:
+        """Due times are epoch ms as int; a float or another unit would misplace every due."""
+        before = time.time_ns() // 1_000_000
+        now = h.now_ms()
+        after = time.time_ns() // 1_000_000
+        assert type(now) is int
+        assert before <= now <= after
+
+
+class TestTruncation:
+    def test_a_text_at_the_limit_is_kept_whole(self) -> None:
+        """Exactly ``limit`` bytes is not cut; one more is, to exactly ``limit`` bytes."""
+        assert h.truncate("abcde", 5) == "abcde"
+        assert h.truncate("abcdef", 5) == "ab..."
+        assert h.truncate_tail("abcde", 5) == "abcde"
+        assert h.truncate_tail("abcdef", 5) == "...ef"
+
+    def test_cut_lands_on_whole_characters(self) -> None:
+        """A multi-byte character split by the cut is dropped, never half-sent."""
+        assert h.truncate("é" * 10, 8) == "éé..."
+        assert h.truncate_tail("é" * 10, 8) == "...éé"
+
+    def test_unencodable_text_does_not_raise(self) -> None:
+        """A lone surrogate (from a str(exception)) is replaced, not an error."""
+        assert h.truncate("\ud800", 10) == "\ud800"
+        assert h.truncate("\ud800" * 10, 5) == "??..."
+        assert h.truncate_tail("\ud800", 10) == "\ud800"
+        assert h.truncate_tail("\ud800" * 10, 5) == "...??"
+
+
+class TestExactHeaders:
+    """Every header the plugin writes, compared whole."""
+
+    def test_first_failure(self) -> None:
+        """A message's first failure starts the record."""
+        record = h.FailureRecord(attempt=1, at_ms=1000, exception="app.E", error="boom")
+        assert h.retry_headers(None, record, due_ms=1500) == {
+            h.VERSION: 1,
+            h.ATTEMPT: 1,
+            h.DUE: 1500,
+            h.FIRST_FAILED_AT: 1000,
+            h.LAST_FAILED_AT: 1000,
+            h.HISTORY: [
+                {"attempt": 1, "at": 1000, "exception": "app.E", "error": "boom", "delay": 0}
+            ],
+        }
+
+    def test_later_failures_keep_the_first_time_and_the_history(self) -> None:
+        """retry-first-failed-at is written once; last-failed-at and history move on."""
+        first = h.retry_headers(
+            {"app": b"x"},
+            h.FailureRecord(attempt=1, at_ms=1000, exception="E", error="a", delay_ms=500),
+            due_ms=1500,
+        )
+        second = h.dead_letter_headers(
+            first,
+            h.FailureRecord(attempt=2, at_ms=2000, exception="F", error="b"),
+            reason="exhausted",
+            origin_queue="orders",
+        )
+        assert second == {
+            "app": bytearray(b"x"),
+            h.VERSION: 1,
+            h.ATTEMPT: 2,
+            h.FIRST_FAILED_AT: 1000,
+            h.LAST_FAILED_AT: 2000,
+            h.HISTORY: [
+                {"attempt": 1, "at": 1000, "exception": "E", "error": "a", "delay": 500},
+                {"attempt": 2, "at": 2000, "exception": "F", "error": "b", "delay": 0},
+            ],
+            h.REASON: "exhausted",
+            h.EXCEPTION: "F",
+            h.ERROR: "b",
+            h.TRACEBACK: "",
+            h.ORIGIN_QUEUE: "orders",
+        }
+
+    def test_unreadable_first_failure_time_is_replaced(self) -> None:
+        """A garbled retry-first-failed-at is rewritten as this failure's time."""
+        headers = h.retry_headers({h.FIRST_FAILED_AT: "soon"}, failure(), due_ms=1)
+        assert headers[h.FIRST_FAILED_AT] == failure().at_ms
+
+    def test_a_retry_copy_sheds_the_dead_letter_keys(self) -> None:
+        """A message replayed from the DLQ that fails again is a retry, not a dead letter."""
+        dead = h.dead_letter_headers(None, failure(), reason="permanent", origin_queue="q")
+        again = h.retry_headers(dead, failure(2), due_ms=5)
+        for key in (h.REASON, h.EXCEPTION, h.ERROR, h.TRACEBACK, h.ORIGIN_QUEUE):
+            assert key not in again, key
+
+    def test_history_entries_are_read_field_by_field(self) -> None:
+        """Each field of a history entry is read on its own; a bad field reads as empty."""
+        incoming = {
+            h.HISTORY: [
+                {
+                    "attempt": 3,
+                    "at": 7,
+                    "exception": b"E\xff",
+                    "error": bytearray(b"x"),
+                    "delay": 9,
+                },
+                {"attempt": "x", "at": -1, "exception": 5, "error": None, "delay": True},
+            ]
+        }
+        history = h.retry_headers(incoming, failure(4), due_ms=1)[h.HISTORY]
+        assert history[:2] == [
+            {"attempt": 3, "at": 7, "exception": "E\ufffd", "error": "x", "delay": 9},
+            {"attempt": 0, "at": 0, "exception": "", "error": "", "delay": 0},
+        ]
+
+    def test_history_strings_are_bounded_on_read(self) -> None:
+        """An incoming history with huge strings is cut to the history's bounds."""
+        incoming = {h.HISTORY: [{"exception": "E" * 1000, "error": "e" * 1000}]}
+        entry = h.retry_headers(incoming, failure(), due_ms=1)[h.HISTORY][0]
+        assert len(entry["exception"]) == h.EXCEPTION_LIMIT
+        assert len(entry["error"]) == h.HISTORY_ERROR_LIMIT
+
+    def test_a_record_bounds_its_strings(self) -> None:
+        """The exception name is cut on the record; the error where it is written."""
+        record = h.FailureRecord(attempt=1, at_ms=1, exception="E" * 500, error="e" * 5000)
+        assert len(record.exception) == h.EXCEPTION_LIMIT
+        assert len(record.as_entry()["error"]) == h.HISTORY_ERROR_LIMIT
+        dead = h.dead_letter_headers(None, record, reason="permanent", origin_queue="q" * 300)
+        assert len(dead[h.ERROR]) == h.ERROR_LIMIT
+        assert len(dead[h.ORIGIN_QUEUE]) == h.QUEUE_LIMIT
+
+    def test_sanitize_turns_bytes_into_bytearray_at_any_depth(self) -> None:
+        """pamqp decodes byte arrays as bytes but encodes only bytearray."""
+        assert h.sanitize(b"a") == bytearray(b"a")
+        assert type(h.sanitize(b"a")) is bytearray
+        assert h.sanitize({1: [b"b", (b"c",)]}) == {"1": [bytearray(b"b"), [bytearray(b"c")]]}
+        wire: dict[Any, Any] = {"k": b"v", 5: "not a str key"}
+        assert h.carry_over(wire) == {"k": bytearray(b"v")}

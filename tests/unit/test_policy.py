@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -11,11 +12,15 @@ from faststream_retry import (
     Exponential,
     Fixed,
     RetryConfigError,
+    RetryLater,
     RetryPolicy,
     Schedule,
     retry_policy,
 )
 from faststream_retry.policy import HandlerPolicy, effective_policy, get_handler_policy, to_ms
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def mid() -> float:
@@ -217,3 +222,200 @@ class TestFindingTheHandlersPolicy:
         b.__wrapped__ = a  # type: ignore[attr-defined]
         assert get_handler_policy(a) is None
         assert get_handler_policy(None) is None
+
+
+def error_of(make: Callable[[], object]) -> str:
+    """The whole message of the RetryConfigError ``make`` raises: users read it as it is."""
+    with pytest.raises(RetryConfigError) as raised:
+        make()
+    return str(raised.value)
+
+
+class TestDurations:
+    def test_zero_and_negative(self) -> None:
+        """0 is a duration; anything below it, infinite or NaN is refused, naming the option."""
+        assert to_ms(0, "x") == 0
+        for bad in (-1, -0.001, float("inf"), float("nan"), timedelta(seconds=-1)):
+            assert error_of(partial(to_ms, bad, "opt")) == (
+                f"opt must be a finite duration >= 0, got {bad!r}"
+            )
+        assert error_of(lambda: to_ms(True, "opt")) == "opt takes a timedelta or seconds, got True"
+
+    def test_float_noise_is_not_a_millisecond(self) -> None:
+        """Rounding up never turns the float error of a product into a whole extra ms."""
+        assert to_ms(4e-10, "x") == 0
+        assert to_ms(0.1 + 0.2, "x") == 300
+        assert to_ms(0.0011, "x") == 2
+
+
+class TestBoundaries:
+    """Each limit accepted at its edge, refused one step past it, with the whole message."""
+
+    def test_fixed(self) -> None:
+        """1 ms is the shortest Fixed delay; the delay reads back as a timedelta."""
+        assert Fixed(0.001).delay_ms(1, mid) == 1
+        assert Fixed(1.5).delay == timedelta(seconds=1.5)
+        assert error_of(lambda: Fixed(0)) == "Fixed(delay=...) must be positive"
+        assert error_of(lambda: Fixed("1")) == (  # type: ignore[arg-type]
+            "Fixed(delay=...) takes a timedelta or seconds, got '1'"
+        )
+
+    def test_exponential_options_read_back(self) -> None:
+        """The constructor's values are what the object reports; factor defaults to 2."""
+        backoff = Exponential(initial=1.5, maximum=5)
+        assert (backoff.initial, backoff.factor, backoff.maximum, backoff.jitter) == (
+            timedelta(seconds=1.5),
+            2.0,
+            timedelta(seconds=5),
+            0.0,
+        )
+        assert Exponential(initial=1).maximum is None
+
+    def test_exponential_edges(self) -> None:
+        """initial 1 ms, factor 1 (constant), maximum == initial and jitter 1 are all valid."""
+        assert Exponential(initial=0.001).delay_ms(1, mid) == 1
+        assert [Exponential(initial=2, factor=1).delay_ms(n, mid) for n in (1, 5)] == [2000, 2000]
+        assert Exponential(initial=2, factor=1.5).delay_ms(3, mid) == 4500
+        assert Exponential(initial=2, maximum=2).delay_ms(9, mid) == 2000
+        assert Exponential(initial=2, jitter=1).delay_ms(1, mid) == 2000
+
+    def test_exponential_never_returns_zero(self) -> None:
+        """Full jitter at rand() == 0 still waits 1 ms: a zero delay is a hot loop."""
+        assert Exponential(initial=0.001, jitter=1).delay_ms(1, lambda: 0.0) == 1
+        assert Exponential(initial=10, jitter=1).delay_ms(1, lambda: 0.0) == 1
+
+    @pytest.mark.parametrize(("rand", "expected"), [(0.0, 8000), (0.5, 10_000), (0.75, 11_000)])
+    def test_jitter_is_two_sided_and_linear_in_rand(self, rand: float, expected: int) -> None:
+        """jitter=0.2 maps rand() in [0, 1) onto [0.8, 1.2) times the delay."""
+        assert Exponential(initial=10, jitter=0.2).delay_ms(1, lambda: rand) == expected
+
+    def test_exponential_messages(self) -> None:
+        """Every refusal names the option, the rule and the value."""
+        assert (
+            error_of(lambda: Exponential(initial=0)) == "Exponential(initial=...) must be positive"
+        )
+        assert error_of(lambda: Exponential(initial="1")) == (  # type: ignore[arg-type]
+            "Exponential(initial=...) takes a timedelta or seconds, got '1'"
+        )
+        factors: tuple[Any, ...] = (True, 0.99, float("inf"), "2")
+        for factor in factors:
+            assert error_of(partial(Exponential, initial=1, factor=factor)) == (
+                f"Exponential(factor=...) must be a number >= 1, got {factor!r}"
+            )
+        assert error_of(lambda: Exponential(initial=2, maximum=1.999)) == (
+            "Exponential(maximum=...) must be >= initial (0:00:01.999000 < 0:00:02)"
+        )
+        assert error_of(lambda: Exponential(initial=2, maximum="1")) == (  # type: ignore[arg-type]
+            "Exponential(maximum=...) takes a timedelta or seconds, got '1'"
+        )
+        for jitter in (True, -0.01, 1.01):
+            assert error_of(partial(Exponential, initial=1, jitter=jitter)) == (
+                f"Exponential(jitter=...) is a fraction in [0, 1], got {jitter!r}"
+            )
+
+    def test_schedule(self) -> None:
+        """A 1 ms delay is valid; the delays read back as timedeltas; refusals say why."""
+        assert Schedule([0.001]).delays == (timedelta(milliseconds=1),)
+        assert error_of(lambda: Schedule("10")) == (  # type: ignore[arg-type]
+            "Schedule(delays=...) takes a list of delays, got '10'"
+        )
+        assert error_of(lambda: Schedule(None)) == (  # type: ignore[arg-type]
+            "Schedule(delays=...) takes a list of delays, got None"
+        )
+        assert error_of(lambda: Schedule([])) == "Schedule(delays=...) needs at least one delay"
+        assert error_of(lambda: Schedule([1, 0])) == "Schedule(delays=...) delays must be positive"
+        not_a_duration: list[Any] = [1, "x"]
+        assert error_of(lambda: Schedule(not_a_duration)) == (
+            "Schedule(delays=...)[1] takes a timedelta or seconds, got 'x'"
+        )
+
+    def test_retry_policy(self) -> None:
+        """One attempt (no retry) is valid; the refusals name the option and the value."""
+        assert RetryPolicy(max_attempts=1).max_attempts == 1
+        assert RetryPolicy(immediate=0).immediate == 0
+        attempts_: tuple[Any, ...] = (0, True, 1.0)
+        for attempts in attempts_:
+            assert error_of(partial(RetryPolicy, max_attempts=attempts)) == (
+                f"max_attempts must be an int >= 1, got {attempts!r}"
+            )
+        for immediate in (-1, True):
+            assert error_of(partial(RetryPolicy, immediate=immediate)) == (
+                f"immediate must be an int >= 0, got {immediate!r}"
+            )
+        assert error_of(lambda: RetryPolicy(backoff=5)) == (  # type: ignore[arg-type]
+            "backoff takes Fixed(...), Exponential(...), Schedule(...) or an object with "
+            "delay_ms() and named_delays_ms(), got 5"
+        )
+        assert error_of(lambda: RetryPolicy(transient=(1,))) == (  # type: ignore[arg-type]
+            "transient takes exception classes, e.g. transient=(TimeoutError,), got (1,)"
+        )
+        assert error_of(lambda: RetryPolicy(permanent=int)) == (  # type: ignore[arg-type]
+            "permanent takes exception classes, e.g. permanent=(TimeoutError,), got (<class 'int'>,)"
+        )
+        assert error_of(
+            lambda: RetryPolicy(transient=(KeyError, OSError), permanent=(OSError, KeyError))
+        ) == ("KeyError, OSError listed as both transient and permanent")
+
+
+class TestRetryLater:
+    def test_delay_spellings(self) -> None:
+        """Seconds or a timedelta; 0 means as soon as the tick allows."""
+        assert RetryLater(timedelta(seconds=2)).delay == timedelta(seconds=2)
+        assert RetryLater(2.5).delay == timedelta(seconds=2.5)
+        assert RetryLater(0).delay == timedelta(0)
+
+    def test_a_delay_past_timedelta_is_the_longest_one(self) -> None:
+        """A huge Retry-After is cut to max_delay later; it must not raise OverflowError here."""
+        assert RetryLater(1e300).delay == timedelta.max
+        assert RetryLater(timedelta.max).delay == timedelta.max
+
+    def test_message(self) -> None:
+        """The reason is the exception's message; without one, the delay is."""
+        assert str(RetryLater(5)) == "retry later, in 0:00:05"
+        assert str(RetryLater(5, "rate limited")) == "rate limited"
+
+    def test_refusals(self) -> None:
+        """Not a duration, negative, infinite or NaN: a config error naming RetryLater."""
+        assert error_of(lambda: RetryLater(True)) == (
+            "RetryLater(delay=...) takes a timedelta or seconds, got True"
+        )
+        for bad in (-1, float("inf"), float("nan"), timedelta(seconds=-1)):
+            assert error_of(partial(RetryLater, bad)) == (
+                f"RetryLater(delay=...) must be a finite duration >= 0, got {bad!r}"
+            )
+
+
+class TestDecoratorMessages:
+    def test_unknown_options_are_listed_with_every_valid_one(self) -> None:
+        """The message lists the typos and all valid options, sorted."""
+        assert error_of(lambda: retry_policy(max_attempt=3, retries=1)) == (
+            "@retry_policy got unknown option(s) max_attempt, retries; valid options: "
+            "backoff, enabled, immediate, max_attempts, permanent, transient"
+        )
+
+    def test_not_a_function(self) -> None:
+        """Decorating something that cannot be called says what it got."""
+        not_a_handler: Any = 5
+        assert error_of(lambda: retry_policy(max_attempts=2)(not_a_handler)) == (
+            "@retry_policy decorates a handler, got 5"
+        )
+
+    def test_placement_message(self) -> None:
+        """Above a slotted wrapper the message says where the decorator belongs, and why."""
+
+        class Slotted:
+            __slots__ = ()
+
+            def __call__(self) -> None: ...
+
+        assert error_of(lambda: retry_policy(max_attempts=2)(Slotted())) == (
+            "@retry_policy must sit directly under @broker.subscriber(...), on the plain "
+            "function (FastStream 0.7 has no per-subscriber middlewares, so the policy "
+            "travels on the function)"
+        )
+
+    def test_handler_transient_types_are_used(self) -> None:
+        """A handler's own transient list reaches the effective policy."""
+        default = RetryPolicy(permanent=(KeyError,))
+        policy = effective_policy(HandlerPolicy({"transient": (OSError,)}), default)
+        assert (policy.transient, policy.permanent) == ((OSError,), ())

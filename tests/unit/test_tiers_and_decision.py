@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pydantic
 import pytest
@@ -19,8 +20,9 @@ from faststream_retry import (
     Schedule,
     TransientError,
 )
-from faststream_retry.classify import Verdict, classify
+from faststream_retry.classify import Classification, Verdict, classify
 from faststream_retry.decision import Action, Decision, Hop, Invalid, Release, decide, recheck_step
+from faststream_retry.events import Reason, Rule
 from faststream_retry.policy import HandlerPolicy
 from faststream_retry.tiers import MIN_TICK_MS, Tiers, compute_tick_ms
 from faststream_retry.topology import dlq_name, tier_name
@@ -232,3 +234,231 @@ class TestRecheckStep:
         """max_delay + one tick is the last legitimate wait; one ms more is a forged header."""
         assert isinstance(recheck_step(5_000 + 1_100, 5_000, self.TIERS), Hop)
         assert recheck_step(5_000 + 1_101, 5_000, self.TIERS) == Invalid(1_101)
+
+
+class TestTickEdges:
+    def test_explicit_tick_at_the_floor(self) -> None:
+        """tick=100 ms is allowed; 99 ms is refused with the reason."""
+        assert compute_tick_ms([], explicit_ms=100) == 100
+        with pytest.raises(RetryConfigError) as raised:
+            compute_tick_ms([], explicit_ms=99)
+        assert str(raised.value) == (
+            "tick must be at least 100 ms, got 99 ms "
+            "(a shorter tick turns the re-check loop into a busy loop)"
+        )
+
+    def test_no_positive_delay_means_one_second(self) -> None:
+        """Without a named delay (or only zeros) the tick is 1 s; 1 ms delays floor at 100."""
+        assert compute_tick_ms([]) == 1000
+        assert compute_tick_ms([0]) == 1000
+        assert compute_tick_ms([0, 3000]) == 3000
+        assert compute_tick_ms([1]) == MIN_TICK_MS
+
+
+class TestTierEdges:
+    def test_max_delay_is_rounded_down_to_the_grid(self) -> None:
+        """No scheduled delay may exceed max_delay, so it sits on the tick grid."""
+        tiers = Tiers.build(1000, 2500)
+        assert (tiers.max_delay_ms, tiers.ttls_ms) == (2000, (1000, 2000))
+        assert tiers.round_delay(2500) == 2000
+
+    def test_max_delay_of_one_tick_is_one_tier(self) -> None:
+        """max_delay == tick: a single tier; less than a tick is refused."""
+        assert Tiers.build(1000, 1000).ttls_ms == (1000,)
+        with pytest.raises(RetryConfigError) as raised:
+            Tiers.build(1000, 999)
+        assert str(raised.value) == "max_delay (999 ms) must be at least one tick (1000 ms)"
+
+    @pytest.mark.parametrize("delay", [float("nan"), float("-inf"), -5, 0, 0.5])
+    def test_odd_delays_wait_one_tick(self, delay: float) -> None:
+        """A backoff returning nonsense still waits a tick: never early, never a crash."""
+        assert Tiers.build(1000, 10_000).round_delay(delay) == 1000
+
+    def test_an_infinite_delay_is_max_delay(self) -> None:
+        """An unbounded backoff is bounded by max_delay."""
+        assert Tiers.build(1000, 10_000).round_delay(float("inf")) == 10_000
+
+    @given(
+        tick=st.integers(min_value=MIN_TICK_MS, max_value=10_000),
+        ticks=st.integers(min_value=1, max_value=100_000),
+        delay=st.one_of(st.floats(min_value=-1e6, max_value=1e12), st.just(math.nan)),
+    )
+    def test_rounded_delays_are_on_the_grid_and_within_bounds(
+        self, tick: int, ticks: int, delay: float
+    ) -> None:
+        """Every rounded delay is a whole number of ticks in [tick, max_delay] and never shorter."""
+        tiers = Tiers.build(tick, ticks * tick + tick // 2)
+        assert tiers.max_delay_ms == ticks * tick
+        rounded = tiers.round_delay(delay)
+        assert rounded % tick == 0
+        assert tick <= rounded <= tiers.max_delay_ms
+        if not math.isnan(delay):
+            assert rounded >= min(delay, tiers.max_delay_ms)
+            assert rounded - tick < max(delay, 0) or rounded == tick
+
+    @given(
+        tick=st.integers(min_value=MIN_TICK_MS, max_value=5_000),
+        ticks=st.integers(min_value=1, max_value=10_000),
+        remaining=st.integers(min_value=1, max_value=10**9),
+    )
+    def test_pick_is_the_largest_tier_that_fits(
+        self, tick: int, ticks: int, remaining: int
+    ) -> None:
+        """The picked TTL fits the remaining wait (or is the base tier); its double does not."""
+        tiers = Tiers.build(tick, ticks * tick)
+        ttl = tiers.pick(remaining)
+        assert ttl in tiers.ttls_ms
+        assert ttl <= remaining or ttl == tick
+        assert ttl == tiers.ttls_ms[-1] or ttl * 2 > remaining
+
+
+class TestClassifyEdges:
+    @pytest.mark.parametrize(
+        ("exc", "verdict"),
+        [
+            (ConnectionResetError(), Verdict.TRANSIENT),
+            (BrokenPipeError(), Verdict.TRANSIENT),
+            (json.JSONDecodeError("x", "{", 0), Verdict.PERMANENT),
+        ],
+    )
+    def test_builtins_match_subclasses(self, exc: BaseException, verdict: Verdict) -> None:
+        """The built-in lists match along the MRO: ConnectionResetError is a ConnectionError."""
+        assert classify(exc) == Classification(verdict, Rule.BUILTIN)
+
+    def test_one_sided_lists_at_each_level(self) -> None:
+        """A level with only a transient (or only a permanent) list still decides."""
+        assert classify(KeyError(), handler_transient=(KeyError,)) == Classification(
+            Verdict.TRANSIENT, Rule.HANDLER
+        )
+        assert classify(KeyError(), handler_permanent=(KeyError,)) == Classification(
+            Verdict.PERMANENT, Rule.HANDLER
+        )
+        assert classify(KeyError(), default_transient=(KeyError,)) == Classification(
+            Verdict.TRANSIENT, Rule.DEFAULT
+        )
+        assert classify(KeyError(), default_permanent=(KeyError,)) == Classification(
+            Verdict.PERMANENT, Rule.DEFAULT
+        )
+
+    def test_a_level_that_does_not_list_the_exception_passes_it_on(self) -> None:
+        """Unlisted at the handler level: the default level decides, then the built-ins."""
+        assert classify(
+            KeyError(), handler_transient=(OSError,), default_permanent=(KeyError,)
+        ) == Classification(Verdict.PERMANENT, Rule.DEFAULT)
+        assert classify(
+            TimeoutError(), handler_permanent=(KeyError,), default_permanent=(KeyError,)
+        ) == Classification(Verdict.TRANSIENT, Rule.BUILTIN)
+
+
+ONE_TICK = Tiers.build(100, 10_000)
+
+
+def decide_with(
+    exc: BaseException, attempt: int, handler: HandlerPolicy | None, default: RetryPolicy
+) -> Decision:
+    return decide(
+        exc, attempt=attempt, handler=handler, default=default, tiers=ONE_TICK, rand=lambda: 0.5
+    )
+
+
+class TestDecideExactly:
+    """Whole decisions compared, and the order the rules are applied in."""
+
+    def test_permanent_on_the_last_attempt_reads_permanent(self) -> None:
+        """The verdict is checked before the count: the DLQ says why it really failed."""
+        decision = decide_with(PermanentError(), 3, None, RetryPolicy(max_attempts=3))
+        assert decision == Decision(
+            Action.DEAD_LETTER,
+            3,
+            3,
+            Classification(Verdict.PERMANENT, Rule.EXPLICIT),
+            reason=Reason.PERMANENT,
+        )
+
+    def test_exhausted(self) -> None:
+        """The max_attempts-th failure of a transient error is exhausted."""
+        decision = decide_with(KeyError(), 2, None, RetryPolicy(max_attempts=2))
+        assert decision == Decision(
+            Action.DEAD_LETTER,
+            2,
+            2,
+            Classification(Verdict.TRANSIENT, Rule.FALLBACK),
+            reason=Reason.EXHAUSTED,
+        )
+
+    def test_one_attempt_means_no_retry(self) -> None:
+        """max_attempts=1: the first failure is the last."""
+        decision = decide_with(KeyError(), 1, None, RetryPolicy(max_attempts=1, immediate=3))
+        assert (decision.action, decision.reason) == (Action.DEAD_LETTER, Reason.EXHAUSTED)
+
+    def test_retry_later_beats_immediate_retries(self) -> None:
+        """A rate-limited handler waits the delay it asked for, even where immediate applies."""
+        decision = decide_with(RetryLater(0.25), 1, None, RetryPolicy(immediate=2))
+        assert decision == Decision(
+            Action.RETRY_LATER, 1, 5, Classification(Verdict.TRANSIENT, Rule.EXPLICIT), 300
+        )
+
+    def test_retry_later_zero_waits_one_tick(self) -> None:
+        """RetryLater(0) still goes through the tiers: one tick, never a hot loop."""
+        assert decide_with(RetryLater(0), 1, None, RetryPolicy()).delay_ms == 100
+
+    def test_a_tampered_retry_later_delay_names_itself(self) -> None:
+        """A delay changed after construction fails the decision with RetryLater's name."""
+        exc = RetryLater(1)
+        exc.delay = -1  # type: ignore[assignment]
+        with pytest.raises(RetryConfigError) as raised:
+            decide_with(exc, 1, None, RetryPolicy())
+        assert str(raised.value) == "RetryLater(delay=...) must be a finite duration >= 0, got -1"
+
+    def test_immediate_retry(self) -> None:
+        """Within immediate, a retry is in-process and carries no delay."""
+        decision = decide_with(KeyError(), 2, None, RetryPolicy(immediate=2))
+        assert decision == Decision(
+            Action.RETRY_NOW, 2, 5, Classification(Verdict.TRANSIENT, Rule.FALLBACK)
+        )
+
+    def test_delayed_retry_numbers_skip_the_immediate_ones(self) -> None:
+        """After immediate=1, the 2nd call's failure takes the backoff's first delay."""
+        policy = RetryPolicy(backoff=Schedule([1, 2, 3]), immediate=1)
+        assert decide_with(KeyError(), 2, None, policy) == Decision(
+            Action.RETRY_LATER, 2, 5, Classification(Verdict.TRANSIENT, Rule.FALLBACK), 1000
+        )
+
+    def test_jitter_gets_the_random_source(self) -> None:
+        """The backoff's jitter draws from the rand passed in."""
+        policy = RetryPolicy(backoff=Exponential(initial=1, jitter=0.5))
+        decision = decide(
+            KeyError(), attempt=1, handler=None, default=policy, tiers=ONE_TICK, rand=lambda: 0.0
+        )
+        assert decision.delay_ms == 500
+
+    def test_without_a_handler_policy_the_default_lists_are_the_default_level(self) -> None:
+        """The default's types classify with rule 'default', not 'handler'."""
+        default = RetryPolicy(transient=(KeyError,), permanent=(OSError,))
+        assert decide_with(KeyError(), 1, None, default).classification == Classification(
+            Verdict.TRANSIENT, Rule.DEFAULT
+        )
+        assert decide_with(OSError(), 1, None, default).classification == Classification(
+            Verdict.PERMANENT, Rule.DEFAULT
+        )
+
+    def test_handler_lists_come_before_the_defaults(self) -> None:
+        """A handler's transient type beats the same type listed permanent by the default."""
+        default = RetryPolicy(transient=(OSError,), permanent=(KeyError,))
+        handler = HandlerPolicy({"transient": (KeyError,), "permanent": (OSError,)})
+        assert decide_with(KeyError(), 1, handler, default).classification == Classification(
+            Verdict.TRANSIENT, Rule.HANDLER
+        )
+        assert decide_with(OSError(), 1, handler, default).classification == Classification(
+            Verdict.PERMANENT, Rule.HANDLER
+        )
+
+    def test_a_handler_without_lists_falls_through_to_the_default(self) -> None:
+        """A handler that sets only scalars leaves classification to the default's lists."""
+        default = RetryPolicy(permanent=(KeyError,))
+        handler = HandlerPolicy({"max_attempts": 9})
+        decision = decide_with(KeyError(), 1, handler, default)
+        assert (decision.classification, decision.max_attempts) == (
+            Classification(Verdict.PERMANENT, Rule.DEFAULT),
+            9,
+        )

@@ -90,7 +90,7 @@ class TestQuorumSpecs:
 
     def test_an_unplanned_queue_has_no_spec(self) -> None:
         """Asking for a queue the plan does not hold is a bug, not a default."""
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError, match=r"^'nope\.retry'$"):
             plan([], DEFAULT, options()).spec("nope.retry")
 
 
@@ -101,6 +101,7 @@ class TestRoutes:
         second = Route("q", (Handler(HandlerPolicy({"max_attempts": 2})),), {})
         p = plan([first, second], DEFAULT, options())
         assert list(p.routes) == ["q"]
+        assert p.routes["q"].queue == "q"
         assert len(p.routes["q"].handlers) == 2
         assert p.routes["q"].arguments == {"x-queue-type": "quorum"}
 

@@ -1,0 +1,115 @@
+"""The middleware's options: each one checked at its edges and carried through exactly (pure)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from faststream_retry import Fixed, RetryConfigError, RetryPolicy
+from faststream_retry.config import RetryConfig
+from faststream_retry.topology import TopologyOptions
+
+STOCK: dict[str, Any] = {
+    "prefix": "retry",
+    "tick": None,
+    "max_delay": timedelta(days=1),
+    "queue_type": "classic",
+    "delivery_limit": 20,
+    "prefetch": 100,
+    "publish_failure_pause": 1,
+    "publish_timeout": 10,
+}
+
+
+def build(default: RetryPolicy | None = None, **changes: Any) -> RetryConfig:
+    return RetryConfig.build(default, **(STOCK | changes))
+
+
+def refusal(**changes: Any) -> str:
+    with pytest.raises(RetryConfigError) as raised:
+        build(**changes)
+    return str(raised.value)
+
+
+def test_every_option_is_carried_in_the_plugins_units() -> None:
+    """Durations become ms (topology) or s (timeouts); the rest as given."""
+    default = RetryPolicy(backoff=Fixed(2))
+    config = build(
+        default,
+        prefix="svc",
+        tick=0.5,
+        max_delay=60,
+        queue_type="quorum",
+        delivery_limit=7,
+        prefetch=3,
+        publish_failure_pause=timedelta(milliseconds=250),
+        publish_timeout=2.5,
+    )
+    assert config == RetryConfig(
+        default=default,
+        topology=TopologyOptions(
+            prefix="svc", max_delay_ms=60_000, queue_type="quorum", delivery_limit=7, tick_ms=500
+        ),
+        prefetch=3,
+        pause_s=0.25,
+        publish_timeout_s=2.5,
+    )
+
+
+def test_stock_values() -> None:
+    """No default policy means RetryPolicy(); classic queues; the tick left to the plan."""
+    config = build()
+    assert config.default == RetryPolicy()
+    assert config.topology == TopologyOptions("retry", 86_400_000, "classic", 20, None)
+
+
+def test_a_zero_publish_timeout_still_waits_a_millisecond() -> None:
+    """asyncio treats a zero timeout as 'already expired': the floor is 1 ms."""
+    assert build(publish_timeout=0).publish_timeout_s == 0.001
+    assert build(publish_failure_pause=0).pause_s == 0
+
+
+def test_prefix_length() -> None:
+    """100 characters is the longest prefix (queue names are at most 255 bytes)."""
+    assert build(prefix="p" * 100).topology.prefix == "p" * 100
+    assert refusal(prefix="p" * 101) == f"prefix must be a short non-empty str, got {'p' * 101!r}"
+    assert refusal(prefix="") == "prefix must be a short non-empty str, got ''"
+
+
+def test_queue_type() -> None:
+    """Only RabbitMQ's two durable types, spelled as RabbitMQ spells them."""
+    assert build(queue_type="classic").topology.queue_type == "classic"
+    assert refusal(queue_type="Quorum") == "queue_type is 'classic' or 'quorum', got 'Quorum'"
+
+
+@pytest.mark.parametrize("name", ["delivery_limit", "prefetch"])
+def test_positive_ints(name: str) -> None:
+    """1 is the smallest; 0, a bool and a float are refused, naming the option."""
+    one: dict[str, Any] = {name: 1}
+    assert build(**one) is not None
+    for bad in (0, True, 1.0):
+        assert refusal(**{name: bad}) == f"{name} must be an int >= 1, got {bad!r}"
+
+
+@pytest.mark.parametrize("name", ["tick", "max_delay", "publish_failure_pause", "publish_timeout"])
+def test_durations_name_themselves(name: str) -> None:
+    """A duration that is not one is refused with the option's name."""
+    assert refusal(**{name: "1s"}) == f"{name} takes a timedelta or seconds, got '1s'"
+
+
+def test_tick_and_max_delay_are_checked_together() -> None:
+    """An explicit tick must be >= 100 ms and fit max_delay at least once."""
+    assert build(tick=0.1, max_delay=0.1).topology.tick_ms == 100
+    assert refusal(tick=0.099).startswith("tick must be at least 100 ms, got 99 ms")
+    assert refusal(tick=2, max_delay=1) == (
+        "max_delay (1000 ms) must be at least one tick (2000 ms)"
+    )
+
+
+def test_default_must_be_a_policy() -> None:
+    """A handler policy or a dict in place of default is a mistake worth naming."""
+    with pytest.raises(RetryConfigError) as raised:
+        RetryConfig.build({"max_attempts": 3}, **STOCK)  # type: ignore[arg-type]
+    assert str(raised.value) == "default takes a RetryPolicy(...), got {'max_attempts': 3}"
