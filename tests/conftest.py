@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from tests.rabbit import App
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Generator, Iterator
 
     from aio_pika.abc import AbstractRobustConnection
 
@@ -32,6 +32,23 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.differing_executors],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Under ``CI=true`` a scenario that cannot run fails, with the reason it gave for skipping.
+
+    Outside CI a skip is fine (a developer's own broker cannot be restarted by the
+    suite), but a green CI run must have run the restart, reconnect and cluster tests.
+    """
+    report: pytest.TestReport = yield
+    if report.skipped and os.environ.get("CI") == "true" and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and CI=true does not allow that: {reason}"
+    return report
 
 
 @pytest.fixture(scope="session")

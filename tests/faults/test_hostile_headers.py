@@ -7,7 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
-from aiormq.exceptions import AMQPError
+from aiormq.exceptions import (
+    ConnectionCommandInvalid,
+    ConnectionFrameError,
+    ConnectionSyntaxError,
+    ConnectionUnexpectedFrame,
+)
 from faststream.rabbit import RabbitMessage
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -57,14 +62,23 @@ def encodable(headers: dict[str, Any]) -> bool:
     return True
 
 
+# How RabbitMQ closes a connection whose frame it cannot parse (AMQP reply codes 501,
+# 502, 503 and 505). Nothing else counts as a refusal: any other error fails the test.
+REFUSALS = (
+    ConnectionFrameError,
+    ConnectionSyntaxError,
+    ConnectionCommandInvalid,
+    ConnectionUnexpectedFrame,
+)
+
+
 async def publish_pair(
     url: str, queue: str, headers: dict[str, Any], stem: str, sent: list[str]
-) -> bool:
-    """Publish ``headers`` to ``queue`` and to its ``.retry``; False if RabbitMQ refused.
+) -> str | None:
+    """Publish ``headers`` to ``queue`` and to its ``.retry``; the broker's refusal, if any.
 
-    A connection per header set: RabbitMQ answers a table it cannot parse (a 32-bit
-    float inside an array, for one) by closing the connection, and such a message
-    never reaches a consumer.
+    A connection per header set: RabbitMQ answers a table it cannot parse by closing
+    the connection, and such a message never reaches a consumer.
     """
     try:
         async with await aio_pika.connect(url) as connection:
@@ -75,9 +89,9 @@ async def publish_pair(
                     routing_key=target,
                 )
                 sent.append(f"{stem}{tag}")
-    except (AMQPError, RuntimeError, ConnectionError):
-        return False
-    return True
+    except REFUSALS as exc:
+        return repr(exc)
+    return None
 
 
 with_trace_keys = st.one_of(
@@ -123,11 +137,12 @@ async def test_hostile_headers_never_crash_misroute_or_lose(
     await app.start()
     watch = DeadLetterWatch(rabbit_url, f"{queue}.dlq", tally.dead)
     await watch.start()
-    refused = 0
+    refused: dict[int, str] = {}
     try:
         for i, headers in enumerate(cases):
-            if not await publish_pair(rabbit_url, queue, headers, f"h{i:04d}", tally.sent):
-                refused += 1
+            refusal = await publish_pair(rabbit_url, queue, headers, f"h{i:04d}", tally.sent)
+            if refusal is not None:
+                refused[i] = refusal
         try:
             seconds = await wait_settled(tally, 60, "S1")
         except pytest.fail.Exception:
@@ -140,6 +155,9 @@ async def test_hostile_headers_never_crash_misroute_or_lose(
         tally.sent.append("after")
     finally:
         await stopped("closing the DLQ watch", watch.stop())
+    # pamqp 4 and RabbitMQ 3.10 agree on every encodable table today; a few refusals
+    # would be RabbitMQ's business, many would mean the harness tests nothing.
+    assert len(refused) <= len(cases) // 20, {i: (cases[i], why) for i, why in refused.items()}
     assert tally.lost == set()
     assert tally.duplicates == 0
     assert set(tally.processed) & set(tally.dead) == set()
@@ -150,8 +168,8 @@ async def test_hostile_headers_never_crash_misroute_or_lose(
     assert reasons <= {"exhausted", "invalid"}
     report.add(
         "S1 hostile headers",
-        f"{len(cases) - refused} header sets (hypothesis + hand-picked), each at the queue "
-        f"and at .retry ({refused} more refused by RabbitMQ itself)",
+        f"{len(cases) - len(refused)} header sets (hypothesis + hand-picked), each at the queue "
+        f"and at .retry ({len(refused)} more refused by RabbitMQ itself)",
         tally,
         seconds,
     )
