@@ -31,7 +31,8 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.differing_executors],
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+if "HYPOTHESIS_PROFILE" in os.environ:  # otherwise hypothesis's own "ci" profile under CI=true
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
 
 @pytest.hookimpl(wrapper=True)

@@ -178,6 +178,12 @@ class TestNumbers:
         for below in (-1, -0.5, decimal.Decimal("-0.1")):
             assert h.read_due({h.DUE: below}) is None, below
 
+    def test_values_python_cannot_convert_read_as_missing(self) -> None:
+        """A signalling-NaN decimal and a datetime before the epoch's calendar never raise."""
+        assert h.read_attempt({h.ATTEMPT: decimal.Decimal("sNaN")}) == 0
+        assert h.read_due({h.DUE: dt.datetime.min}) is None  # noqa: DTZ901 - AMQP times are naive
+        assert h.read_due({h.DUE: dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)}) is None
+
     def test_at_most_twenty_digits_are_parsed(self) -> None:
         """A 20-digit numeral is read; a 21-digit one is refused before int() sees it."""
         assert h.read_due({h.DUE: "0" * 19 + "5"}) == 5

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from faststream_retry import (
     Exponential,
@@ -419,3 +422,64 @@ class TestDecoratorMessages:
         default = RetryPolicy(permanent=(KeyError,))
         policy = effective_policy(HandlerPolicy({"transient": (OSError,)}), default)
         assert (policy.transient, policy.permanent) == ((OSError,), ())
+
+
+class TestBackoffProperties:
+    @given(
+        initial_ms=st.integers(min_value=1, max_value=10**7),
+        factor=st.floats(min_value=1, max_value=100),
+        cap_ticks=st.integers(min_value=1, max_value=10**4),
+        jitter=st.floats(min_value=0, max_value=1),
+        n=st.integers(min_value=1, max_value=10**4),
+        rand=st.floats(min_value=0, max_value=1, exclude_max=True),
+    )
+    def test_exponential_stays_within_its_bounds(
+        self,
+        *,
+        initial_ms: int,
+        factor: float,
+        cap_ticks: int,
+        jitter: float,
+        n: int,
+        rand: float,
+    ) -> None:
+        """Every delay is a positive int within jitter of initial * factor**(n-1), capped."""
+        maximum_ms = initial_ms * cap_ticks
+        backoff = Exponential(
+            initial=timedelta(milliseconds=initial_ms),
+            factor=factor,
+            maximum=timedelta(milliseconds=maximum_ms),
+            jitter=jitter,
+        )
+        delay = backoff.delay_ms(n, lambda: rand)
+        assert type(delay) is int
+        assert 1 <= delay <= maximum_ms
+        plain = Exponential(
+            initial=timedelta(milliseconds=initial_ms),
+            factor=factor,
+            maximum=timedelta(milliseconds=maximum_ms),
+        ).delay_ms(n, mid)
+        assert plain <= maximum_ms
+        assert delay >= min(maximum_ms, (1 - jitter) * plain) - 1
+        assert delay <= math.ceil((1 + jitter) * plain) + 1
+
+    @given(
+        initial_ms=st.integers(min_value=1, max_value=10**6),
+        factor=st.floats(min_value=1, max_value=10),
+        n=st.integers(min_value=1, max_value=200),
+    )
+    def test_exponential_without_jitter_never_shrinks(
+        self, initial_ms: int, factor: float, n: int
+    ) -> None:
+        """Retry n + 1 never waits less than retry n."""
+        backoff = Exponential(initial=timedelta(milliseconds=initial_ms), factor=factor)
+        assert backoff.delay_ms(n + 1, mid) >= backoff.delay_ms(n, mid) >= initial_ms
+
+    @given(
+        delays=st.lists(st.integers(min_value=1, max_value=10**7), min_size=1, max_size=8),
+        n=st.integers(min_value=-5, max_value=50),
+    )
+    def test_schedule_walks_then_repeats(self, delays: list[int], n: int) -> None:
+        """Retry n takes the n-th delay; before the first, the first; past the end, the last."""
+        backoff = Schedule([timedelta(milliseconds=d) for d in delays])
+        assert backoff.delay_ms(n, mid) == delays[min(max(n, 1), len(delays)) - 1]

@@ -462,3 +462,17 @@ class TestDecideExactly:
             Classification(Verdict.PERMANENT, Rule.DEFAULT),
             9,
         )
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10**8), max_size=8))
+def test_the_tick_divides_every_delay_unless_floored(delays: list[int]) -> None:
+    """The tick is the largest grid every named delay sits on, or the floor when that is finer."""
+    tick = compute_tick_ms(delays)
+    positive = [d for d in delays if d > 0]
+    if not positive:
+        assert tick == 1000
+    elif tick > MIN_TICK_MS:
+        assert all(d % tick == 0 for d in positive)
+        assert math.gcd(*positive) == tick
+    else:
+        assert math.gcd(*positive) <= MIN_TICK_MS
