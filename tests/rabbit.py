@@ -141,14 +141,18 @@ class App:
             await self.broker.stop()
             self.running = False
 
+    def retry_queues(self, queue: str) -> list[str]:
+        """Return where copies of ``queue``'s messages wait: every delay tier and ``.retry``."""
+        plan = self.retry.runtime(self.broker).plan
+        return [plan.tier(ttl) for ttl in plan.tiers.ttls_ms] + [f"{queue}.retry"]
+
     async def waiting(self, connection: AbstractRobustConnection, queue: str) -> int:
         """Return how many copies wait for a retry: in every delay tier and in ``<queue>.retry``.
 
         A queue someone deleted holds nothing.
         """
-        plan = self.retry.runtime(self.broker).plan
         total = 0
-        for name in [plan.tier(ttl) for ttl in plan.tiers.ttls_ms] + [f"{queue}.retry"]:
+        for name in self.retry_queues(queue):
             with contextlib.suppress(ChannelNotFoundEntity):
                 total += await queue_depth(connection, name)
         return total

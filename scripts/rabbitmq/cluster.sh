@@ -7,6 +7,7 @@
 #   bash cluster.sh kill N    # SIGKILL node N (1-based): a crash, not a shutdown
 #   bash cluster.sh rebalance # spread quorum queue leaders over the nodes
 #   bash cluster.sh leaders   # "<queue> <leader node>" per quorum queue
+#   bash cluster.sh queues    # every queue: leader, ready, unacked, consumers
 #
 # Knobs: RMQ_CLUSTER_PORT=5680 (node k listens on PORT+k-1), RMQ_CLUSTER_SIZE=3,
 # RMQ_COOKIE (one is made up; every node must share it to cluster).
@@ -79,5 +80,6 @@ case "${1:-}" in
   kill) kill_node "${2:?which node}" ;;
   rebalance) rebalance ;;
   leaders) ctl_of 1 list_queues --no-table-headers name leader ;;
-  *) die "usage: cluster.sh start | stop | kill N | rebalance | leaders" ;;
+  queues) ctl_of 1 list_queues name leader messages_ready messages_unacknowledged consumers ;;
+  *) die "usage: cluster.sh start | stop | kill N | rebalance | leaders | queues" ;;
 esac

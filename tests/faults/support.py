@@ -9,12 +9,14 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
+from aiormq.exceptions import ChannelNotFoundEntity
 
 from faststream_retry import PermanentError
 from faststream_retry import headers as h
@@ -98,6 +100,9 @@ class Tally:
     sent: list[str]
     processed: list[str] = field(default_factory=list)
     dead: list[str] = field(default_factory=list)
+    late: list[str] = field(default_factory=list)
+    """Ids still queued once every id settled and the app stopped: copies that would
+    have come back as duplicates (see ``count_late``)."""
 
     @property
     def settled(self) -> set[str]:
@@ -109,7 +114,8 @@ class Tally:
 
     @property
     def duplicates(self) -> int:
-        return len(self.processed) - len(set(self.processed)) + len(self.dead) - len(set(self.dead))
+        processed, dead = len(self.processed), len(self.dead)
+        return processed - len(set(self.processed)) + dead - len(set(self.dead)) + len(self.late)
 
 
 class DeadLetterWatch:
@@ -117,6 +123,8 @@ class DeadLetterWatch:
 
     def __init__(self, url: str, dlq: str, into: list[str]) -> None:
         self.url, self.dlq, self.into = url, dlq, into
+        self.why: dict[str, str] = {}
+        """Id -> retry-reason, or the broker's own x-death reason (a delivery limit, say)."""
         self.connection: AbstractRobustConnection | None = None
 
     async def start(self) -> None:
@@ -126,9 +134,32 @@ class DeadLetterWatch:
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             self.into.append(message.message_id or "?")
+            headers: dict[str, Any] = dict(message.headers or {})
+            deaths = headers.get("x-death")
+            broker_reason = deaths[0].get("reason") if isinstance(deaths, list) and deaths else None
+            self.why[message.message_id or "?"] = str(headers.get(h.REASON) or broker_reason)
             await message.ack()
 
         await queue.consume(on_message)
+
+    async def flush(self) -> None:
+        """Return once every dead letter confirmed so far is recorded.
+
+        A marker published now queues behind them; when the watch sees it, they are in.
+        """
+        assert self.connection is not None
+        marker = f"end-of-watch-{uuid.uuid4().hex}"
+        channel = await self.connection.channel(publisher_confirms=True)
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"", message_id=marker), routing_key=self.dlq
+        )
+        await channel.close()
+        deadline = time.monotonic() + 30
+        while marker not in self.into:
+            if time.monotonic() > deadline:
+                pytest.fail(f"the marker never came back from {self.dlq}")
+            await asyncio.sleep(0.05)
+        self.into.remove(marker)
 
     async def stop(self) -> None:
         if self.connection is not None:
@@ -136,9 +167,10 @@ class DeadLetterWatch:
 
 
 async def wait_settled(tally: Tally, timeout: float, what: str) -> float:
-    """Wait until every id is processed or dead-lettered, then a quiet window.
+    """Wait until every id is processed or dead-lettered; return the seconds it took.
 
-    Returns the seconds it took. Fails with the missing ids on timeout.
+    Fails with the missing ids on timeout. Duplicates still on their way are counted
+    afterwards, exactly, by ``count_late``.
     """
     started = time.monotonic()
     while tally.lost:
@@ -146,9 +178,28 @@ async def wait_settled(tally: Tally, timeout: float, what: str) -> float:
             missing = sorted(tally.lost)
             pytest.fail(f"{what}: {len(missing)} ids neither processed nor dead: {missing[:10]}")
         await asyncio.sleep(0.1)
-    took = time.monotonic() - started
-    await asyncio.sleep(2.0)  # late duplicates still count
-    return took
+    return time.monotonic() - started
+
+
+async def count_late(tally: Tally, url: str, queues: list[str], watch: DeadLetterWatch) -> None:
+    """Count the duplicates that had not arrived yet when every id settled.
+
+    Call it once the app is stopped: its unacked messages are back in their queues, and
+    no handler or re-check consumer moves anything any more. Every message still in the
+    work queue, ``.retry`` or a tier is then a copy of a settled id that would have come
+    back later; every dead letter confirmed before now reaches the watch.
+    """
+    connection = await aio_pika.connect(url)
+    async with connection:
+        for name in queues:
+            channel = await connection.channel()
+            try:
+                queue = await channel.get_queue(name, ensure=True)
+            except ChannelNotFoundEntity:
+                continue  # a tier the plan never declared holds nothing
+            while (message := await queue.get(no_ack=True, fail=False)) is not None:
+                tally.late.append(message.message_id or "?")
+    await watch.flush()
 
 
 async def stopped(what: str, stop: Awaitable[None], timeout: float = 30.0) -> None:
@@ -195,9 +246,14 @@ def dump_tasks() -> None:
             awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
 
 
-def check_outcomes(workload: Workload, tally: Tally) -> None:
+def check_outcomes(workload: Workload, tally: Tally, watch: DeadLetterWatch | None = None) -> None:
     """sent = processed + dead-lettered, each id where its handler sent it, none lost."""
     assert tally.lost == set()
+    why = watch.why if watch is not None else {}
+    unexpected = sorted(set(tally.dead) - workload.expected_dead())
+    assert not unexpected, (
+        f"dead-lettered, but meant to succeed: {[(i, why.get(i)) for i in unexpected]}"
+    )
     assert set(tally.dead) == workload.expected_dead()
     assert set(tally.processed) == set(workload.ids) - workload.expected_dead()
     assert set(tally.processed) & set(tally.dead) == set()
@@ -263,14 +319,18 @@ def _port_open(port: int) -> bool:
     return False
 
 
+def tier_names(prefix: str, tick_ms: int, max_ms: int) -> list[str]:
+    """The delay tiers a plugin with this prefix, tick and max_delay declares."""
+    return [tier_name(prefix, ttl) for ttl in Tiers.build(tick_ms, max_ms).ttls_ms]
+
+
 async def delete_topology(
     url: str, queues: list[str], prefix: str, tick_ms: int, max_ms: int
 ) -> None:
     """Delete a scenario's queues and its delay tiers from a shared broker."""
     connection = await aio_pika.connect(url)
     async with connection:
-        tiers = [tier_name(prefix, ttl) for ttl in Tiers.build(tick_ms, max_ms).ttls_ms]
-        for name in [*queues, *tiers]:
+        for name in [*queues, *tier_names(prefix, tick_ms, max_ms)]:
             channel = await connection.channel()
             with contextlib.suppress(Exception):
                 await channel.queue_delete(name)

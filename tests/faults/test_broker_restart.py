@@ -20,6 +20,7 @@ from tests.faults.support import (
     Timeline,
     Workload,
     check_outcomes,
+    count_late,
     dump_tasks,
     publish_all,
     stopped,
@@ -149,6 +150,9 @@ async def test_broker_restarts_lose_nothing(
                 check=False,
             ).stdout
             pytest.fail(f"{failed}\nqueues:\n{listing}\nchannels:\n{channels}")
+        phase("counting late duplicates")
+        await stopped("stopping the app", app.stop())
+        await count_late(tally, node.url, [queue, *app.retry_queues(queue)], watch)
     except pytest.fail.Exception:
         dump_tasks()
         raise
@@ -156,6 +160,6 @@ async def test_broker_restarts_lose_nothing(
         phase("stopping")
         await stopped("closing the DLQ watch", watch.stop())
         await stopped("stopping the app", app.stop())
-    check_outcomes(workload, tally)
+    check_outcomes(workload, tally, watch)
     second = "1 SIGKILL/start" if crash else "another graceful restart"
     report.add(f"R1 broker restart, {queue_type}", f"1 graceful restart + {second}", tally, seconds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,6 +20,7 @@ from tests.faults.support import (
     Tally,
     Workload,
     check_outcomes,
+    count_late,
     publish_all,
     stopped,
     wait_settled,
@@ -105,11 +107,17 @@ async def test_a_node_killed_in_a_quorum_cluster_loses_nothing(
         )
         cluster("kill", "3")
         await publishing
-        seconds = await wait_settled(tally, 180, "R4")
+        try:
+            seconds = await wait_settled(tally, 180, "R4")
+        except pytest.fail.Exception as failed:
+            kinds = Counter(str(e.kind) for e in app.events)
+            pytest.fail(f"{failed}\nevents: {dict(kinds)}\nqueues:\n{cluster('queues')}")
+        await stopped("stopping the app", app.stop())
+        await count_late(tally, urls[0], [queue, *app.retry_queues(queue)], watch)
     finally:
         await stopped("closing the DLQ watch", watch.stop())
         await stopped("stopping the app", app.stop())
-    check_outcomes(workload, tally)
+    check_outcomes(workload, tally, watch)
     report.add(
         "R4 quorum cluster",
         f"1 of 3 nodes SIGKILLed, leading {len(led)} of the queues",

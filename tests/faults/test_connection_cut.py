@@ -19,6 +19,7 @@ from tests.faults.support import (
     Tally,
     Workload,
     check_outcomes,
+    count_late,
     publish_all,
     stopped,
     wait_settled,
@@ -76,12 +77,14 @@ async def test_cut_connections_lose_nothing(
         await publishing
         seconds = await wait_settled(tally, 120, "R3")
         assert app.retry.runtime(app.broker).connected
+        await stopped("stopping the app", app.stop())
+        await count_late(tally, rabbit_url, [queue, *app.retry_queues(queue)], watch)
     finally:
         await stopped("closing the DLQ watch", watch.stop())
         await stopped("stopping the app", app.stop())
         await app.cleanup(amqp)
         await proxy.close()
-    check_outcomes(workload, tally)
+    check_outcomes(workload, tally, watch)
     assert proxy.cuts == 5
     assert proxy.accepted >= 1 + proxy.cuts, "the app reconnected after every cut"
     report.add(

@@ -18,9 +18,11 @@ from tests.faults.support import (
     Tally,
     Workload,
     check_outcomes,
+    count_late,
     delete_topology,
     publish_all,
     stopped,
+    tier_names,
     wait_settled,
 )
 from tests.rabbit import eventually, unique
@@ -110,8 +112,11 @@ async def test_consumer_crashes_lose_nothing(
 
         poller = asyncio.create_task(poll())
         seconds = await wait_settled(tally, 120, "R2")
+        await stopped("stopping the app", app.stop())
         poller.cancel()
         refresh()
+        retry_queues = tier_names(prefix, int(worker.TICK_S * 1000), worker.MAX_DELAY_S * 1000)
+        await count_late(tally, rabbit_url, [queue, f"{queue}.retry", *retry_queues], watch)
     finally:
         await stopped("stopping the app", app.stop())
         await stopped("closing the DLQ watch", watch.stop())
@@ -122,5 +127,5 @@ async def test_consumer_crashes_lose_nothing(
             int(worker.TICK_S * 1000),
             worker.MAX_DELAY_S * 1000,
         )
-    check_outcomes(workload, tally)
+    check_outcomes(workload, tally, watch)
     report.add("R2 consumer SIGKILL", f"{app.kills} SIGKILLs of the app process", tally, seconds)

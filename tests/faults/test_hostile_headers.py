@@ -23,7 +23,7 @@ from pamqp.encode import field_table as encode_table
 from faststream_retry import Fixed, RetryPolicy, TransientError
 from faststream_retry import headers as h
 from faststream_retry.events import EventKind
-from tests.faults.support import DeadLetterWatch, Tally, stopped, wait_settled
+from tests.faults.support import DeadLetterWatch, Tally, count_late, stopped, wait_settled
 from tests.rabbit import App, drain, eventually, queue_depth, unique
 from tests.strategies import amqp_values, hostile_headers
 
@@ -170,6 +170,8 @@ async def test_hostile_headers_never_crash_misroute_or_lose(
         await app.broker.publish("after", queue=queue, message_id="after")
         await eventually(lambda: len(tally.processed) == before + 1, 15, "a retry after the storm")
         tally.sent.append("after")
+        await stopped("stopping the app", app.stop())
+        await count_late(tally, rabbit_url, [queue, *app.retry_queues(queue)], watch)
     finally:
         await stopped("closing the DLQ watch", watch.stop())
     # RabbitMQ refuses exactly the header sets with a NaN or infinite float; such a

@@ -284,31 +284,40 @@ async def test_restart_while_messages_wait_in_backoff_loses_nothing(
     assert await drain(amqp, f"{queue}.dlq", expect=0) == []
 
 
+class Deliveries:
+    """What a handler saw of each delivery: (redelivered, retry-attempt), and when."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[bool | None, Any]] = []
+        self.times: list[float] = []
+
+    def record(self, msg: RabbitMessage) -> None:
+        self.deliveries.append((msg.raw_message.redelivered, msg.headers.get("retry-attempt")))
+        self.times.append(time.monotonic())
+
+
 async def test_unroutable_retry_copy_does_not_ack_the_original(
     make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
     """A tier queue deleted under the running app: the copy is returned, the original kept."""
     app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
     queue = unique("unroutable")
-    deliveries: list[tuple[bool | None, Any]] = []
-    times: list[float] = []
+    seen = Deliveries()
 
     @app.broker.subscriber(queue)
     async def handle(msg: RabbitMessage) -> None:
-        deliveries.append((msg.raw_message.redelivered, msg.headers.get("retry-attempt")))
-        times.append(time.monotonic())
+        seen.record(msg)
         raise ConnectionError("down")
 
     await app.start()
     channel = await amqp.channel()
     await channel.queue_delete(tier_name(app.prefix, 100))
     await app.broker.publish("keep me", queue=queue)
-    await eventually(lambda: len(deliveries) >= 2, what="the requeued delivery")
+    await eventually(lambda: len(seen.deliveries) >= 2, what="the requeued delivery")
     await app.stop()
     # The second delivery is the original, requeued: not a retry copy.
-    assert deliveries[0] == (False, None)
-    assert deliveries[1] == (True, None)
-    assert times[1] - times[0] >= 0.2, "requeued only after publish_failure_pause"
+    assert seen.deliveries[:2] == [(False, None), (True, None)]
+    assert seen.times[1] - seen.times[0] >= 0.2, "requeued only after publish_failure_pause"
     assert not any(e.kind is EventKind.SCHEDULED for e in app.events)
     assert await queue_depth(amqp, queue) == 1
     assert await app.waiting(amqp, queue) == 0
@@ -438,22 +447,20 @@ async def test_a_failing_decision_requeues_the_original(
     """A backoff that raises loses nothing: logged, the original requeued after the pause."""
     app: App = make_app(default=RetryPolicy(backoff=BreaksOnce()))
     queue = unique("decision-error")
-    deliveries: list[tuple[bool | None, Any]] = []
-    times: list[float] = []
+    seen = Deliveries()
 
     @app.broker.subscriber(queue)
     async def handle(msg: RabbitMessage) -> None:
-        deliveries.append((msg.raw_message.redelivered, msg.headers.get("retry-attempt")))
-        times.append(time.monotonic())
-        if len(deliveries) < 3:
+        seen.record(msg)
+        if len(seen.deliveries) < 3:
             raise ConnectionError("down")
 
     await app.start()
     await app.broker.publish("keep me", queue=queue, message_id="m-1")
-    await eventually(lambda: len(deliveries) == 3, what="requeue, then a scheduled retry")
+    await eventually(lambda: len(seen.deliveries) == 3, what="requeue, then a scheduled retry")
     # The requeued original, then the retry copy of its second failure.
-    assert deliveries == [(False, None), (True, None), (False, 1)]
-    assert times[1] - times[0] >= 0.2, "requeued only after publish_failure_pause"
+    assert seen.deliveries == [(False, None), (True, None), (False, 1)]
+    assert seen.times[1] - seen.times[0] >= 0.2, "requeued only after publish_failure_pause"
     assert "retry decision failed for message m-1" in caplog.text
     await eventually(lambda: len(app.events) == 2, what="the release reported")
     assert [e.kind for e in app.events] == [EventKind.SCHEDULED, EventKind.RELEASED]
