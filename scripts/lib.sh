@@ -18,10 +18,24 @@ pick_python() {
   return 1
 }
 
-make_venv() {  # make_venv DIR: a virtualenv in DIR, unless one is there
-  local dir="$1" py
+# find_python X.Y: print a working python X.Y (on PATH, else the newest pyenv patch release).
+find_python() {
+  local want="$1" candidate root
+  root="$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"
+  for candidate in "python$want" $(ls -d "$root/versions/$want".*/bin/python 2>/dev/null | sort -rV); do
+    if command -v "$candidate" >/dev/null 2>&1 \
+      && [[ "$("$candidate" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" == "$want" ]]; then
+      command -v "$candidate"; return 0
+    fi
+  done
+  return 1
+}
+
+make_venv() {  # make_venv DIR [PYTHON]: a virtualenv in DIR, unless one is there
+  local dir="$1" py="${2:-}"
   [[ -x "$dir/bin/python" ]] && return 0
-  py="$(pick_python)" || { log "ERROR: Python >= 3.10 is needed (apt-get install python3)"; exit 1; }
+  [[ -n "$py" ]] || py="$(pick_python)" \
+    || { log "ERROR: Python >= 3.10 is needed (apt-get install python3)"; exit 1; }
   if ! "$py" -m venv "$dir" 2>/dev/null; then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
       log "installing python3-venv"
@@ -34,14 +48,15 @@ make_venv() {  # make_venv DIR: a virtualenv in DIR, unless one is there
   fi
 }
 
-ensure_venv() {
-  local stamp="$VENV/.installed"
-  make_venv "$VENV"
+ensure_venv() {  # ensure_venv [DIR PYTHON]: the project and its dev tools in DIR (default $VENV)
+  local dir="${1:-$VENV}" py="${2:-}" stamp
+  stamp="$dir/.installed"
+  make_venv "$dir" "$py"
   # Reinstall only when the dependencies changed.
   if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
-    log "installing faststream-retry and its dev dependencies into $VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
+    log "installing faststream-retry and its dev dependencies into $dir"
+    "$dir/bin/python" -m pip install -q --upgrade pip >&2
+    "$dir/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
     touch "$stamp"
   fi
 }

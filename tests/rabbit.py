@@ -158,15 +158,22 @@ class App:
         return total
 
     async def cleanup(self, connection: AbstractRobustConnection) -> None:
-        topology = self.retry.runtime(self.broker).plan
-        channel = await connection.channel()
-        names = [spec.name for spec in topology.queues]
-        names += [route.queue for route in topology.routes.values()]
-        for name in names:
-            with contextlib.suppress(Exception):
-                await channel.queue_delete(name)
-        for exchange in topology.exchanges:
-            with contextlib.suppress(Exception):
-                await channel.exchange_delete(exchange)
+        await delete_declared(connection, self.retry, self.broker)
+
+
+async def delete_declared(
+    connection: AbstractRobustConnection, retry: RetryMiddleware, broker: RabbitBroker
+) -> None:
+    """Delete every queue and exchange the plugin planned for ``broker``, work queues included."""
+    topology = retry.runtime(broker).plan
+    channel = await connection.channel()
+    names = [spec.name for spec in topology.queues]
+    names += [route.queue for route in topology.routes.values()]
+    for name in names:
         with contextlib.suppress(Exception):
-            await channel.close()
+            await channel.queue_delete(name)
+    for exchange in topology.exchanges:
+        with contextlib.suppress(Exception):
+            await channel.exchange_delete(exchange)
+    with contextlib.suppress(Exception):
+        await channel.close()
