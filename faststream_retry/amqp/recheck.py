@@ -41,7 +41,11 @@ class RecheckConsumer:
     def __init__(
         self, plan: Plan, publisher: Publisher, reporter: Reporter, *, pause_s: float
     ) -> None:
-        """Act on ``plan``'s routes; a copy that is not confirmed is requeued after ``pause_s``."""
+        """Act on ``plan``'s routes.
+
+        A copy that is not confirmed is requeued after ``pause_s``, except a release the
+        work queue refuses: that one goes round the base tier once more.
+        """
         self._plan = plan
         self._publisher = publisher
         self._reporter = reporter
@@ -129,9 +133,39 @@ class RecheckConsumer:
                 event, copy = self._invalid(route, message, attempt, now, due)
             send = functools.partial(self._publisher.send, message)
             ok = await self._reporter.publish(event, copy, send, incoming=incoming)
+            if not ok and isinstance(step, Release):
+                ok = await self._one_more_tick(route, message, attempt, due, send)
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
         await settle(message, ok=ok, pause_s=self._pause_s)
+
+    async def _one_more_tick(
+        self,
+        route: Route,
+        message: AbstractIncomingMessage,
+        attempt: int,
+        due: int | None,
+        send: Callable[[Copy], Awaitable[bool]],
+    ) -> bool:
+        """Send a due message its queue would not take round the base tier once more.
+
+        Requeueing it instead would spend a redelivery of ``.retry`` on every refused
+        release, and a quorum ``.retry`` dead-letters at its delivery limit: a queue
+        whose leader moves for longer than limit x pause would send every waiting
+        message to the DLQ. A tier costs nothing and brings the message back in a tick.
+        """
+        tick = self._plan.tiers.tick_ms
+        event = RetryEvent(
+            EventKind.HOP,
+            route.queue,
+            message.message_id,
+            attempt,
+            h.now_ms(),
+            delay_ms=tick,
+            due_ms=due,
+        )
+        copy = Copy(self._plan.tier(tick), route.retry_queue, h.carry_over(message.headers))
+        return await self._reporter.publish(event, copy, send, incoming=message.headers)
 
     def _invalid(
         self,

@@ -136,7 +136,11 @@ class DeadLetterWatch:
             self.into.append(message.message_id or "?")
             headers: dict[str, Any] = dict(message.headers or {})
             deaths = headers.get("x-death")
-            broker_reason = deaths[0].get("reason") if isinstance(deaths, list) and deaths else None
+            broker_reason = (
+                f"{deaths[0].get('reason')} in {deaths[0].get('queue')}"
+                if isinstance(deaths, list) and deaths
+                else None
+            )
             self.why[message.message_id or "?"] = str(headers.get(h.REASON) or broker_reason)
             await message.ack()
 

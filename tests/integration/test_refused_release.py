@@ -1,0 +1,70 @@
+"""A work queue that refuses its messages for a while: waiting retries keep waiting, none is
+dead-lettered for it (the quorum ``.retry`` queue's delivery limit is not spent)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from faststream_retry import Fixed, RetryPolicy
+from faststream_retry.events import EventKind
+from tests.rabbit import App, drain, eventually, queue_depth, unique
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractRobustConnection
+
+pytestmark = pytest.mark.rabbit
+
+CTL = Path(os.environ.get("TMPDIR", "/tmp")) / "rabbitmq-test-5673" / "ctl"  # noqa: S108 - the start script's dir
+
+
+def ctl(*args: str) -> None:
+    subprocess.run([str(CTL), "-q", *args], check=True, capture_output=True, text=True)
+
+
+async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limit(
+    rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """Releases nacked by the work queue (full, or its leader moving) for longer than
+    delivery_limit re-checks: the message keeps coming back, then is delivered once."""
+    if "127.0.0.1:5673" not in rabbit_url or not CTL.exists():
+        pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
+    app: App = make_app(
+        queue_type="quorum", delivery_limit=2, default=RetryPolicy(backoff=Fixed(0.3))
+    )
+    queue = unique("refusing")
+    calls: list[str] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        calls.append(body)
+        if len(calls) == 1:
+            raise ConnectionError("down")
+
+    def refused_releases() -> int:
+        # A release the queue refused goes round the base tier once more, already due.
+        return sum(
+            e.kind is EventKind.HOP and e.due_ms is not None and e.due_ms <= e.at_ms
+            for e in app.events
+        )
+
+    await app.start()
+    await app.broker.publish("m", queue=queue, message_id="m-1")
+    await eventually(lambda: len(calls) == 1, what="the first call")
+    # From now on the work queue nacks every publish, as a full or leaderless one does.
+    policy = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    ctl("set_policy", queue, f"^{queue}$", policy, "--apply-to", "queues")
+    try:
+        await eventually(lambda: refused_releases() >= 5, what="5 refused releases")
+    finally:
+        ctl("clear_policy", queue)
+    await eventually(lambda: len(calls) == 2, what="the release once the queue takes it")
+    assert calls == ["m", "m"]
+    assert await drain(amqp, f"{queue}.dlq", expect=0) == []
+    assert await queue_depth(amqp, queue) == 0
+    assert await app.waiting(amqp, queue) == 0
