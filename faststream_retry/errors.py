@@ -49,7 +49,12 @@ class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like 
             raise RetryConfigError(
                 f"RetryLater(delay=...) takes a timedelta or seconds, got {delay!r}"
             )
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if isinstance(delay, timedelta):
+            seconds = delay.total_seconds()
+        elif isinstance(delay, int):  # one too large for a float outlasts any timedelta
+            seconds = float(min(delay, _LONGEST_S))
+        else:
+            seconds = delay
         if not math.isfinite(seconds) or seconds < 0:
             raise RetryConfigError(
                 f"RetryLater(delay=...) must be a finite duration >= 0, got {delay!r}"

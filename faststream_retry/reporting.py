@@ -85,7 +85,7 @@ class Reporter:
                 ok = await send(copy)
                 if span is not None and not ok:
                     original = "original" if event.classification is not None else "message"
-                    telemetry.fail(span, f"the copy was not confirmed; the {original} is requeued")
+                    telemetry.fail(span, f"the copy was not confirmed; the {original} is kept")
                 elif span is not None and event.kind is EventKind.DEAD_LETTERED:
                     telemetry.fail(span, _dead_letter_status(event))
         if ok:

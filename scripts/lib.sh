@@ -22,7 +22,9 @@ pick_python() {
 find_python() {
   local want="$1" candidate root
   root="$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"
-  for candidate in "python$want" $(ls -d "$root/versions/$want".*/bin/python 2>/dev/null | sort -rV); do
+  # Patch releases only ("3.13.0", not the free-threaded "3.13.0t").
+  for candidate in "python$want" $(ls -d "$root/versions/$want".*/bin/python 2>/dev/null \
+      | grep -E "/$want\.[0-9]+/bin/python$" | sort -rV); do
     if command -v "$candidate" >/dev/null 2>&1 \
       && [[ "$("$candidate" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" == "$want" ]]; then
       command -v "$candidate"; return 0

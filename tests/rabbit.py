@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import pytest
@@ -53,6 +56,23 @@ def headers_of(message: AbstractIncomingMessage) -> dict[str, Any]:
     return dict(message.headers or {})
 
 
+def script_broker_ctl(url: str) -> Path | None:
+    """Return rabbitmqctl for the broker at ``url`` if scripts/rabbitmq/start.sh runs it.
+
+    The script keeps a ``ctl`` wrapper in its state dir, ``RMQ_BASE`` or
+    ``$TMPDIR/rabbitmq-test-<port>``; another broker (Docker, a developer's own) has none.
+    """
+    parts = urlsplit(url)
+    if parts.hostname not in {"127.0.0.1", "localhost"} or parts.port is None:
+        return None
+    base = (
+        os.environ.get("RMQ_BASE")
+        or f"{os.environ.get('TMPDIR', '/tmp')}/rabbitmq-test-{parts.port}"  # noqa: S108 - start.sh's dir
+    )
+    ctl = Path(base) / "ctl"
+    return ctl if ctl.exists() else None
+
+
 def unique(name: str) -> str:
     """Return ``name`` made unique to this test run."""
     return f"{name}-{uuid.uuid4().hex[:8]}"
@@ -63,9 +83,9 @@ async def drain(
 ) -> list[AbstractIncomingMessage]:
     """Get every message in ``queue``: wait for ``expect`` of them, then take all the rest.
 
-    "The rest" ends at a marker published to the queue once ``expect`` arrived: a copy
-    the plugin confirmed before that is ahead of the marker and counted, so the caller
-    can assert exact counts without a settle window.
+    "The rest" ends at a marker published to the queue once ``expect`` arrived: every copy
+    the plugin confirmed before that is ahead of the marker and counted. A copy made
+    later (a redelivery after a pause, say) is not; count those where they come from.
     """
     channel = await connection.channel(publisher_confirms=True)
     got: list[AbstractIncomingMessage] = []

@@ -7,11 +7,12 @@ never see the plugin's copies and nothing rewrites ``app_id`` or invents ids.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from aiormq.exceptions import AMQPError
+from aiormq.exceptions import AMQPError, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
@@ -23,9 +24,20 @@ if TYPE_CHECKING:
 
     from faststream_retry.reporting import Copy
 
-__all__ = ["Publisher", "copy_properties", "encodable_headers"]
+__all__ = ["Outcome", "Publisher", "copy_properties", "encodable_headers"]
 
 log = logging.getLogger("faststream_retry")
+
+
+class Outcome(enum.Enum):
+    """What became of a publish."""
+
+    CONFIRMED = "confirmed"
+    """``Basic.Ack`` for a routed message."""
+    REFUSED = "refused"
+    """``Basic.Nack``: the queue would not take it (at its length limit, no leader)."""
+    FAILED = "failed"
+    """Returned (unroutable), no confirm in time, or the channel or connection gone."""
 
 
 class Publisher:
@@ -47,6 +59,10 @@ class Publisher:
         Never raises: whatever goes wrong means "not confirmed", and the caller keeps
         the original.
         """
+        return await self.deliver(message, copy) is Outcome.CONFIRMED
+
+    async def deliver(self, message: AbstractIncomingMessage, copy: Copy) -> Outcome:
+        """Publish ``copy`` of ``message`` and say how it went; never raises."""
         try:
             return await self.publish(
                 exchange=copy.exchange,
@@ -56,7 +72,7 @@ class Publisher:
             )
         except Exception:  # never let a publish problem lose the original
             log.exception("could not publish a copy of message %s", message.message_id)
-            return False
+            return Outcome.FAILED
 
     async def publish(
         self,
@@ -65,8 +81,8 @@ class Publisher:
         routing_key: str,
         body: bytes,
         properties: commands.Basic.Properties,
-    ) -> bool:
-        """Publish and return ``True`` only on a ``Basic.Ack`` for a routed message."""
+    ) -> Outcome:
+        """Publish; ``CONFIRMED`` only on a ``Basic.Ack`` for a routed message."""
         message_id = properties.message_id or ""
         while message_id in self._inflight:
             waiter = self._inflight[message_id]
@@ -87,7 +103,7 @@ class Publisher:
         routing_key: str,
         body: bytes,
         properties: commands.Basic.Properties,
-    ) -> bool:
+    ) -> Outcome:
         try:
             channel = await self._channel()
             result = await channel.basic_publish(
@@ -100,13 +116,14 @@ class Publisher:
             )
         except (AMQPError, ConnectionError, asyncio.TimeoutError) as exc:
             log.warning("publish to %r/%r not confirmed: %r", exchange, routing_key, exc)
-            return False
+            nack = isinstance(exc, DeliveryError) and isinstance(exc.frame, commands.Basic.Nack)
+            return Outcome.REFUSED if nack else Outcome.FAILED
         except Exception as exc:  # before anything was sent: marshalling the frame failed
             headers = properties.headers or {}
             kept = encodable_headers(headers)
             if len(kept) == len(headers):
                 log.exception("publish to %r/%r failed", exchange, routing_key)
-                return False
+                return Outcome.FAILED
             # The encoder refused a header value (each pamqp version refuses other
             # values, some of them ones it decoded itself, and raises other errors):
             # send the headers that encode, or the message would cycle for ever.
@@ -118,15 +135,23 @@ class Publisher:
             )
             properties.headers = kept
             return await self._publish(exchange, routing_key, body, properties)
-        if isinstance(result, commands.Basic.Ack):
-            return True
-        log.error(
-            "publish to %r/%r was returned by the broker (unroutable): %r",
-            exchange,
-            routing_key,
-            result,
-        )
-        return False
+        return _outcome_of(result, exchange, routing_key)
+
+
+def _outcome_of(result: object, exchange: str, routing_key: str) -> Outcome:
+    """Read the broker's answer to a publish that went out."""
+    if isinstance(result, commands.Basic.Ack):
+        return Outcome.CONFIRMED
+    if isinstance(result, commands.Basic.Nack):
+        log.warning("publish to %r/%r refused by the broker (nack)", exchange, routing_key)
+        return Outcome.REFUSED
+    log.error(
+        "publish to %r/%r was returned by the broker (unroutable): %r",
+        exchange,
+        routing_key,
+        result,
+    )
+    return Outcome.FAILED
 
 
 def encodable_headers(headers: Mapping[str, Any]) -> dict[str, Any]:

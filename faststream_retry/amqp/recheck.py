@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry import headers as h
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S
 from faststream_retry.amqp.declare import declare_retry_queue
+from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.decision import Hop, Release, recheck_step
 from faststream_retry.errors import InvalidDueTime
 from faststream_retry.events import EventKind, Reason, RetryEvent
@@ -131,40 +131,66 @@ class RecheckConsumer:
                 )
             else:
                 event, copy = self._invalid(route, message, attempt, now, due)
-            send = functools.partial(self._publisher.send, message)
+            outcomes: list[Outcome] = []
+
+            async def send(copy: Copy) -> bool:
+                outcome = await self._publisher.deliver(message, copy)
+                outcomes.append(outcome)
+                return outcome is Outcome.CONFIRMED
+
             ok = await self._reporter.publish(event, copy, send, incoming=incoming)
-            if not ok and isinstance(step, Release):
-                ok = await self._one_more_tick(route, message, attempt, due, send)
+            if not ok and isinstance(step, Release) and self._wait_again(step, outcomes, message):
+                ok = await self._refused_release(route, message, step, attempt=attempt, send=send)
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
         await settle(message, ok=ok, pause_s=self._pause_s)
 
-    async def _one_more_tick(
+    def _wait_again(
+        self, step: Release, outcomes: list[Outcome], message: AbstractIncomingMessage
+    ) -> bool:
+        """Whether a release that failed should wait in a tier rather than be requeued.
+
+        Requeueing spends a redelivery of ``.retry``, and a quorum ``.retry``
+        dead-letters at its delivery limit: a work queue whose leader moves for longer
+        than limit x pause would send every waiting message to the DLQ. A tier costs no
+        redelivery. Only for a nack (the queue exists but will not take the message now),
+        only while the delivery can still be acked (else the broker redelivers it and a
+        tier copy would be a second one), and only for up to ``max_delay`` past the due
+        time: a queue that refuses for longer gets the requeue path and its limit back.
+        """
+        return (
+            outcomes == [Outcome.REFUSED]
+            and step.lateness_ms is not None
+            and step.lateness_ms < self._plan.tiers.max_delay_ms
+            and not message.channel.is_closed
+        )
+
+    async def _refused_release(
         self,
         route: Route,
         message: AbstractIncomingMessage,
+        step: Release,
+        *,
         attempt: int,
-        due: int | None,
         send: Callable[[Copy], Awaitable[bool]],
     ) -> bool:
-        """Send a due message its queue would not take round the base tier once more.
+        """Send a due message its queue refused round a tier; the wait grows with lateness.
 
-        Requeueing it instead would spend a redelivery of ``.retry`` on every refused
-        release, and a quorum ``.retry`` dead-letters at its delivery limit: a queue
-        whose leader moves for longer than limit x pause would send every waiting
-        message to the DLQ. A tier costs nothing and brings the message back in a tick.
+        Half the time it is already late, at least a tick: a refusal of a few seconds
+        costs a few tries, a long one a try every so often, not one per tick.
         """
-        tick = self._plan.tiers.tick_ms
+        tiers = self._plan.tiers
+        tier_ms = tiers.pick(max((step.lateness_ms or 0) // 2, tiers.tick_ms))
         event = RetryEvent(
             EventKind.HOP,
             route.queue,
             message.message_id,
             attempt,
             h.now_ms(),
-            delay_ms=tick,
-            due_ms=due,
+            delay_ms=tier_ms,
+            due_ms=h.read_due(message.headers),
         )
-        copy = Copy(self._plan.tier(tick), route.retry_queue, h.carry_over(message.headers))
+        copy = Copy(self._plan.tier(tier_ms), route.retry_queue, h.carry_over(message.headers))
         return await self._reporter.publish(event, copy, send, incoming=message.headers)
 
     def _invalid(

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,18 +12,17 @@ from pamqp.commands import Basic
 
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.topology import tier_name
-from tests.rabbit import App, eventually, queue_depth, unique
+from tests.rabbit import App, eventually, queue_depth, script_broker_ctl, unique
 
 pytestmark = pytest.mark.rabbit
-
-CTL = Path(os.environ.get("TMPDIR", "/tmp")) / "rabbitmq-test-5673" / "ctl"  # noqa: S108 - the start script's dir
 
 
 async def test_topology_is_declared_again_after_a_reconnect(
     rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
     """A tier queue deleted while the connection is down exists again after the reconnect."""
-    if "127.0.0.1:5673" not in rabbit_url or not CTL.exists():
+    ctl = script_broker_ctl(rabbit_url)
+    if ctl is None:
         pytest.skip("needs the broker of scripts/rabbitmq/start.sh to close connections")
     app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
     queue = unique("reconnect")
@@ -49,7 +46,7 @@ async def test_topology_is_declared_again_after_a_reconnect(
 
     closed = await asyncio.to_thread(
         subprocess.run,
-        [str(CTL), "close_all_connections", "test: drop the app"],
+        [str(ctl), "close_all_connections", "test: drop the app"],
         capture_output=True,
         text=True,
         check=False,

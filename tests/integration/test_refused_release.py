@@ -4,27 +4,19 @@ dead-lettered for it (the quorum ``.retry`` queue's delivery limit is not spent)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.events import EventKind
-from tests.rabbit import App, drain, eventually, queue_depth, unique
+from tests.rabbit import App, drain, eventually, queue_depth, script_broker_ctl, unique
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
 
 pytestmark = pytest.mark.rabbit
-
-CTL = Path(os.environ.get("TMPDIR", "/tmp")) / "rabbitmq-test-5673" / "ctl"  # noqa: S108 - the start script's dir
-
-
-def ctl(*args: str) -> None:
-    subprocess.run([str(CTL), "-q", *args], check=True, capture_output=True, text=True)
 
 
 async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limit(
@@ -32,8 +24,13 @@ async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limi
 ) -> None:
     """Releases nacked by the work queue (full, or its leader moving) for longer than
     delivery_limit re-checks: the message keeps coming back, then is delivered once."""
-    if "127.0.0.1:5673" not in rabbit_url or not CTL.exists():
+    script_ctl = script_broker_ctl(rabbit_url)
+    if script_ctl is None:
         pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
+
+    def ctl(*args: str) -> None:
+        subprocess.run([str(script_ctl), "-q", *args], check=True, capture_output=True)
+
     app: App = make_app(
         queue_type="quorum", delivery_limit=2, default=RetryPolicy(backoff=Fixed(0.3))
     )

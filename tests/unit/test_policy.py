@@ -370,6 +370,7 @@ class TestRetryLater:
     def test_a_delay_past_timedelta_is_the_longest_one(self) -> None:
         """A huge Retry-After is cut to max_delay later; it must not raise OverflowError here."""
         assert RetryLater(1e300).delay == timedelta.max
+        assert RetryLater(10**400).delay == timedelta.max
         assert RetryLater(timedelta.max).delay == timedelta.max
 
     def test_message(self) -> None:

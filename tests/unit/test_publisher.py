@@ -10,10 +10,11 @@ from __future__ import annotations
 import decimal
 from typing import Any
 
+from aiormq.exceptions import ChannelInvalidStateError, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
-from faststream_retry.amqp.publisher import Publisher
+from faststream_retry.amqp.publisher import Outcome, Publisher
 
 
 class Channel:
@@ -37,7 +38,7 @@ def publisher(channel: Channel) -> Publisher:
     return Publisher(get, timeout_s=1)
 
 
-async def publish(p: Publisher, headers: dict[str, Any]) -> bool:
+async def publish(p: Publisher, headers: dict[str, Any]) -> Outcome:
     properties = commands.Basic.Properties(headers=headers, message_id="m-1")
     return await p.publish(exchange="", routing_key="q", body=b"x", properties=properties)
 
@@ -50,13 +51,26 @@ async def test_a_header_the_encoder_refuses_is_left_out_and_the_copy_goes() -> N
     """
     channel = Channel(commands.Basic.Ack())
     odd = decimal.Decimal("123456789012.5")
-    ok = await publish(publisher(channel), {"keep": 1, "odd": odd, "retry-attempt": 2})
-    assert ok
+    outcome = await publish(publisher(channel), {"keep": 1, "odd": odd, "retry-attempt": 2})
+    assert outcome is Outcome.CONFIRMED
     assert channel.sent == [{"keep": 1, "retry-attempt": 2}]
 
 
 async def test_only_an_ack_is_a_confirm() -> None:
-    """A returned message (unroutable) or a nack is not confirmed."""
-    assert await publish(publisher(Channel(commands.Basic.Ack())), {})
-    assert not await publish(publisher(Channel(commands.Basic.Nack())), {})
-    assert not await publish(publisher(Channel(object())), {})
+    """A nack is a refusal (the queue will not take it now); a return is a failure."""
+    assert await publish(publisher(Channel(commands.Basic.Ack())), {}) is Outcome.CONFIRMED
+    assert await publish(publisher(Channel(commands.Basic.Nack())), {}) is Outcome.REFUSED
+    assert await publish(publisher(Channel(object())), {}) is Outcome.FAILED
+
+
+async def test_a_nack_raised_by_aiormq_is_a_refusal() -> None:
+    """aiormq raises DeliveryError for a nack; any other channel error is a failure."""
+
+    class Raising(Channel):
+        async def basic_publish(self, body: bytes, **kwargs: Any) -> object:
+            raise self.answer  # type: ignore[misc]
+
+    nack = DeliveryError(None, commands.Basic.Nack())
+    assert await publish(publisher(Raising(nack)), {}) is Outcome.REFUSED
+    closed = ChannelInvalidStateError("closed")
+    assert await publish(publisher(Raising(closed)), {}) is Outcome.FAILED
