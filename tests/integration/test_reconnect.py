@@ -11,6 +11,7 @@ from aio_pika.abc import AbstractRobustConnection
 from pamqp.commands import Basic
 
 from faststream_retry import Fixed, RetryPolicy
+from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.topology import tier_name
 from tests.rabbit import App, eventually, queue_depth, script_broker_ctl, unique
 
@@ -103,9 +104,10 @@ async def test_a_publish_channel_the_broker_closes_is_reopened(make_app: Any) ->
     await _retry_round_trip(app, queue, calls, "before")
     opened = live.channels.generation
     # Publishing to a missing exchange makes the broker close the channel.
-    assert not await live.publisher.publish(
+    outcome = await live.publisher.publish(
         exchange=unique("missing"), routing_key="", body=b"", properties=Basic.Properties()
     )
+    assert outcome is Outcome.FAILED
     await eventually(
         lambda: live.channels.generation > opened and live.channels.ready,
         timeout=20,
