@@ -115,7 +115,13 @@ class Publisher:
                 timeout=self._timeout_s,
             )
         except (AMQPError, ConnectionError, asyncio.TimeoutError) as exc:
-            log.warning("publish to %r/%r not confirmed: %r", exchange, routing_key, exc)
+            log.warning(
+                "publish of message %s to %r/%r not confirmed: %s",
+                properties.message_id,
+                exchange,
+                routing_key,
+                _describe(exc),
+            )
             nack = isinstance(exc, DeliveryError) and isinstance(exc.frame, commands.Basic.Nack)
             return Outcome.REFUSED if nack else Outcome.FAILED
         except Exception as exc:  # before anything was sent: marshalling the frame failed
@@ -135,21 +141,37 @@ class Publisher:
             )
             properties.headers = kept
             return await self._publish(exchange, routing_key, body, properties)
-        return _outcome_of(result, exchange, routing_key)
+        return _outcome_of(result, properties.message_id, exchange, routing_key)
 
 
-def _outcome_of(result: object, exchange: str, routing_key: str) -> Outcome:
+def _describe(exc: BaseException) -> str:
+    """Name what went wrong without the message: a DeliveryError's repr carries the body."""
+    if isinstance(exc, DeliveryError):
+        return f"{type(exc).__name__} ({type(exc.frame).__name__})"
+    return repr(exc)
+
+
+def _outcome_of(result: object, message_id: str | None, exchange: str, routing_key: str) -> Outcome:
     """Read the broker's answer to a publish that went out."""
     if isinstance(result, commands.Basic.Ack):
         return Outcome.CONFIRMED
     if isinstance(result, commands.Basic.Nack):
-        log.warning("publish to %r/%r refused by the broker (nack)", exchange, routing_key)
+        log.warning(
+            "publish of message %s to %r/%r refused by the broker (nack)",
+            message_id,
+            exchange,
+            routing_key,
+        )
         return Outcome.REFUSED
+    # A returned message's repr carries its body: log the broker's reason only.
+    frame = getattr(result, "delivery", None)
     log.error(
-        "publish to %r/%r was returned by the broker (unroutable): %r",
+        "publish of message %s to %r/%r was returned by the broker: %s %s",
+        message_id,
         exchange,
         routing_key,
-        result,
+        getattr(frame, "reply_code", "?"),
+        getattr(frame, "reply_text", type(result).__name__),
     )
     return Outcome.FAILED
 

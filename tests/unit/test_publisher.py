@@ -8,8 +8,10 @@ against a real RabbitMQ in tests/integration.
 from __future__ import annotations
 
 import decimal
+import logging
 from typing import Any
 
+import pytest
 from aiormq.exceptions import ChannelInvalidStateError, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
@@ -74,3 +76,27 @@ async def test_a_nack_raised_by_aiormq_is_a_refusal() -> None:
     assert await publish(publisher(Raising(nack)), {}) is Outcome.REFUSED
     closed = ChannelInvalidStateError("closed")
     assert await publish(publisher(Raising(closed)), {}) is Outcome.FAILED
+
+
+async def test_failures_are_logged_without_the_message_body(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A returned or nacked copy is logged by id and reason; its body never reaches the log."""
+
+    class Returned:
+        delivery = commands.Basic.Return(reply_code=312, reply_text="NO_ROUTE")
+        body = b"secret payload"
+
+    class Raising(Channel):
+        async def basic_publish(self, body: bytes, **kwargs: Any) -> object:
+            raise self.answer  # type: ignore[misc]
+
+    with caplog.at_level(logging.WARNING, logger="faststream_retry"):
+        assert await publish(publisher(Channel(Returned())), {}) is Outcome.FAILED
+        nack = DeliveryError(Returned(), commands.Basic.Nack())  # type: ignore[arg-type]
+        assert await publish(publisher(Raising(nack)), {}) is Outcome.REFUSED
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [
+        "publish of message m-1 to ''/'q' was returned by the broker: 312 NO_ROUTE",
+        "publish of message m-1 to ''/'q' not confirmed: DeliveryError (Nack)",
+    ]
