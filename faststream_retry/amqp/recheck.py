@@ -117,18 +117,7 @@ class RecheckConsumer:
                 )
                 copy = Copy("", route.queue, h.carry_over(incoming))
             elif isinstance(step, Hop):
-                event = RetryEvent(
-                    EventKind.HOP,
-                    route.queue,
-                    message.message_id,
-                    attempt,
-                    now,
-                    delay_ms=step.tier_ms,
-                    due_ms=due,
-                )
-                copy = Copy(
-                    self._plan.tier(step.tier_ms), route.retry_queue, h.carry_over(incoming)
-                )
+                event, copy = self._hop(route, message, attempt, now, due=due, tier_ms=step.tier_ms)
             else:
                 event, copy = self._invalid(route, message, attempt, now, due)
             outcomes: list[Outcome] = []
@@ -140,7 +129,14 @@ class RecheckConsumer:
 
             ok = await self._reporter.publish(event, copy, send, incoming=incoming)
             if not ok and isinstance(step, Release) and self._wait_again(step, outcomes, message):
-                ok = await self._refused_release(route, message, step, attempt=attempt, send=send)
+                # Half the time it is already late, at least a tick: a refusal of a few
+                # seconds costs a few tries, a long one a try every so often.
+                tiers = self._plan.tiers
+                tier_ms = tiers.pick(max((step.lateness_ms or 0) // 2, tiers.tick_ms))
+                event, copy = self._hop(
+                    route, message, attempt, h.now_ms(), due=due, tier_ms=tier_ms
+                )
+                ok = await self._reporter.publish(event, copy, send, incoming=incoming)
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
         await settle(message, ok=ok, pause_s=self._pause_s)
@@ -165,33 +161,29 @@ class RecheckConsumer:
             and not message.channel.is_closed
         )
 
-    async def _refused_release(
+    def _hop(
         self,
         route: Route,
         message: AbstractIncomingMessage,
-        step: Release,
-        *,
         attempt: int,
-        send: Callable[[Copy], Awaitable[bool]],
-    ) -> bool:
-        """Send a due message its queue refused round a tier; the wait grows with lateness.
-
-        Half the time it is already late, at least a tick: a refusal of a few seconds
-        costs a few tries, a long one a try every so often, not one per tick.
-        """
-        tiers = self._plan.tiers
-        tier_ms = tiers.pick(max((step.lateness_ms or 0) // 2, tiers.tick_ms))
+        now: int,
+        *,
+        due: int | None,
+        tier_ms: int,
+    ) -> tuple[RetryEvent, Copy]:
+        """Return the event and the copy that send ``message`` round the tier ``tier_ms``."""
         event = RetryEvent(
             EventKind.HOP,
             route.queue,
             message.message_id,
             attempt,
-            h.now_ms(),
+            now,
             delay_ms=tier_ms,
-            due_ms=h.read_due(message.headers),
+            due_ms=due,
         )
-        copy = Copy(self._plan.tier(tier_ms), route.retry_queue, h.carry_over(message.headers))
-        return await self._reporter.publish(event, copy, send, incoming=message.headers)
+        return event, Copy(
+            self._plan.tier(tier_ms), route.retry_queue, h.carry_over(message.headers)
+        )
 
     def _invalid(
         self,
