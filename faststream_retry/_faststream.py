@@ -7,19 +7,20 @@ is installed and raises ``RetryConfigError`` naming the FastStream version and t
 missing name: a rename upstream must stop the service at start, not make handler
 policies fall back to the default or prefixed queues lose their retries in silence.
 
-=====================================================  ===================================
-private name                                           what the plugin reads with it
-=====================================================  ===================================
-``SubscriberUsecase._outer_config.prefix``             the router prefix of a queue's name
-``SubscriberUsecase.calls``                            the handlers of a subscriber
-``HandlerItem.filter``, ``HandlerItem.handler``        which handler a message is for
-``HandlerCallWrapper._declared_call`` (0.7.6 on),      the function ``@retry_policy``
-``HandlerCallWrapper._original_call`` (0.7.0-0.7.5)    decorated
-``SubscriberUsecase.ack_policy``                       refusing ``AckPolicy.ACK_FIRST``
-``BrokerUsecase.config.producer``                      whether TestRabbitBroker is active
-``faststream.rabbit.testing.FakeProducer``             (test mode)
-context key ``"handler_"``                             the subscriber a message came to
-=====================================================  ===================================
+========================================================  ===================================
+private name                                              what the plugin reads with it
+========================================================  ===================================
+``SubscriberUsecase._outer_config.prefix``                the router prefix of a queue's name
+``SubscriberUsecase._outer_config.broker_middlewares``    the middlewares of a subscriber's routers
+``SubscriberUsecase.calls``                               the handlers of a subscriber
+``HandlerItem.filter``, ``HandlerItem.handler``           which handler a message is for
+``HandlerCallWrapper._declared_call`` (0.7.6 on),         the function ``@retry_policy``
+``HandlerCallWrapper._original_call`` (0.7.0-0.7.5)       decorated
+``SubscriberUsecase.ack_policy``                          refusing ``AckPolicy.ACK_FIRST``
+``BrokerUsecase.config.producer``                         whether TestRabbitBroker is active
+``faststream.rabbit.testing.FakeProducer``                (test mode)
+context key ``"handler_"``                                the subscriber a message came to
+========================================================  ===================================
 
 The context key cannot be seen without a message: a unit test pins it, and a failure
 that arrives without it is logged once (``warn_no_subscriber``).
@@ -55,8 +56,10 @@ __all__ = [
     "current_broker",
     "current_subscriber",
     "declared_function",
+    "middlewares_of",
     "problems",
     "queue_of",
+    "route_of",
     "routes_of",
     "select_policy",
     "under_test_broker",
@@ -114,22 +117,32 @@ def declared_function(item: Any) -> object:  # noqa: ANN401 - a HandlerItem
     return None
 
 
+def route_of(sub: Any) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
+    """Return the route of one Rabbit subscriber: its queue and its handlers' policies."""
+    queue = queue_of(sub)
+    if queue is None:
+        return None
+    arguments = getattr(getattr(sub, "queue", None), "arguments", None)
+    handlers = tuple(
+        Handler(get_handler_policy(declared_function(item)), getattr(item, "filter", None))
+        for item in getattr(sub, "calls", ())
+    )
+    return Route(queue, handlers, dict(arguments) if isinstance(arguments, dict) else {})
+
+
 def routes_of(broker: RabbitBroker) -> list[Route]:
     """Return a route per Rabbit subscriber of ``broker`` (one queue may have several)."""
-    routes = []
-    for sub in broker.subscribers:
-        queue = queue_of(sub)
-        if queue is None:
-            continue
-        arguments = getattr(getattr(sub, "queue", None), "arguments", None)
-        handlers = tuple(
-            Handler(get_handler_policy(declared_function(item)), getattr(item, "filter", None))
-            for item in getattr(sub, "calls", ())
-        )
-        routes.append(
-            Route(queue, handlers, dict(arguments) if isinstance(arguments, dict) else {})
-        )
-    return routes
+    return [route for sub in broker.subscribers if (route := route_of(sub)) is not None]
+
+
+def middlewares_of(sub: Any) -> list[Any]:  # noqa: ANN401 - any subscriber
+    """Return every broker middleware a subscriber's messages pass: its routers' and the broker's.
+
+    A router's ``middlewares=``, ``include_router(..., middlewares=)`` and the
+    broker's all end up in the subscriber's outer configuration, outermost first.
+    """
+    outer = getattr(sub, "_outer_config", None)
+    return list(getattr(outer, "broker_middlewares", ()))
 
 
 async def select_policy(route: Route, msg: Any) -> HandlerPolicy | None:  # noqa: ANN401
@@ -172,13 +185,18 @@ def sample() -> Sample:
     from faststream.rabbit import RabbitBroker, RabbitRouter  # noqa: PLC0415 - at install
 
     broker = RabbitBroker()
-    router = RabbitRouter(prefix="probe.")
+    router = RabbitRouter(prefix="probe.", middlewares=[_probe_middleware])
 
     async def function(body: str) -> None: ...
 
     router.subscriber("queue")(function)
     broker.include_router(router)
     return Sample(broker, next(iter(broker.subscribers)), function, "probe.queue")
+
+
+def _probe_middleware(msg: Any, /, *, context: Any) -> Any:  # noqa: ANN401 - never called
+    """A router middleware for ``sample``: found by ``middlewares_of`` or reported missing."""
+    raise NotImplementedError
 
 
 def problems(probe: Sample) -> list[str]:
@@ -195,6 +213,8 @@ def problems(probe: Sample) -> list[str]:
             found.append("HandlerItem.filter")
         if declared_function(item) is not probe.function:
             found.append("HandlerItem.handler._declared_call / _original_call")
+    if _probe_middleware not in middlewares_of(probe.subscriber):
+        found.append("SubscriberUsecase._outer_config.broker_middlewares")
     if not isinstance(getattr(probe.subscriber, "ack_policy", None), AckPolicy):
         found.append("SubscriberUsecase.ack_policy")
     config = getattr(probe.broker, "config", None)

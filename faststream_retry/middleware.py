@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RetryMiddleware"]
 
+_Covered = tuple[Runtime, "Route"]
+
 log = logging.getLogger("faststream_retry")
 
 
@@ -200,7 +202,9 @@ class _RetryScope(BaseMiddleware):
         call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
         msg: StreamMessage[Any],
     ) -> Any:  # noqa: ANN401 - the handler's result
-        if msg.source_type is not SourceType.CONSUME:
+        if msg.source_type is not SourceType.CONSUME or not _claim(msg):
+            # Another scope of this message (the same middleware on a router and on
+            # the broker, say) owns its failure: one decision, one copy.
             return await call_next(msg)
         try:
             return await call_next(msg)
@@ -215,31 +219,14 @@ class _RetryScope(BaseMiddleware):
         msg: StreamMessage[Any],
         exc: Exception,
     ) -> Any:  # noqa: ANN401 - the handler's result
-        broker = _faststream.current_broker(self.context)
-        sub = _faststream.current_subscriber(self.context)
-        if broker is None or sub is None:
-            if broker is not None:
-                _faststream.warn_no_subscriber()
+        covered = await self._route_of(msg, exc)
+        if covered is None:
             raise exc
+        runtime, route = covered
         config, reporter = self._plugin.config, self._plugin.reporter
-        runtime = self._plugin.runtime(broker)
         live = runtime.live
-        testing = live is None and _faststream.under_test_broker(broker)
-        if live is None and not testing:
-            # Consuming without our start hook: install() was not called, or the
-            # broker was started by other means. Without the topology a retry can
-            # only be kept by handing the message back, slowly.
-            log.error(
-                "faststream-retry is not running on this broker: call "
-                "retry.install(broker) before the broker starts. Requeueing message %s",
-                msg.message_id,
-            )
-            await self._requeue_after_pause(msg, config.pause_s)
-            raise exc
+        testing = live is None
         topology = live.plan if live is not None else runtime.plan
-        route = topology.route(_faststream.queue_of(sub) or "")
-        if route is None:
-            raise exc
         handler = await _faststream.select_policy(route, msg)
         if not effective_policy(handler, config.default).enabled:
             raise exc
@@ -273,6 +260,9 @@ class _RetryScope(BaseMiddleware):
                 raise
             except Exception as again:  # the retried call failed too: decide again
                 exc = again
+            if _settled_by_handler(msg):
+                _warn_settled_once(route.queue, msg, exc)
+                raise exc
         if live is None:  # test mode: no broker to hold the copy
             reporter.record(_event(route, msg, decision, exc, h.now_ms()), incoming=msg.headers)
             await self._settle(msg, ok=True, pause_s=0)
@@ -280,6 +270,41 @@ class _RetryScope(BaseMiddleware):
         ok = await self._publish(live, route, msg, decision, exc)
         await self._settle(msg, ok=ok, pause_s=config.pause_s)
         raise exc
+
+    async def _route_of(self, msg: StreamMessage[Any], exc: Exception) -> _Covered | None:
+        """Return the runtime and route that own this failure; ``None``: leave it to FastStream.
+
+        ``None`` for a message that is not a subscriber's, one its handler settled
+        itself, and a queue the plugin does not cover. A subscriber started after
+        the broker is covered here, before its first copy is published.
+        """
+        broker = _faststream.current_broker(self.context)
+        sub = _faststream.current_subscriber(self.context)
+        if broker is None or sub is None:
+            if broker is not None:
+                _faststream.warn_no_subscriber()
+            return None
+        if _settled_by_handler(msg):
+            _warn_settled_once(_faststream.queue_of(sub) or "?", msg, exc)
+            return None
+        runtime = self._plugin.runtime(broker)
+        live = runtime.live
+        if live is None and not _faststream.under_test_broker(broker):
+            # Consuming without our start hook: install() was not called, or the
+            # broker was started by other means. Without the topology a retry can
+            # only be kept by handing the message back, slowly.
+            log.error(
+                "faststream-retry is not running on this broker: call "
+                "retry.install(broker) before the broker starts. Requeueing message %s",
+                msg.message_id,
+            )
+            await self._requeue_after_pause(msg, self._plugin.config.pause_s)
+            return None
+        topology = live.plan if live is not None else runtime.plan
+        route = topology.route(_faststream.queue_of(sub) or "")
+        if route is None and live is not None:
+            route = await runtime.adopt(sub)
+        return None if route is None else (runtime, route)
 
     async def _publish(
         self,
@@ -350,6 +375,52 @@ class _RetryScope(BaseMiddleware):
         # True suppresses the re-raised failure for the outer middlewares, so
         # FastStream's ack middleware finds the message already settled by us.
         return self._settled or None
+
+
+_CLAIM_ATTR = "_faststream_retry_claimed"
+
+
+def _claim(msg: StreamMessage[Any]) -> bool:
+    """Mark ``msg`` as owned by the calling scope; ``False`` if a scope already owns it.
+
+    FastStream builds a scope per middleware entry in the subscriber's stack, and one
+    ``RetryMiddleware`` can be there twice (on a router and on the broker). The scope
+    that reaches the message first decides its failure; the others pass it through.
+    """
+    if getattr(msg, _CLAIM_ATTR, False):
+        return False
+    setattr(msg, _CLAIM_ATTR, True)
+    return True
+
+
+def _settled_by_handler(msg: StreamMessage[Any]) -> bool:
+    """Whether the handler acked, nacked or rejected ``msg`` itself before it raised.
+
+    FastStream records a settlement through its message API (``message.ack()``, ...)
+    in ``committed``. aio-pika's own ``processed`` cannot tell: it is set from the
+    start for ``no_ack`` consumers and for TestRabbitBroker's messages.
+    """
+    return msg.committed is not None
+
+
+_warned_settled: set[str] = set()
+
+
+def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Exception) -> None:
+    if queue in _warned_settled:
+        return
+    _warned_settled.add(queue)
+    status = msg.committed.value.lower() if msg.committed is not None else "settled"
+    log.warning(
+        "faststream-retry: the handler of %r settled message %s itself (%s) and then raised "
+        "%s: the plugin respects the handler's settlement and makes no retry copy. To have "
+        "such failures retried, raise without settling (ack only on success). Logged once "
+        "per queue",
+        queue,
+        msg.message_id,
+        status,
+        h.exception_name(exc),
+    )
 
 
 def _event(

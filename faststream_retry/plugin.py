@@ -9,17 +9,23 @@ subscribers' queues, so those must exist first). On stop it undoes that in rever
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry import _faststream
-from faststream_retry.amqp.channels import ChannelPair
-from faststream_retry.amqp.declare import check_broker, declare_topology, work_queue_findings
+from faststream_retry.amqp.channels import ChannelPair, close_quietly
+from faststream_retry.amqp.declare import (
+    check_broker,
+    declare_route,
+    declare_topology,
+    work_queue_findings,
+)
 from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.recheck import RecheckConsumer
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.topology import Plan, plan
+from faststream_retry.topology import Plan, Route, plan
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -57,8 +63,10 @@ class Live:
         )
         self.publisher = Publisher(self.channels.underlay_for_publish, config.publish_timeout_s)
         self.recheck = RecheckConsumer(topology, self.publisher, reporter, pause_s=config.pause_s)
+        self._connection = connection
         self._wait_s = config.publish_timeout_s
         self._consuming = False
+        self._adopting = asyncio.Lock()
 
     async def open(self) -> None:
         """Open the channels and declare the topology on them."""
@@ -89,6 +97,39 @@ class Live:
         self._consuming = False
         self.channels.forget_consumers()
         await self.recheck.stop(self._wait_s)
+
+    async def adopt(self, route: Route) -> Route:
+        """Cover ``route`` from now on: declare its queues, consume its ``.retry``.
+
+        For a subscriber started after the broker. Its queues are declared before
+        this returns, so the first copy has somewhere to go; the re-check consumer
+        starts if the plugin's consumers run (a reopen starts it with the others).
+        """
+        async with self._adopting:  # two first failures at once declare once
+            known = self.plan.route(route.queue)
+            if known is not None:
+                return known
+            topology = self.plan.with_route(route)
+            channel = await self._connection.channel()
+            try:
+                await declare_route(channel, topology, route)
+            finally:
+                await close_quietly(channel)
+            self.plan = self.recheck.plan = topology
+        if self._consuming:
+            tag = await self.recheck.add(route)
+            if tag is not None:
+                self.channels.track(tag)
+        log.info(
+            "faststream-retry: now covering %r (subscriber started after the broker)", route.queue
+        )
+        return route
+
+    async def forget(self, queue: str) -> None:
+        """Stop covering ``queue`` (its subscriber stopped): its re-check consumer stops."""
+        async with self._adopting:
+            self.plan = self.recheck.plan = self.plan.without(queue)
+        await self.recheck.remove(queue)
 
     async def close(self) -> None:
         """Stop reopening the channels, stop the consumers, then close the channels."""
@@ -126,6 +167,33 @@ class Runtime:
             _faststream.routes_of(self.broker), self.config.default, self.config.topology
         )
         return self._plan
+
+    async def adopt(self, sub: Any) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
+        """Cover a subscriber added after start; ``None`` if it has no retries or none run."""
+        route = _faststream.route_of(sub)
+        live = self.live
+        if live is None or route is None or not route.enabled(self.config.default):
+            return None
+        _refuse_ack_first_of(sub, route)
+        route = await live.adopt(route)
+        self._plan = live.plan
+        return route
+
+    async def forget(self, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subscriber
+        """Stop covering a subscriber that stopped while the broker runs."""
+        queue = _faststream.queue_of(sub)
+        live = self.live
+        if live is None or queue is None or queue not in live.plan.routes:
+            return
+        # Another running subscriber of the same queue still needs its re-check.
+        if not any(
+            other is not sub
+            and getattr(other, "running", False)
+            and _faststream.queue_of(other) == queue
+            for other in self.broker.subscribers
+        ):
+            await live.forget(queue)
+            self._plan = live.plan
 
     @property
     def connected(self) -> bool:
@@ -210,6 +278,7 @@ class Plugin:
             # Planned from the subscribers the broker has now, at start.
             topology = runtime.replan()
             _refuse_ack_first(broker, topology)
+            _refuse_other_instances(broker, middleware)
             await runtime.start(await broker.connect(), topology)
             await original_start()
             await runtime.start_consumers()
@@ -228,19 +297,79 @@ class Plugin:
             finally:
                 await runtime.stop()
 
+        original_subscriber = broker.subscriber
+
+        def subscriber(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - FastStream's
+            sub = original_subscriber(*args, **kwargs)
+            if runtime.live is not None:
+                _follow(runtime, sub)
+            return sub
+
         broker.start = start  # type: ignore[method-assign]
         broker.stop = stop  # type: ignore[method-assign]
+        broker.subscriber = subscriber  # type: ignore[method-assign]
         setattr(broker, _INSTALLED_ATTR, middleware)
         return broker
+
+
+def _follow(runtime: Runtime, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subscriber
+    """Cover a subscriber made while the broker runs when it starts, until it stops.
+
+    Its re-check consumer then releases copies waiting from an earlier run too. A
+    subscriber that reaches the broker otherwise (a router included late) is covered
+    at its first failure instead.
+    """
+    original_start, original_stop = sub.start, sub.stop
+
+    async def start() -> None:
+        await original_start()
+        await runtime.adopt(sub)
+
+    async def stop() -> None:
+        await runtime.forget(sub)
+        await original_stop()
+
+    sub.start, sub.stop = start, stop
 
 
 def _refuse_ack_first(broker: RabbitBroker, topology: Plan) -> None:
     for sub in broker.subscribers:
         route = topology.route(_faststream.queue_of(sub) or "")
-        if route is not None and _faststream.acks_first(sub):
-            raise RetryConfigError(
-                f"subscriber of {route.queue!r} uses AckPolicy.ACK_FIRST: the message is "
-                "acked before the handler runs, so a failure cannot be retried safely. "
-                "Use the default ack policy, or switch retries off for it with "
-                "@retry_policy(enabled=False)"
-            )
+        if route is not None:
+            _refuse_ack_first_of(sub, route)
+
+
+def _refuse_ack_first_of(sub: Any, route: Route) -> None:  # noqa: ANN401 - a subscriber
+    if _faststream.acks_first(sub):
+        raise RetryConfigError(
+            f"subscriber of {route.queue!r} uses AckPolicy.ACK_FIRST: the message is "
+            "acked before the handler runs, so a failure cannot be retried safely. "
+            "Use the default ack policy, or switch retries off for it with "
+            "@retry_policy(enabled=False)"
+        )
+
+
+def _refuse_other_instances(broker: RabbitBroker, middleware: Any) -> None:  # noqa: ANN401
+    """Refuse a second ``RetryMiddleware`` in any subscriber's stack: both would decide."""
+    cls = type(middleware)
+    covers: dict[int, tuple[Any, list[str]]] = {}
+    for sub in broker.subscribers:
+        for found in _faststream.middlewares_of(sub):
+            if isinstance(found, cls):
+                _, queues = covers.setdefault(id(found), (found, []))
+                queue = _faststream.queue_of(sub) or "?"
+                if queue not in queues:
+                    queues.append(queue)
+    if len(covers) < 2:  # one instance, or none yet
+        return
+    places = "; ".join(
+        f"RetryMiddleware(prefix {found.prefix!r}){' (installed)' if found is middleware else ''}"
+        f" on {', '.join(sorted(queues))}"
+        for found, queues in covers.values()
+    )
+    raise RetryConfigError(
+        f"two RetryMiddleware instances sit on this broker's subscribers: {places}. Each "
+        "would decide every failure of the queues it covers, and both would copy it. Use "
+        "one instance: pass the same RetryMiddleware to the broker and to the routers "
+        "(or to the broker only) and call install() once"
+    )

@@ -128,6 +128,28 @@ class Plan:
         """Return the name of the tier exchange (and queue) with this TTL."""
         return tier_name(self.options.prefix, ttl_ms)
 
+    def with_route(self, route: Route) -> Plan:
+        """Return this plan covering ``route`` too, on the same tiers (a late subscriber).
+
+        The tiers stay: the exchanges and queues in use cannot change under running
+        consumers. The new route's delays are rounded up to the tick like any other.
+        """
+        routes = {**self.routes, route.queue: route}
+        specs = _route_specs(route, self.options)
+        names = {spec.name for spec in specs}
+        kept = tuple(spec for spec in self.queues if spec.name not in names)
+        return Plan(self.options, self.tiers, routes, kept + specs)
+
+    def without(self, queue: str) -> Plan:
+        """Return this plan without the route of ``queue`` (its subscriber stopped)."""
+        route = self.routes.get(queue)
+        if route is None:
+            return self
+        gone = {route.retry_queue, route.dlq}
+        routes = {q: r for q, r in self.routes.items() if q != queue}
+        kept = tuple(spec for spec in self.queues if spec.name not in gone)
+        return Plan(self.options, self.tiers, routes, kept)
+
     @property
     def exchanges(self) -> tuple[str, ...]:
         """Return the tier exchanges, one per tier, each bound to its queue."""
@@ -162,16 +184,7 @@ def queue_specs(
     tiers: Tiers, routes: Iterable[Route], options: TopologyOptions
 ) -> tuple[QueueSpec, ...]:
     """Return every queue the plugin declares, with its arguments: tiers first."""
-    quorum = options.queue_type == "quorum"
-    base: dict[str, Any] = {"x-queue-type": options.queue_type}
-    # Quorum queues dead-letter at most once by default: a message expiring out of a
-    # tier while a node fails could vanish. At-least-once needs reject-publish
-    # overflow (RabbitMQ >= 3.10).
-    safe_dl: dict[str, Any] = (
-        {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
-        if quorum
-        else {}
-    )
+    base, safe_dl = _base_arguments(options)
     # One queue-wide TTL per tier queue: RabbitMQ expires messages only at the head of
     # a queue, so mixed per-message TTLs in one queue would hold a short wait behind a
     # long one. No routing-key override on the DLX: an expired message goes back by
@@ -184,17 +197,36 @@ def queue_specs(
         for ttl in tiers.ttls_ms
     ]
     for route in routes:
-        retry_args = dict(base)
-        if quorum:
-            # The re-check consumer acks and republishes, so only redeliveries (a
-            # crashed consumer, a copy that could not be confirmed) count. At the
-            # limit the message goes to the DLQ, never nowhere.
-            retry_args |= {
-                "x-delivery-limit": options.delivery_limit,
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": route.dlq,
-                **safe_dl,
-            }
-        specs.append(QueueSpec(route.retry_queue, retry_args))
-        specs.append(QueueSpec(route.dlq, dict(base)))
+        specs.extend(_route_specs(route, options))
     return tuple(specs)
+
+
+def _base_arguments(options: TopologyOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return the arguments of every queue, and the at-least-once dead-lettering ones."""
+    base: dict[str, Any] = {"x-queue-type": options.queue_type}
+    # Quorum queues dead-letter at most once by default: a message expiring out of a
+    # tier while a node fails could vanish. At-least-once needs reject-publish
+    # overflow (RabbitMQ >= 3.10).
+    safe_dl: dict[str, Any] = (
+        {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+        if options.queue_type == "quorum"
+        else {}
+    )
+    return base, safe_dl
+
+
+def _route_specs(route: Route, options: TopologyOptions) -> tuple[QueueSpec, ...]:
+    """Return ``route``'s ``.retry`` and ``.dlq`` queues with their arguments."""
+    base, safe_dl = _base_arguments(options)
+    retry_args = dict(base)
+    if options.queue_type == "quorum":
+        # The re-check consumer acks and republishes, so only redeliveries (a crashed
+        # consumer, a copy that could not be confirmed) count. At the limit the
+        # message goes to the DLQ, never nowhere.
+        retry_args |= {
+            "x-delivery-limit": options.delivery_limit,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": route.dlq,
+            **safe_dl,
+        }
+    return (QueueSpec(route.retry_queue, retry_args), QueueSpec(route.dlq, dict(base)))

@@ -125,6 +125,27 @@ async def queue_depth(connection: AbstractRobustConnection, queue: str) -> int:
         await channel.close()
 
 
+async def consumers(connection: AbstractRobustConnection, queue: str, timeout: float = 10.0) -> int:
+    """Return how many consumers ``queue`` has, once the count stops changing for 0.3 s.
+
+    A cancel or a consume reaches the broker's count a moment after the call returns;
+    the count is read until it is the same three times in a row, within ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    seen: list[int] = []
+    channel = await connection.channel()
+    try:
+        while time.monotonic() < deadline:
+            declared = await channel.declare_queue(queue, passive=True)
+            seen.append(declared.declaration_result.consumer_count or 0)
+            if len(seen) >= 3 and len(set(seen[-3:])) == 1:
+                return seen[-1]
+            await asyncio.sleep(0.1)
+    finally:
+        await channel.close()
+    pytest.fail(f"the consumer count of {queue} kept changing: {seen}")
+
+
 class App:
     """A broker with the plugin installed, on names private to one test."""
 

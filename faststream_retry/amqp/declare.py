@@ -243,10 +243,15 @@ async def declare_topology(channel: AbstractChannel, plan: Plan) -> None:
         )
         await queue.bind(exchange, routing_key="", timeout=timeout)
     for route in plan.routes.values():
-        for name in (route.retry_queue, route.dlq):
-            await channel.declare_queue(
-                name, durable=True, arguments=dict(plan.spec(name).arguments), timeout=timeout
-            )
+        await declare_route(channel, plan, route)
+
+
+async def declare_route(channel: AbstractChannel, plan: Plan, route: Route) -> None:
+    """Declare ``route``'s ``.retry`` and ``.dlq`` queues as ``plan`` specifies them."""
+    for name in (route.retry_queue, route.dlq):
+        await channel.declare_queue(
+            name, durable=True, arguments=dict(plan.spec(name).arguments), timeout=RPC_TIMEOUT_S
+        )
 
 
 async def declare_retry_queue(channel: AbstractChannel, plan: Plan, route: Route) -> AbstractQueue:

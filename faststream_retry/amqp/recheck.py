@@ -50,9 +50,20 @@ class RecheckConsumer:
         self._publisher = publisher
         self._reporter = reporter
         self._pause_s = pause_s
-        self._consumers: list[tuple[AbstractQueue, ConsumerTag]] = []
+        self._consumers: dict[str, tuple[AbstractQueue, ConsumerTag]] = {}
         self._channel: AbstractChannel | None = None
         self._pending: set[asyncio.Task[Any]] = set()
+        self._consuming = asyncio.Lock()
+
+    @property
+    def plan(self) -> Plan:
+        """Return the plan whose routes are consumed."""
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: Plan) -> None:
+        # Same tiers, other routes: a subscriber started or stopped after the broker.
+        self._plan = plan
 
     async def start(self, channel: AbstractChannel) -> list[ConsumerTag]:
         """Consume every route's re-check queue on ``channel``; return the consumer tags.
@@ -63,20 +74,45 @@ class RecheckConsumer:
             return []
         self._channel = channel
         self._consumers.clear()  # those of a previous channel went with it
-        for route in self._plan.routes.values():
+        for route in list(self._plan.routes.values()):
+            if not await self._consume(channel, route):
+                return []
+        return [tag for _, tag in self._consumers.values()]
+
+    async def add(self, route: Route) -> ConsumerTag | None:
+        """Consume ``route``'s re-check queue too, if consuming; return the new tag."""
+        channel = self._channel
+        if channel is None or channel.is_closed or route.queue in self._consumers:
+            return None  # start() on the next channel consumes every route of the plan
+        if not await self._consume(channel, route):
+            return None
+        return self._consumers[route.queue][1]
+
+    async def remove(self, queue: str) -> None:
+        """Stop consuming the re-check queue of ``queue``."""
+        consumer = self._consumers.pop(queue, None)
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await consumer[0].cancel(consumer[1], timeout=RPC_TIMEOUT_S)
+
+    async def _consume(self, channel: AbstractChannel, route: Route) -> bool:
+        """Consume ``route``'s re-check queue on ``channel``; ``False`` if stopped meanwhile."""
+        async with self._consuming:  # start() and add() may race for one route
+            if route.queue in self._consumers:
+                return True
             queue = await declare_retry_queue(channel, self._plan, route)
             tag = await queue.consume(self._callback(route), timeout=RPC_TIMEOUT_S)
             if self._channel is not channel:  # stop() ran meanwhile: undo, and leave
                 with contextlib.suppress(Exception):
                     await queue.cancel(tag, timeout=RPC_TIMEOUT_S)
-                return []
-            self._consumers.append((queue, tag))
-        return [tag for _, tag in self._consumers]
+                return False
+            self._consumers[route.queue] = (queue, tag)
+            return True
 
     async def stop(self, wait_s: float) -> None:
         """Stop consuming and give the messages in flight up to ``wait_s`` to finish."""
         self._channel = None
-        for queue, tag in self._consumers:
+        for queue, tag in self._consumers.values():
             with contextlib.suppress(Exception):
                 await queue.cancel(tag, timeout=RPC_TIMEOUT_S)
         self._consumers.clear()

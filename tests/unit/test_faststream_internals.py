@@ -37,6 +37,26 @@ def test_the_router_prefix_is_part_of_the_queue_name() -> None:
     assert fs.queue_of(sub) == "svc.orders"
 
 
+def test_a_subscriber_lists_its_routers_and_its_brokers_middlewares() -> None:
+    """``_outer_config.broker_middlewares``: where a ``RetryMiddleware`` may sit, all found."""
+
+    def on_broker(*_: Any, **__: Any) -> None: ...
+    def on_router(*_: Any, **__: Any) -> None: ...
+    def on_include(*_: Any, **__: Any) -> None: ...
+    def on_inner(*_: Any, **__: Any) -> None: ...
+
+    broker = RabbitBroker(middlewares=[on_broker])
+    router = RabbitRouter(prefix="svc.", middlewares=[on_router])
+    inner = RabbitRouter(prefix="in.", middlewares=[on_inner])
+    inner.subscriber("orders")(print)
+    router.include_router(inner)
+    broker.include_router(router, middlewares=[on_include])
+    (sub,) = broker.subscribers
+    assert set(fs.middlewares_of(sub)) == {on_broker, on_router, on_include, on_inner}
+    assert fs.queue_of(sub) == "svc.in.orders"
+    assert fs.middlewares_of(object()) == []
+
+
 def test_the_handler_function_is_the_declared_one() -> None:
     """``calls``, ``HandlerItem.handler`` and ``_declared_call``/``_original_call``."""
     _, sub, orders = prefixed_subscriber()
@@ -127,6 +147,7 @@ def test_every_probe_passes_on_the_installed_faststream() -> None:
     ("broken", "name"),
     [
         ("prefix", "SubscriberUsecase._outer_config.prefix"),
+        ("middlewares", "SubscriberUsecase._outer_config.broker_middlewares"),
         ("calls", "SubscriberUsecase.calls"),
         ("function", "HandlerItem.handler._declared_call / _original_call"),
         ("ack_policy", "SubscriberUsecase.ack_policy"),
@@ -138,13 +159,15 @@ def test_a_renamed_internal_is_named(broken: str, name: str) -> None:
     item = SimpleNamespace(filter=lambda _: True, handler=SimpleNamespace(_declared_call=print))
     sub = SimpleNamespace(
         queue=SimpleNamespace(name="queue"),
-        _outer_config=SimpleNamespace(prefix="probe."),
+        _outer_config=SimpleNamespace(prefix="probe.", broker_middlewares=[fs._probe_middleware]),
         calls=[item],
         ack_policy=AckPolicy.REJECT_ON_ERROR,
     )
     broker = SimpleNamespace(config=SimpleNamespace(producer=object()))
     if broken == "prefix":
-        del sub._outer_config
+        del sub._outer_config.prefix
+    elif broken == "middlewares":
+        del sub._outer_config.broker_middlewares
     elif broken == "calls":
         del sub.calls
     elif broken == "function":

@@ -138,3 +138,44 @@ class TestTick:
         """`tick=` is used as given, and the tiers are built on it up to `max_delay`."""
         p = plan([route("q")], DEFAULT, options(tick_ms=250, max_delay_ms=1000))
         assert p.tiers.ttls_ms == (250, 500, 1000)
+
+
+class TestLateRoutes:
+    """A subscriber started after the broker joins the plan, on the tiers already declared."""
+
+    @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+    def test_with_route_adds_its_queues_and_keeps_the_tiers(self, queue_type: QueueType) -> None:
+        """The new route's `.retry` and `.dlq` are specified exactly as if planned at start."""
+        opts = options(queue_type)
+        before = plan([route("a")], DEFAULT, opts)
+        late = route("b", HandlerPolicy({"backoff": Fixed(0.3)}))
+        after = before.with_route(late)
+        assert after.tiers == before.tiers  # no new tick for a late policy
+        assert after.options == before.options
+        assert list(after.routes) == ["a", "b"]
+        assert after.route("b") is late
+        at_start = plan([route("a"), late], DEFAULT, opts)
+        assert {s.name: s for s in after.queues} == {
+            s.name: s for s in at_start.queues if not s.name.startswith("p.delay.")
+        } | {s.name: s for s in before.queues}
+        assert after.spec("b.retry") == at_start.spec("b.retry")
+        assert after.spec("b.dlq") == at_start.spec("b.dlq")
+        assert before.route("b") is None  # plans are values
+
+    def test_with_route_again_replaces_its_queues_once(self) -> None:
+        """Adding a queue the plan has replaces it: no queue is listed twice."""
+        p = plan([route("a")], DEFAULT, options())
+        again = p.with_route(route("a"))
+        assert sorted(s.name for s in again.queues) == sorted(s.name for s in p.queues)
+
+    def test_without_drops_the_route_and_its_queues_only(self) -> None:
+        """A stopped late subscriber: its `.retry`/`.dlq` leave the plan, the tiers stay."""
+        p = plan([route("a"), route("b")], DEFAULT, options())
+        less = p.without("b")
+        assert list(less.routes) == ["a"]
+        assert [s.name for s in less.queues] == [
+            s.name for s in p.queues if s.name not in {"b.retry", "b.dlq"}
+        ]
+        assert less.tiers == p.tiers
+        assert less.options == p.options
+        assert p.without("unknown") is p

@@ -1,0 +1,266 @@
+"""Every way a FastStream app is wired: one failed delivery makes at most one copy.
+
+Routers (with and without prefix, nested, ``include_router(middlewares=...)``), a
+handler that settles its own message and then raises, and subscribers started after the
+broker: each failure is decided once, a handler's settlement is respected, and nothing
+vanishes. Counted exactly, by message id, on a real broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from faststream import AckPolicy
+from faststream.rabbit import RabbitBroker, RabbitMessage, RabbitRouter
+
+from faststream_retry import (
+    Fixed,
+    PermanentError,
+    RetryConfigError,
+    RetryMiddleware,
+    RetryPolicy,
+    TransientError,
+)
+from tests.rabbit import consumers, delete_declared, drain, eventually, queue_depth, unique
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from aio_pika.abc import AbstractRobustConnection
+
+pytestmark = pytest.mark.rabbit
+
+POLICY = RetryPolicy(max_attempts=3, backoff=Fixed(0.1))
+
+
+def _retry(prefix: str) -> RetryMiddleware:
+    return RetryMiddleware(POLICY, prefix=prefix, tick=0.1, max_delay=60, publish_failure_pause=0.2)
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    amqp: AbstractRobustConnection, retry: RetryMiddleware, broker: RabbitBroker
+) -> AsyncIterator[None]:
+    await broker.start()
+    try:
+        yield
+    finally:
+        await broker.stop()
+        await delete_declared(amqp, retry, broker)
+
+
+def _wire_router(
+    url: str, how: str, retry: RetryMiddleware
+) -> tuple[RabbitBroker, Callable[..., Any]]:
+    """Return a broker and a subscriber decorator, wired ``how`` (retry placed accordingly)."""
+    if how == "router":
+        broker = RabbitBroker(url, logger=None)
+        router = RabbitRouter(prefix="svc.", middlewares=[retry])
+        outer: Any = router
+    elif how == "router-and-broker":
+        broker = RabbitBroker(url, middlewares=[retry], logger=None)
+        router = RabbitRouter(prefix="svc.", middlewares=[retry])
+        outer = router
+    elif how == "include-router-middlewares":
+        broker = RabbitBroker(url, logger=None)
+        router = RabbitRouter(prefix="svc.")
+        outer = None
+    elif how == "nested":
+        broker = RabbitBroker(url, middlewares=[retry], logger=None)
+        inner = RabbitRouter(prefix="in.", middlewares=[retry])
+        router = RabbitRouter(prefix="svc.", middlewares=[retry])
+        router.include_router(inner)
+        outer = inner
+    else:  # pragma: no cover - a typo in the parametrization
+        raise AssertionError(how)
+
+    def subscribe(queue: str) -> Callable[..., Any]:
+        return (outer or router).subscriber(queue)
+
+    def finish() -> None:
+        if how == "include-router-middlewares":
+            broker.include_router(router, middlewares=[retry])
+        else:
+            broker.include_router(router)
+        retry.install(broker)
+
+    subscribe.finish = finish  # type: ignore[attr-defined]
+    return broker, subscribe
+
+
+@pytest.mark.parametrize(
+    "how", ["router", "router-and-broker", "include-router-middlewares", "nested"]
+)
+async def test_a_failure_is_decided_once_wherever_the_middleware_sits(
+    rabbit_url: str, amqp: AbstractRobustConnection, how: str
+) -> None:
+    """On a router, on a router and the broker, via include_router, nested: one copy per failure.
+
+    Before, the router's scope and the broker's each published a copy: 2^n dead letters.
+    """
+    retry = _retry(unique("wire"))
+    broker, subscribe = _wire_router(rabbit_url, how, retry)
+    calls: Counter[str] = Counter()
+
+    @subscribe("orders")
+    async def orders(body: str) -> None:
+        calls[body] += 1
+        if body.startswith("bad"):
+            raise PermanentError("malformed order")
+        raise TransientError("the stock service is down")
+
+    subscribe.finish()  # type: ignore[attr-defined]
+    [queue] = retry.runtime(broker).replan().routes
+    async with _running(amqp, retry, broker):
+        await broker.publish("late-1", queue=queue)
+        await broker.publish("bad-1", queue=queue)
+        dead = await drain(amqp, f"{queue}.dlq", expect=2, timeout=30)
+        assert sorted(m.body.decode() for m in dead) == ["bad-1", "late-1"]
+        assert calls == {"late-1": 3, "bad-1": 1}
+        # Nothing else on its way: no copy waits in the work queue, a tier or .retry.
+        plan = retry.runtime(broker).plan
+        for name in [queue, f"{queue}.retry", *(plan.tier(t) for t in plan.tiers.ttls_ms)]:
+            assert await queue_depth(amqp, name) == 0, name
+
+
+async def test_two_retry_middlewares_on_one_broker_are_refused_at_start(
+    rabbit_url: str,
+) -> None:
+    """Two instances would each decide every failure: start names both and where they sit."""
+    first, second = _retry(unique("one")), _retry(unique("two"))
+    broker = RabbitBroker(rabbit_url, middlewares=[first], logger=None)
+    router = RabbitRouter(prefix="svc.", middlewares=[second])
+
+    @router.subscriber(unique("orders"))
+    async def orders(body: str) -> None: ...
+
+    broker.include_router(router)
+    first.install(broker)
+    with pytest.raises(RetryConfigError) as caught:
+        await broker.start()
+    await broker.stop()
+    text = str(caught.value)
+    assert "two RetryMiddleware instances" in text
+    assert f"prefix {first.prefix!r}" in text
+    assert f"prefix {second.prefix!r}" in text
+    assert "svc.orders" in text
+
+
+@pytest.mark.parametrize("settle", ["ack", "nack", "reject"])
+async def test_a_handler_that_settled_its_message_and_raised_gets_no_copy(
+    rabbit_url: str,
+    amqp: AbstractRobustConnection,
+    settle: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """AckPolicy.MANUAL with the nack-on-error idiom: the handler's own settlement rules.
+
+    Before, the plugin published a retry copy on top of the handler's nack (which
+    requeued the original): every failure doubled the message, a storm.
+    """
+    retry = _retry(unique("manual"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    queue = unique("manual")
+    calls: Counter[str] = Counter()
+    done: list[str] = []
+
+    @broker.subscriber(queue, ack_policy=AckPolicy.MANUAL)
+    async def handle(body: str, message: RabbitMessage) -> None:
+        calls[body] += 1
+        if calls[body] < 3:  # a short outage: two failed calls, then it works
+            if settle == "ack":
+                await message.ack()
+            elif settle == "nack":
+                await message.nack()  # requeue=True: the handler asks for it back
+            else:
+                await message.reject()
+            raise ConnectionError("the database is restarting")
+        done.append(body)
+        await message.ack()
+
+    async with _running(amqp, retry, broker):
+        await broker.publish("m1", queue=queue)
+        if settle == "nack":
+            await eventually(lambda: done == ["m1"], what="the requeued message to pass")
+            assert calls == {"m1": 3}
+        else:
+            # ack or reject: the handler let the message go; nothing comes back.
+            await eventually(lambda: calls["m1"] == 1, what="the first call")
+            assert await drain(amqp, f"{queue}.dlq", expect=0, timeout=1) == []
+            assert await queue_depth(amqp, f"{queue}.retry") == 0
+            assert calls == {"m1": 1}
+        warnings = [r for r in caplog.records if "settled" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert queue in warnings[0].getMessage()
+
+
+async def test_a_manual_handler_that_raises_without_settling_is_retried(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """AckPolicy.MANUAL, no settlement before the raise: retried as with the default policy."""
+    retry = _retry(unique("manual-raise"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    queue = unique("manual-raise")
+    calls: list[str] = []
+
+    @broker.subscriber(queue, ack_policy=AckPolicy.MANUAL)
+    async def handle(body: str, message: RabbitMessage) -> None:
+        calls.append(body)
+        if len(calls) < 3:
+            raise ConnectionError("the database is restarting")
+        await message.ack()
+
+    async with _running(amqp, retry, broker):
+        await broker.publish("m1", queue=queue)
+        await eventually(lambda: len(calls) == 3, what="two retries")
+        assert await drain(amqp, f"{queue}.dlq", expect=0, timeout=1) == []
+        assert await queue_depth(amqp, queue) == 0
+    assert calls == ["m1"] * 3
+
+
+async def test_a_subscriber_started_after_the_broker_is_covered(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """A late subscriber: .retry and .dlq declared, its retries released, its poison dead-lettered.
+
+    Before, its failed message was rejected by FastStream and lost; nothing was logged.
+    """
+    retry = _retry(unique("late"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    early = unique("early")
+
+    @broker.subscriber(early)
+    async def first(body: str) -> None: ...
+
+    queue = unique("late")
+    calls: Counter[str] = Counter()
+    done: list[str] = []
+
+    async def late(body: str) -> None:
+        calls[body] += 1
+        if body == "poison":
+            raise PermanentError("never valid")
+        if calls[body] < 2:
+            raise TransientError("not yet")
+        done.append(body)
+
+    async with _running(amqp, retry, broker):
+        sub = broker.subscriber(queue, persistent=False)
+        sub(late)
+        await sub.start()
+        await broker.publish("poison", queue=queue)
+        await broker.publish("m1", queue=queue)
+        dead = await drain(amqp, f"{queue}.dlq", expect=1, timeout=30)
+        assert [m.body.decode() for m in dead] == ["poison"]
+        await eventually(lambda: done == ["m1"], timeout=30, what="the late retry")
+        assert calls == {"poison": 1, "m1": 2}
+        assert queue in retry.runtime(broker).plan.routes
+        await sub.stop()
+        # Stopped with its subscriber: the re-check consumer no longer holds .retry.
+        assert await consumers(amqp, f"{queue}.retry") == 0
