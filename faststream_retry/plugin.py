@@ -24,8 +24,9 @@ from faststream_retry.amqp.declare import (
 )
 from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.recheck import RecheckConsumer
+from faststream_retry.amqp.registry import retry_queues_in_use, survey
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.topology import Plan, Route, plan
+from faststream_retry.topology import Plan, Route, plan, retry_queue_name
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -207,6 +208,7 @@ class Runtime:
         channel error) or the broker cancels a re-check consumer, they are opened
         again, the topology is declared again and the consumers restart.
         """
+        topology = await self._keep_releasing(connection, topology)
         version = await check_broker(connection, topology)
         for level, text in work_queue_findings(
             topology.routes.values(), self.config.default, version
@@ -215,6 +217,7 @@ class Runtime:
         live = Live(topology, connection, self.config, self.reporter)
         await live.open()
         self.live = live
+        await self._report_stranded(connection, topology)
         tiers = topology.tiers
         log.info(
             "faststream-retry: tick %d ms, %d tiers up to %d ms, %d queues covered: %s",
@@ -224,6 +227,48 @@ class Runtime:
             len(topology.routes),
             ", ".join(sorted(topology.routes)) or "none",
         )
+
+    async def _keep_releasing(self, connection: AbstractRobustConnection, topology: Plan) -> Plan:
+        """Add the queues with retries off whose ``.retry`` exists: their messages still go home.
+
+        Messages that waited when the app last ran with retries on would otherwise
+        stay in ``<queue>.retry`` for ever. Failures of these queues are still left to
+        FastStream: the handlers' policies say no.
+        """
+        routes = _faststream.routes_of(self.broker)
+        off = sorted({r.queue for r in routes} - set(topology.routes))
+        for queue in await retry_queues_in_use(connection, off):
+            handlers = tuple(h for r in routes if r.queue == queue for h in r.handlers)
+            arguments = next(r.arguments for r in routes if r.queue == queue)
+            topology = topology.with_route(Route(queue, handlers, arguments))
+            log.info(
+                "faststream-retry: retries are off for %r, but %r exists: its waiting "
+                "messages are still released to %r",
+                queue,
+                retry_queue_name(queue),
+                queue,
+            )
+        self._plan = topology
+        return topology
+
+    async def _report_stranded(self, connection: AbstractRobustConnection, topology: Plan) -> None:
+        """Warn of ``.retry`` queues with messages that no subscriber of this app releases."""
+        owned = {r.queue for r in _faststream.routes_of(self.broker)}
+        try:
+            stranded = await survey(connection, topology, owned)
+        except Exception as exc:  # a diagnosis must not stop the service
+            log.warning("faststream-retry: could not look for stranded .retry queues: %r", exc)
+            return
+        if stranded:
+            log.warning(
+                "faststream-retry: %d message(s) wait in .retry queues that no subscriber of "
+                "this app releases and nothing consumes: %s. Their subscriber was renamed or "
+                "removed, or runs in an app that is down. Start a subscriber of that queue "
+                "with this middleware (retries on or off: either releases them), or move "
+                "the messages by hand",
+                sum(s.messages for s in stranded),
+                ", ".join(f"{s.queue} ({s.messages})" for s in stranded),
+            )
 
     async def start_consumers(self) -> None:
         """Start the re-check consumers (after FastStream's subscribers)."""

@@ -26,6 +26,7 @@ __all__ = [
     "dlq_name",
     "plan",
     "queue_specs",
+    "registry_name",
     "retry_queue_name",
     "tier_name",
 ]
@@ -41,6 +42,11 @@ def retry_queue_name(queue: str) -> str:
 def dlq_name(queue: str) -> str:
     """Return the dead-letter queue of work queue ``queue``."""
     return f"{queue}.dlq"
+
+
+def registry_name(prefix: str) -> str:
+    """Return the queue that records every work queue the plugin covered, one message each."""
+    return f"{prefix}.queues"
 
 
 def tier_name(prefix: str, ttl_ms: int) -> str:

@@ -19,6 +19,7 @@ from aiormq.exceptions import ChannelNotFoundEntity
 from faststream.rabbit import RabbitBroker
 
 from faststream_retry import RetryMiddleware
+from faststream_retry.topology import registry_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -210,6 +211,7 @@ async def delete_declared(
     channel = await connection.channel()
     names = [spec.name for spec in topology.queues]
     names += [route.queue for route in topology.routes.values()]
+    names.append(registry_name(topology.options.prefix))
     for name in names:
         with contextlib.suppress(Exception):
             await channel.queue_delete(name)

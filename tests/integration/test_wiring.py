@@ -8,7 +8,9 @@ vanishes. Counted exactly, by message id, on a real broker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +25,9 @@ from faststream_retry import (
     RetryMiddleware,
     RetryPolicy,
     TransientError,
+    retry_policy,
 )
-from tests.rabbit import consumers, delete_declared, drain, eventually, queue_depth, unique
+from tests.rabbit import App, consumers, delete_declared, drain, eventually, queue_depth, unique
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -264,3 +267,84 @@ async def test_a_subscriber_started_after_the_broker_is_covered(
         await sub.stop()
         # Stopped with its subscriber: the re-check consumer no longer holds .retry.
         assert await consumers(amqp, f"{queue}.retry") == 0
+
+
+async def _park_two(amqp: AbstractRobustConnection, url: str, prefix: str, queue: str) -> None:
+    """Run an app whose handler keeps failing, then stop it: two copies wait in ``.retry``."""
+    first = App(url, prefix=prefix, default=RetryPolicy(max_attempts=50, backoff=Fixed(0.2)))
+
+    @first.broker.subscriber(queue)
+    async def failing(body: str) -> None:
+        raise TransientError("the payment service is down")
+
+    await first.start()
+    try:
+        await first.broker.publish("m1", queue=queue, message_id="m1")
+        await first.broker.publish("m2", queue=queue, message_id="m2")
+        await eventually(
+            lambda: {e.message_id for e in first.events if e.kind == "released"} >= {"m1", "m2"},
+            what="both messages to have been round a tier",
+        )
+    finally:
+        await first.stop()
+    # No re-check consumer now: each copy ends in .retry when its tier expires.
+    deadline = asyncio.get_running_loop().time() + 15
+    while await queue_depth(amqp, f"{queue}.retry") < 2:
+        assert asyncio.get_running_loop().time() < deadline, "copies never reached .retry"
+        await asyncio.sleep(0.05)
+
+
+async def test_waiting_messages_are_released_after_retries_are_switched_off(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """Restarted with @retry_policy(enabled=False): what waited in .retry still comes home.
+
+    Before, nothing consumed ``<queue>.retry`` any more: the messages waited for ever.
+    """
+    prefix, queue = unique("off"), unique("payments")
+    await _park_two(amqp, rabbit_url, prefix, queue)
+    second = App(rabbit_url, prefix=prefix)
+    got: list[str] = []
+
+    @second.broker.subscriber(queue)
+    @retry_policy(enabled=False)
+    async def handle(body: str) -> None:
+        got.append(body)
+
+    await second.start()
+    try:
+        await eventually(lambda: sorted(got) == ["m1", "m2"], what="the parked messages")
+        assert await queue_depth(amqp, f"{queue}.retry") == 0
+        assert await drain(amqp, f"{queue}.dlq", expect=0, timeout=0.5) == []
+    finally:
+        await second.stop()
+        await second.cleanup(amqp)
+
+
+async def test_retry_queues_nobody_releases_are_reported_at_start(
+    rabbit_url: str, amqp: AbstractRobustConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A subscriber renamed: its old .retry, with messages and no consumer, is named at start.
+
+    Before, the messages stayed in ``<old>.retry`` and nothing said so.
+    """
+    prefix, old = unique("renamed"), unique("invoices")
+    await _park_two(amqp, rabbit_url, prefix, old)
+    second = App(rabbit_url, prefix=prefix)
+
+    @second.broker.subscriber(unique("invoices-v2"))
+    async def handle(body: str) -> None: ...
+
+    caplog.set_level(logging.WARNING, "faststream_retry")
+    await second.start()
+    try:
+        [line] = [r.getMessage() for r in caplog.records if "no subscriber" in r.getMessage()]
+        assert f"{old}.retry (2)" in line
+        assert line.startswith("faststream-retry: 2 message(s) wait")
+    finally:
+        await second.stop()
+        await second.cleanup(amqp)
+        channel = await amqp.channel()
+        for name in (f"{old}.retry", f"{old}.dlq", old):
+            await channel.queue_delete(name)
+        await channel.close()
