@@ -303,7 +303,16 @@ class _RetryScope(BaseMiddleware):
         topology = live.plan if live is not None else runtime.plan
         route = topology.route(_faststream.queue_of(sub) or "")
         if route is None and live is not None:
-            route = await runtime.adopt(sub)
+            try:
+                route = await runtime.adopt(sub)
+            except Exception:  # its queues could not be declared: keep the message
+                log.exception(
+                    "faststream-retry could not cover %r; requeueing message %s",
+                    _faststream.queue_of(sub),
+                    msg.message_id,
+                )
+                await self._requeue_after_pause(msg, self._plugin.config.pause_s)
+                return None
         return None if route is None else (runtime, route)
 
     async def _publish(

@@ -175,7 +175,8 @@ class Runtime:
         live = self.live
         if live is None or route is None or not route.enabled(self.config.default):
             return None
-        _refuse_ack_first_of(sub, route)
+        if _faststream.acks_first(sub):  # acked before its handler ran: nothing to keep
+            return None
         route = await live.adopt(route)
         self._plan = live.plan
         return route
@@ -237,7 +238,12 @@ class Runtime:
         """
         routes = _faststream.routes_of(self.broker)
         off = sorted({r.queue for r in routes} - set(topology.routes))
-        for queue in await retry_queues_in_use(connection, off):
+        try:
+            in_use = await retry_queues_in_use(connection, off)
+        except Exception as exc:  # a diagnosis must not stop the service
+            log.warning("faststream-retry: could not look for existing .retry queues: %r", exc)
+            in_use = []
+        for queue in in_use:
             handlers = tuple(h for r in routes if r.queue == queue for h in r.handlers)
             arguments = next(r.arguments for r in routes if r.queue == queue)
             topology = topology.with_route(Route(queue, handlers, arguments))
@@ -367,6 +373,9 @@ def _follow(runtime: Runtime, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subs
     original_start, original_stop = sub.start, sub.stop
 
     async def start() -> None:
+        route = _faststream.route_of(sub)
+        if route is not None and route.enabled(runtime.config.default):
+            _refuse_ack_first_of(sub, route)  # before it consumes anything
         await original_start()
         await runtime.adopt(sub)
 

@@ -348,3 +348,23 @@ async def test_retry_queues_nobody_releases_are_reported_at_start(
         for name in (f"{old}.retry", f"{old}.dlq", old):
             await channel.queue_delete(name)
         await channel.close()
+
+
+async def test_a_late_ack_first_subscriber_is_refused_before_it_consumes(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """ACK_FIRST acks before the handler runs: refused at the late subscriber's start too."""
+    retry = _retry(unique("late-ack-first"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    queue = unique("late-ack-first")
+    async with _running(amqp, retry, broker):
+        sub = broker.subscriber(queue, persistent=False, ack_policy=AckPolicy.ACK_FIRST)
+        sub(_never_called)
+        with pytest.raises(RetryConfigError, match="ACK_FIRST"):
+            await sub.start()
+        assert not sub.running
+
+
+async def _never_called(body: str) -> None:  # pragma: no cover - refused before consuming
+    raise AssertionError(body)
