@@ -6,7 +6,14 @@ import pytest
 
 from faststream_retry import Exponential, Fixed, RetryPolicy, Schedule
 from faststream_retry.policy import HandlerPolicy
-from faststream_retry.topology import Handler, QueueType, Route, TopologyOptions, plan
+from faststream_retry.topology import (
+    Handler,
+    QueueType,
+    Route,
+    TopologyOptions,
+    plan,
+    registry_name,
+)
 
 DEFAULT = RetryPolicy(backoff=Fixed(1))
 
@@ -30,6 +37,10 @@ class TestNames:
         """`<queue>.retry` and `<queue>.dlq`, derived from the work queue."""
         r = route("svc.orders")
         assert (r.retry_queue, r.dlq) == ("svc.orders.retry", "svc.orders.dlq")
+
+    def test_registry_name(self) -> None:
+        """The registry of covered queues: `<prefix>.queues`, under the tiers' prefix."""
+        assert registry_name("p") == "p.queues"
 
     def test_tier_names(self) -> None:
         """One exchange per tier, named like its queue: `<prefix>.delay.<ms>`."""
