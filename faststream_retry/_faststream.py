@@ -13,7 +13,9 @@ private name                                              what the plugin reads 
 ``SubscriberUsecase._outer_config.prefix``                the router prefix of a queue's name
 ``SubscriberUsecase._outer_config.broker_middlewares``    the middlewares of a subscriber's routers
 ``SubscriberUsecase.calls``                               the handlers of a subscriber
-``HandlerItem.filter``, ``HandlerItem.handler``           which handler a message is for
+``HandlerItem.filter``, ``HandlerItem.handler``           which handler a message is for; the
+                                                          wrapper ``@retry_policy`` decorated
+                                                          above ``@broker.publisher``
 ``HandlerCallWrapper._declared_call`` (0.7.6 on),         the function ``@retry_policy``
 ``HandlerCallWrapper._original_call`` (0.7.0-0.7.5)       decorated
 ``SubscriberUsecase.ack_policy``                          refusing ``AckPolicy.ACK_FIRST``
@@ -56,6 +58,7 @@ __all__ = [
     "current_broker",
     "current_subscriber",
     "declared_function",
+    "handler_policy",
     "middlewares_of",
     "problems",
     "queue_of",
@@ -117,6 +120,17 @@ def declared_function(item: Any) -> object:  # noqa: ANN401 - a HandlerItem
     return None
 
 
+def handler_policy(item: Any) -> HandlerPolicy | None:  # noqa: ANN401 - a HandlerItem
+    """Return the policy of a subscriber's handler, wherever ``@retry_policy`` sat.
+
+    On the wrapper FastStream made (``@retry_policy`` above ``@broker.publisher``, or
+    above ``@broker.subscriber``), else on the declared function (directly under them).
+    """
+    return get_handler_policy(getattr(item, "handler", None)) or get_handler_policy(
+        declared_function(item)
+    )
+
+
 def route_of(sub: Any) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
     """Return the route of one Rabbit subscriber: its queue and its handlers' policies."""
     queue = queue_of(sub)
@@ -124,7 +138,7 @@ def route_of(sub: Any) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
         return None
     arguments = getattr(getattr(sub, "queue", None), "arguments", None)
     handlers = tuple(
-        Handler(get_handler_policy(declared_function(item)), getattr(item, "filter", None))
+        Handler(handler_policy(item), getattr(item, "filter", None))
         for item in getattr(sub, "calls", ())
     )
     return Route(queue, handlers, dict(arguments) if isinstance(arguments, dict) else {})
@@ -178,6 +192,8 @@ class Sample:
     subscriber: Any
     function: object
     queue: str
+    handler: object
+    """What the subscriber decorator returned (FastStream's wrapper of ``function``)."""
 
 
 def sample() -> Sample:
@@ -189,9 +205,9 @@ def sample() -> Sample:
 
     async def function(body: str) -> None: ...
 
-    router.subscriber("queue")(function)
+    handler = router.subscriber("queue")(function)
     broker.include_router(router)
-    return Sample(broker, next(iter(broker.subscribers)), function, "probe.queue")
+    return Sample(broker, next(iter(broker.subscribers)), function, "probe.queue", handler)
 
 
 def _probe_middleware(msg: Any, /, *, context: Any) -> Any:  # noqa: ANN401 - never called
@@ -211,13 +227,20 @@ def problems(probe: Sample) -> list[str]:
     for item in items[:1]:
         if not callable(getattr(item, "filter", None)):
             found.append("HandlerItem.filter")
-        if declared_function(item) is not probe.function:
+        if getattr(item, "handler", None) is not probe.handler:
+            found.append("HandlerItem.handler")
+        elif declared_function(item) is not probe.function:
             found.append("HandlerItem.handler._declared_call / _original_call")
     if _probe_middleware not in middlewares_of(probe.subscriber):
         found.append("SubscriberUsecase._outer_config.broker_middlewares")
     if not isinstance(getattr(probe.subscriber, "ack_policy", None), AckPolicy):
         found.append("SubscriberUsecase.ack_policy")
-    config = getattr(probe.broker, "config", None)
+    return found + _broker_problems(probe.broker)
+
+
+def _broker_problems(broker: Any) -> list[str]:  # noqa: ANN401 - a RabbitBroker
+    found = []
+    config = getattr(broker, "config", None)
     if not hasattr(config, "producer"):
         found.append("BrokerUsecase.config.producer")
     try:

@@ -32,6 +32,11 @@ __all__ = [
 _HUGE_MS = 2**53
 _POLICY_ATTR = "__faststream_retry_policy__"
 
+# The policies of handlers that take no attributes (FastStream's slotted call wrapper,
+# which @broker.publisher and @broker.subscriber return), by id. Each entry keeps its
+# handler alive, so no other object can come to have that id.
+_HELD: dict[int, tuple[object, HandlerPolicy]] = {}
+
 Duration = timedelta | float | int
 
 
@@ -291,7 +296,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def retry_policy(**options: Any) -> Callable[[F], F]:  # noqa: ANN401 - validated below
-    """Set a handler's retry policy; place it directly under ``@broker.subscriber``.
+    """Set a handler's retry policy; place it under ``@broker.subscriber``.
+
+    Above or below ``@broker.publisher`` alike: FastStream's wrapper takes no
+    attributes, so the policy of a wrapper is kept here, by identity.
 
     Takes the fields of ``RetryPolicy`` (``max_attempts``, ``backoff``, ``transient``,
     ``permanent``, ``immediate``, ``enabled``); what is not given comes from the
@@ -313,12 +321,8 @@ def retry_policy(**options: Any) -> Callable[[F], F]:  # noqa: ANN401 - validate
             raise RetryConfigError(f"@retry_policy decorates a handler, got {fn!r}")
         try:
             setattr(fn, _POLICY_ATTR, handler_policy)
-        except AttributeError as exc:
-            raise RetryConfigError(
-                "@retry_policy must sit directly under @broker.subscriber(...), "
-                "on the plain function (FastStream 0.7 has no per-subscriber "
-                "middlewares, so the policy travels on the function)"
-            ) from exc
+        except AttributeError:
+            _HELD[id(fn)] = (fn, handler_policy)
         return fn
 
     return decorate
@@ -332,6 +336,9 @@ def get_handler_policy(fn: object) -> HandlerPolicy | None:
     """
     seen: set[int] = set()
     while fn is not None and id(fn) not in seen:
+        held = _HELD.get(id(fn))
+        if held is not None:
+            return held[1]
         policy = getattr(fn, _POLICY_ATTR, None)
         if isinstance(policy, HandlerPolicy):
             return policy

@@ -79,6 +79,61 @@ def test_routes_carry_each_handlers_policy() -> None:
     assert handler.policy.options == {"max_attempts": 7}
 
 
+@pytest.mark.parametrize("on_router", [False, True])
+def test_the_policy_is_found_above_or_below_the_publisher(on_router: bool) -> None:
+    """``@retry_policy`` over ``@broker.publisher`` (FastStream's slotted wrapper) or under it."""
+    broker = RabbitBroker()
+    registrar: Any = RabbitRouter(prefix="svc.") if on_router else broker
+
+    @registrar.subscriber("below")
+    @registrar.publisher("out")
+    @retry_policy(max_attempts=2)
+    async def below(body: str) -> str:
+        return body
+
+    @registrar.subscriber("above")
+    @retry_policy(max_attempts=3)
+    @registrar.publisher("out")
+    async def above(body: str) -> str:
+        return body
+
+    @retry_policy(max_attempts=4)
+    @registrar.subscriber("outside")
+    async def outside(body: str) -> str:
+        return body
+
+    if on_router:
+        broker.include_router(registrar)
+    prefix = "svc." if on_router else ""
+    found = {
+        route.queue: [h.policy.options if h.policy else None for h in route.handlers]
+        for route in fs.routes_of(broker)
+    }
+    assert found == {
+        f"{prefix}below": [{"max_attempts": 2}],
+        f"{prefix}above": [{"max_attempts": 3}],
+        f"{prefix}outside": [{"max_attempts": 4}],
+    }
+
+
+def test_the_wrappers_policy_wins_over_the_functions() -> None:
+    """Two ``@retry_policy`` on one handler: the one applied last (outermost) rules."""
+    broker = RabbitBroker()
+
+    @broker.subscriber("twice")
+    @retry_policy(max_attempts=5)
+    @broker.publisher("out")
+    @retry_policy(max_attempts=2)
+    async def twice(body: str) -> str:
+        return body
+
+    (sub,) = broker.subscribers
+    (item,) = sub.calls
+    policy = fs.handler_policy(item)
+    assert policy is not None
+    assert policy.options == {"max_attempts": 5}
+
+
 async def test_filters_pick_the_handler_and_its_policy() -> None:
     """``HandlerItem.filter``: a queue with several handlers gets each message's own policy."""
     broker = RabbitBroker()
@@ -154,6 +209,7 @@ def test_every_probe_passes_on_the_installed_faststream() -> None:
         ("prefix", "SubscriberUsecase._outer_config.prefix"),
         ("middlewares", "SubscriberUsecase._outer_config.broker_middlewares"),
         ("calls", "SubscriberUsecase.calls"),
+        ("handler", "HandlerItem.handler"),
         ("function", "HandlerItem.handler._declared_call / _original_call"),
         ("ack_policy", "SubscriberUsecase.ack_policy"),
         ("producer", "BrokerUsecase.config.producer"),
@@ -169,19 +225,22 @@ def test_a_renamed_internal_is_named(broken: str, name: str) -> None:
         ack_policy=AckPolicy.REJECT_ON_ERROR,
     )
     broker = SimpleNamespace(config=SimpleNamespace(producer=object()))
+    handler = item.handler  # what the subscriber decorator returned
     if broken == "prefix":
         del sub._outer_config.prefix
     elif broken == "middlewares":
         del sub._outer_config.broker_middlewares
     elif broken == "calls":
         del sub.calls
+    elif broken == "handler":  # another object than the decorator returned
+        item.handler = SimpleNamespace(_declared_call=print)
     elif broken == "function":
         del item.handler._declared_call
     elif broken == "ack_policy":
         del sub.ack_policy
     else:
         del broker.config.producer
-    assert fs.problems(fs.Sample(broker, sub, print, "probe.queue")) == [name]
+    assert fs.problems(fs.Sample(broker, sub, print, "probe.queue", handler)) == [name]
 
 
 def test_a_renamed_internal_stops_install(monkeypatch: pytest.MonkeyPatch) -> None:
