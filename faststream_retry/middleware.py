@@ -156,23 +156,39 @@ class RetryMiddleware:
         self._hooks.remove(hook)
 
     @contextlib.contextmanager
-    def testing(self) -> Iterator[RetryRecorder]:
+    def testing(self, *, raise_on_dead_letter: bool = False) -> Iterator[RetryRecorder]:
         """Record every retry decision, for tests with ``TestRabbitBroker``.
 
         Under ``TestRabbitBroker`` (no real broker, no TTL) the plugin runs in test
         mode by itself: decisions are made exactly as in production, delays are
         computed but not waited for (the handler is called again at once), and a
-        dead letter settles the message. This context manager lets a test see
-        those decisions::
+        dead letter settles the message and goes to the app's ``<queue>.dlq``
+        subscriber if it has one. This context manager lets a test see those
+        decisions::
 
             async with TestRabbitBroker(broker) as br:
                 with retry.testing() as recorder:
                     await br.publish({"to": "x"}, queue="email-queue")
             assert recorder.scheduled[0].delay_ms == 1000
             assert recorder.dead_letters[0].reason == "exhausted"
+
+        Args:
+            raise_on_dead_letter: re-raise the last exception of a dead-lettered
+                message from ``publish()``, as ``TestRabbitBroker`` does for a
+                handler without the plugin, so ``pytest.raises`` tests keep
+                working. A retry that ends in success raises nothing.
         """
-        with recording(self._hooks) as recorder:
-            yield recorder
+        if not isinstance(raise_on_dead_letter, bool):
+            raise RetryConfigError(
+                f"raise_on_dead_letter must be True or False, got {raise_on_dead_letter!r}"
+            )
+        plugin = self._plugin
+        before, plugin.raise_on_dead_letter = plugin.raise_on_dead_letter, raise_on_dead_letter
+        try:
+            with recording(self._hooks) as recorder:
+                yield recorder
+        finally:
+            plugin.raise_on_dead_letter = before
 
     def __call__(self, msg: Any, /, *, context: ContextRepo) -> _RetryScope:  # noqa: ANN401
         """Build the per-message scope (FastStream calls this for every message)."""
@@ -264,8 +280,7 @@ class _RetryScope(BaseMiddleware):
                 _warn_settled_once(route.queue, msg, exc)
                 raise exc
         if live is None:  # test mode: no broker to hold the copy
-            reporter.record(_event(route, msg, decision, exc, h.now_ms()), incoming=msg.headers)
-            await self._settle(msg, ok=True, pause_s=0)
+            await self._dead_letter_in_test_mode(runtime.broker, route, msg, decision, exc)
             raise exc
         ok = await self._publish(live, route, msg, decision, exc)
         await self._settle(msg, ok=ok, pause_s=config.pause_s)
@@ -326,26 +341,15 @@ class _RetryScope(BaseMiddleware):
         """Publish the copy the decision calls for, and report it once confirmed."""
         raw = msg.raw_message
         now = h.now_ms()
-        failure = h.FailureRecord(
-            attempt=decision.attempt,
-            at_ms=now,
-            exception=h.exception_name(exc),
-            error=str(exc),
-            delay_ms=decision.delay_ms,
-        )
         tier_ms = None
         if decision.action is Action.RETRY_LATER:
             tier_ms = live.plan.tiers.pick(decision.delay_ms)
-            headers = h.retry_headers(raw.headers, failure, now + decision.delay_ms)
+            headers = h.retry_headers(
+                raw.headers, _failure(decision, exc, now), now + decision.delay_ms
+            )
             copy = Copy(live.plan.tier(tier_ms), route.retry_queue, headers)
         else:
-            headers = h.dead_letter_headers(
-                raw.headers,
-                failure,
-                reason=decision.reason or Reason.PERMANENT,
-                origin_queue=route.queue,
-                traceback="".join(traceback.format_exception(exc)),
-            )
+            headers = _dead_letter_headers(raw.headers, route, decision, exc, now)
             copy = Copy("", route.dlq, headers)
         return await self._plugin.reporter.publish(
             _event(route, msg, decision, exc, now),
@@ -355,6 +359,41 @@ class _RetryScope(BaseMiddleware):
             exception=exc,
             tier_ms=tier_ms,
         )
+
+    async def _dead_letter_in_test_mode(
+        self,
+        broker: RabbitBroker,
+        route: Route,
+        msg: StreamMessage[Any],
+        decision: Decision,
+        exc: Exception,
+    ) -> None:
+        """Record and settle a dead letter; hand it to the app's ``<queue>.dlq`` subscriber.
+
+        Only a dead letter gets here: test mode retries every delay at once. The
+        ``.dlq`` subscriber, if the app has one, gets the headers and properties the
+        real copy would carry, so a test can assert on what an operator would find;
+        without one there is nowhere to put it (``TestRabbitBroker`` refuses a
+        publish nobody consumes).
+        """
+        now = h.now_ms()
+        self._plugin.reporter.record(
+            _event(route, msg, decision, exc, now), incoming=msg.headers, exception=exc
+        )
+        await self._settle(msg, ok=True, pause_s=0)
+        if any(_faststream.queue_of(sub) == route.dlq for sub in broker.subscribers):
+            await broker.publish(
+                msg.body,
+                queue=route.dlq,
+                headers=_dead_letter_headers(msg.headers, route, decision, exc, now),
+                message_id=msg.message_id,
+                correlation_id=msg.correlation_id,
+                content_type=msg.content_type or None,
+            )
+        if self._plugin.raise_on_dead_letter:
+            # Not suppressed: TestRabbitBroker raises it from publish(), as it does
+            # for a handler without the plugin.
+            self._settled = False
 
     async def _settle(self, msg: StreamMessage[Any], *, ok: bool, pause_s: float) -> None:
         """Ack after a confirmed copy; otherwise requeue after a pause.
@@ -429,6 +468,32 @@ def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Exception) -> N
         msg.message_id,
         status,
         h.exception_name(exc),
+    )
+
+
+def _failure(decision: Decision, exc: Exception, now: int) -> h.FailureRecord:
+    return h.FailureRecord(
+        attempt=decision.attempt,
+        at_ms=now,
+        exception=h.exception_name(exc),
+        error=str(exc),
+        delay_ms=decision.delay_ms,
+    )
+
+
+def _dead_letter_headers(
+    incoming: Any,  # noqa: ANN401 - the delivery's header table
+    route: Route,
+    decision: Decision,
+    exc: Exception,
+    now: int,
+) -> dict[str, Any]:
+    return h.dead_letter_headers(
+        incoming,
+        _failure(decision, exc, now),
+        reason=decision.reason or Reason.PERMANENT,
+        origin_queue=route.queue,
+        traceback="".join(traceback.format_exception(exc)),
     )
 
 

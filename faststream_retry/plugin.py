@@ -303,6 +303,8 @@ class Plugin:
         self.config = config
         self.reporter = reporter
         self._runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+        self.raise_on_dead_letter = False
+        """Test mode: let a dead letter's exception reach ``publish()`` (``testing()``)."""
 
     def runtime(self, broker: RabbitBroker) -> Runtime:
         """Return the runtime of ``broker``."""

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from faststream import AckPolicy
 from faststream.exceptions import RejectMessage
-from faststream.rabbit import RabbitBroker, TestRabbitBroker
+from faststream.rabbit import RabbitBroker, RabbitRouter, TestRabbitBroker
 from faststream.rabbit.annotations import RabbitMessage
 
 from faststream_retry import (
@@ -283,3 +283,110 @@ async def test_hooks_can_be_added_and_removed_after_construction() -> None:
     assert [(e.kind, e.error) for e in seen] == [(EventKind.DEAD_LETTERED, "one")]
     with pytest.raises(RetryConfigError, match="callable"):
         retry.add_hook("not a hook")  # type: ignore[arg-type]
+
+
+async def test_a_dead_letter_reaches_the_apps_dlq_subscriber() -> None:
+    """Test mode hands a dead letter to ``<queue>.dlq``'s subscriber, headers as on the wire."""
+    retry, broker = make()
+    dead: list[tuple[Any, dict[str, Any], str | None, str | None]] = []
+
+    @broker.subscriber("orders")
+    async def orders(body: dict[str, Any]) -> None:
+        raise TimeoutError("warehouse down")
+
+    @broker.subscriber("orders.dlq")
+    @retry_policy(enabled=False)
+    async def orders_dlq(body: dict[str, Any], msg: RabbitMessage) -> None:
+        dead.append((body, dict(msg.headers), msg.message_id, msg.correlation_id))
+
+    async with TestRabbitBroker(broker):
+        with retry.testing() as recorder:
+            await broker.publish({"id": 7}, queue="orders", message_id="m-7", correlation_id="c-7")
+    assert len(recorder.dead_letters) == 1
+    ((body, headers, message_id, correlation_id),) = dead
+    assert (body, message_id, correlation_id) == ({"id": 7}, "m-7", "c-7")
+    assert headers["retry-reason"] == "exhausted"
+    assert headers["retry-attempt"] == 4
+    assert headers["retry-exception"] == "TimeoutError"
+    assert headers["retry-error"] == "warehouse down"
+    assert headers["retry-origin-queue"] == "orders"
+    assert "TimeoutError: warehouse down" in headers["retry-traceback"]
+    assert "retry-due" not in headers
+
+
+async def test_a_dead_letter_reaches_a_prefixed_dlq_subscriber() -> None:
+    """On a router with a prefix, the ``.dlq`` subscriber of the prefixed queue gets it."""
+    _retry, broker = make()
+    router = RabbitRouter(prefix="svc.")
+    dead: list[str] = []
+
+    @router.subscriber("hooks")
+    async def hooks(body: str) -> None:
+        raise PermanentError("no url")
+
+    @router.subscriber("hooks.dlq")
+    async def hooks_dlq(body: str, msg: RabbitMessage) -> None:
+        dead.append(msg.headers["retry-origin-queue"])
+
+    broker.include_router(router)
+    async with TestRabbitBroker(broker):
+        await broker.publish("x", queue="svc.hooks")
+    assert dead == ["svc.hooks"]
+
+
+async def test_raise_on_dead_letter_re_raises_the_last_exception() -> None:
+    """``testing(raise_on_dead_letter=True)``: pytest.raises tests keep working; retries count."""
+    retry, broker = make()
+    calls = 0
+
+    @broker.subscriber("payments")
+    async def pay(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError(f"bank down ({calls})")
+
+    async with TestRabbitBroker(broker):
+        with (
+            retry.testing(raise_on_dead_letter=True) as recorder,
+            pytest.raises(ConnectionError, match=r"bank down \(4\)"),
+        ):
+            await broker.publish("x", queue="payments")
+    assert calls == 4
+    assert [e.kind for e in recorder.events] == [EventKind.SCHEDULED] * 3 + [
+        EventKind.DEAD_LETTERED
+    ]
+
+
+async def test_raise_on_dead_letter_raises_nothing_for_a_recovered_message() -> None:
+    """A retry that ends in success raises nothing; the flag ends with its block."""
+    retry, broker = make()
+    calls = 0
+
+    @broker.subscriber("flaky")
+    async def flaky(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("once")
+
+    @broker.subscriber("broken")
+    async def broken(body: str) -> None:
+        raise PermanentError("always")
+
+    async with TestRabbitBroker(broker):
+        with retry.testing(raise_on_dead_letter=True):
+            await broker.publish("x", queue="flaky")
+            with pytest.raises(PermanentError, match="always"):
+                await broker.publish("x", queue="broken")
+        with retry.testing() as recorder:
+            await broker.publish("x", queue="broken")  # swallowed again
+    assert calls == 2
+    assert len(recorder.dead_letters) == 1
+
+
+def test_raise_on_dead_letter_takes_a_bool() -> None:
+    """A wrong value is named, at once."""
+    retry, _ = make()
+    recording = retry.testing(raise_on_dead_letter="yes")  # type: ignore[arg-type]
+    with pytest.raises(RetryConfigError, match="raise_on_dead_letter must be True or False"):
+        recording.__enter__()
