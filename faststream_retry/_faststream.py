@@ -19,6 +19,8 @@ private name                                              what the plugin reads 
 ``HandlerCallWrapper._declared_call`` (0.7.6 on),         the function ``@retry_policy``
 ``HandlerCallWrapper._original_call`` (0.7.0-0.7.5)       decorated
 ``SubscriberUsecase.ack_policy``                          refusing ``AckPolicy.ACK_FIRST``
+``BrokerUsecase.config.logger`` (``LoggerState``:         the broker's logger, which the
+``.log(...)``, ``.logger`` falsy until set up)            plugin's lines go through (``_log``)
 ``BrokerUsecase.config.producer``                         whether TestRabbitBroker is active
 ``faststream.rabbit.testing.FakeProducer``                (test mode)
 context key ``"handler_"``                                the subscriber a message came to
@@ -32,21 +34,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
+import weakref
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 from faststream.middlewares import AckPolicy
 
+from faststream_retry._log import log
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.policy import get_handler_policy
 from faststream_retry.topology import Handler, Route
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from faststream._internal.context import ContextRepo
     from faststream.rabbit import RabbitBroker
 
+    from faststream_retry._log import Outlet
     from faststream_retry.policy import HandlerPolicy
 
 __all__ = [
@@ -54,6 +60,7 @@ __all__ = [
     "SUBSCRIBER_KEY",
     "Sample",
     "acks_first",
+    "broker_outlet",
     "check",
     "current_broker",
     "current_subscriber",
@@ -68,8 +75,6 @@ __all__ = [
     "under_test_broker",
     "warn_no_subscriber",
 ]
-
-log = logging.getLogger("faststream_retry")
 
 FASTSTREAM_VERSION = version("faststream")
 
@@ -184,6 +189,27 @@ def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - RabbitBroker
     return isinstance(getattr(broker.config, "producer", None), FakeProducer)
 
 
+def broker_outlet(broker: Any) -> Outlet:  # noqa: ANN401 - a RabbitBroker
+    """Return a writer of lines to ``broker``'s own logger (FastStream's ``LoggerState``).
+
+    It writes nothing and returns ``False`` until the broker has set its logger up
+    (on connect) and once the broker is gone; ``RabbitBroker(logger=None)`` makes it
+    write nothing and return ``True`` (silenced, as FastStream's own lines are).
+    """
+    ref = weakref.ref(broker)
+
+    def write(
+        level: int, message: str, exc_info: BaseException | None, extra: Mapping[str, Any]
+    ) -> bool:
+        state = getattr(getattr(ref(), "config", None), "logger", None)
+        if state is None or not getattr(state, "logger", None):
+            return False
+        state.log(message, log_level=level, extra=dict(extra), exc_info=exc_info)
+        return True
+
+    return write
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """A broker with one router-prefixed subscriber of a known function, to probe."""
@@ -243,6 +269,9 @@ def _broker_problems(broker: Any) -> list[str]:  # noqa: ANN401 - a RabbitBroker
     config = getattr(broker, "config", None)
     if not hasattr(config, "producer"):
         found.append("BrokerUsecase.config.producer")
+    logger_state = getattr(config, "logger", None)
+    if not callable(getattr(logger_state, "log", None)) or not hasattr(logger_state, "logger"):
+        found.append("BrokerUsecase.config.logger")
     try:
         from faststream.rabbit.testing import FakeProducer  # noqa: F401, PLC0415
     except ImportError:

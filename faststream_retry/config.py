@@ -13,7 +13,10 @@ from faststream_retry.topology import TopologyOptions
 if TYPE_CHECKING:
     from datetime import timedelta
 
-__all__ = ["RetryConfig"]
+__all__ = ["RETRY_TRACEBACKS", "RetryConfig", "traceback_on_retry"]
+
+RETRY_TRACEBACKS = ("first", "every", "never")
+"""The values of ``log_retry_traceback``: which retry log lines carry the traceback."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,7 @@ class RetryConfig:
     prefetch: int
     pause_s: float
     publish_timeout_s: float
+    log_retry_traceback: str
 
     @classmethod
     def build(  # one argument per option; their defaults live on RetryMiddleware
@@ -39,6 +43,7 @@ class RetryConfig:
         prefetch: int,
         publish_failure_pause: timedelta | float,
         publish_timeout: timedelta | float,
+        log_retry_traceback: str,
     ) -> RetryConfig:
         """Validate every option (see ``RetryMiddleware``), naming the one that is wrong."""
         if default is None:
@@ -49,6 +54,10 @@ class RetryConfig:
             raise RetryConfigError(f"prefix must be a short non-empty str, got {prefix!r}")
         if queue_type not in {"classic", "quorum"}:
             raise RetryConfigError(f"queue_type is 'classic' or 'quorum', got {queue_type!r}")
+        if log_retry_traceback not in RETRY_TRACEBACKS:
+            raise RetryConfigError(
+                f"log_retry_traceback is 'first', 'every' or 'never', got {log_retry_traceback!r}"
+            )
         _positive_int(delivery_limit, "delivery_limit")
         _positive_int(prefetch, "prefetch")
         tick_ms = None if tick is None else to_ms(tick, "tick")
@@ -67,7 +76,19 @@ class RetryConfig:
             prefetch=prefetch,
             pause_s=to_ms(publish_failure_pause, "publish_failure_pause") / 1000,
             publish_timeout_s=max(to_ms(publish_timeout, "publish_timeout") / 1000, 0.001),
+            log_retry_traceback=log_retry_traceback,
         )
+
+
+def traceback_on_retry(log_retry_traceback: str, attempt: int) -> bool:
+    """Return whether the log line of a retry after failed delivery ``attempt`` has a traceback.
+
+    ``first``: only a message's first failure (the one that tells what went wrong; the
+    next ones of a transient outage repeat it), ``every``: each one, ``never``: none.
+    """
+    if log_retry_traceback == "every":
+        return True
+    return log_retry_traceback == "first" and attempt == 1
 
 
 def _positive_int(value: object, name: str) -> None:

@@ -8,13 +8,12 @@ value (``Reason.EXHAUSTED == "exhausted"``).
 from __future__ import annotations
 
 import enum
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["EventKind", "Reason", "RetryEvent", "RetryHook", "Rule", "Verdict", "Word", "emit"]
+from faststream_retry._log import log
 
-log = logging.getLogger("faststream_retry")
+__all__ = ["EventKind", "Reason", "RetryEvent", "RetryHook", "Rule", "Verdict", "Word", "emit"]
 
 
 class Word(str, enum.Enum):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import random
 import traceback
 from datetime import timedelta
@@ -23,6 +22,7 @@ from faststream.exceptions import IgnoredException
 
 from faststream_retry import _faststream
 from faststream_retry import headers as h
+from faststream_retry._log import log
 from faststream_retry.config import RetryConfig
 from faststream_retry.decision import Action, Decision, decide
 from faststream_retry.errors import RetryConfigError
@@ -50,8 +50,6 @@ __all__ = ["RetryMiddleware"]
 
 _Covered = tuple[Runtime, "Route"]
 
-log = logging.getLogger("faststream_retry")
-
 
 class RetryMiddleware:
     """Retries for a FastStream ``RabbitBroker``, held by RabbitMQ itself.
@@ -77,6 +75,10 @@ class RetryMiddleware:
         publish_failure_pause: how long a message whose copy could not be confirmed
             is held before it is requeued (no hot loop while the broker is sick).
         publish_timeout: how long to wait for a broker confirm.
+        log_retry_traceback: which retry log lines carry the failure's traceback:
+            ``"first"`` (a message's first failure only: it says what went wrong,
+            and the next failures of an outage repeat it), ``"every"`` or ``"never"``.
+            A dead letter is always logged at ERROR with its traceback.
         hooks: callables that receive every ``RetryEvent``.
         tracer_provider: OpenTelemetry tracer provider for the plugin's spans
             (default: the global one; with no SDK configured no span is made).
@@ -95,6 +97,7 @@ class RetryMiddleware:
         prefetch: int = 200,
         publish_failure_pause: timedelta | float = timedelta(seconds=1),
         publish_timeout: timedelta | float = timedelta(seconds=30),
+        log_retry_traceback: str = "first",
         hooks: Sequence[RetryHook] = (),
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -110,11 +113,16 @@ class RetryMiddleware:
             prefetch=prefetch,
             publish_failure_pause=publish_failure_pause,
             publish_timeout=publish_timeout,
+            log_retry_traceback=log_retry_traceback,
         )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")
         self._hooks: list[RetryHook] = list(hooks)
-        reporter = Reporter(Telemetry(tracer_provider, meter_provider), self._hooks)
+        reporter = Reporter(
+            Telemetry(tracer_provider, meter_provider),
+            self._hooks,
+            log_retry_traceback=config.log_retry_traceback,
+        )
         self._plugin = Plugin(config, reporter)
 
     @property

@@ -10,11 +10,11 @@ subscribers' queues, so those must exist first). On stop it undoes that in rever
 from __future__ import annotations
 
 import asyncio
-import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry import _faststream
+from faststream_retry._log import log
 from faststream_retry.amqp.channels import ChannelPair, close_quietly
 from faststream_retry.amqp.declare import (
     check_broker,
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from faststream_retry.reporting import Reporter
 
 __all__ = ["Live", "Plugin", "Runtime"]
-
-log = logging.getLogger("faststream_retry")
 
 _INSTALLED_ATTR = "__faststream_retry_installed__"
 
@@ -323,6 +321,9 @@ class Plugin:
         _faststream.check()
         if middleware not in broker.middlewares:
             broker.add_middleware(middleware)
+        # The plugin's lines go through this broker's logger unless logging is
+        # configured for them (see _log).
+        log.send_to(_faststream.broker_outlet(broker))
         original_start = broker.start
         original_stop = broker.stop
         runtime = self.runtime(broker)

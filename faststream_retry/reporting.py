@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from faststream_retry._log import log
+from faststream_retry.config import traceback_on_retry
 from faststream_retry.events import EventKind, RetryEvent, RetryHook, emit
 from faststream_retry.telemetry import ATTR
 from faststream_retry.topology import dlq_name, retry_queue_name
@@ -24,8 +26,6 @@ if TYPE_CHECKING:
     from faststream_retry.telemetry import Telemetry
 
 __all__ = ["Copy", "Reporter"]
-
-log = logging.getLogger("faststream_retry")
 
 _SPAN_SUFFIX = {
     EventKind.SCHEDULED: "retry scheduled",
@@ -47,10 +47,21 @@ class Copy:
 class Reporter:
     """Reports steps; holds the telemetry and the hooks of one middleware (or worker)."""
 
-    def __init__(self, telemetry: Telemetry, hooks: Sequence[RetryHook]) -> None:
-        """Report to ``telemetry`` and ``hooks`` (a live sequence: hooks may come and go)."""
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        hooks: Sequence[RetryHook],
+        *,
+        log_retry_traceback: str = "first",
+    ) -> None:
+        """Report to ``telemetry`` and ``hooks`` (a live sequence: hooks may come and go).
+
+        ``log_retry_traceback`` says which retry lines carry the traceback (see
+        ``RetryMiddleware``); a dead letter's line always does.
+        """
         self.telemetry = telemetry
         self.hooks = hooks
+        self.log_retry_traceback = log_retry_traceback
 
     async def publish(
         self,
@@ -89,7 +100,7 @@ class Reporter:
                 elif span is not None and event.kind is EventKind.DEAD_LETTERED:
                     telemetry.fail(span, _dead_letter_status(event))
         if ok:
-            self.report(event)
+            self.report(event, exception)
         return ok
 
     def record(
@@ -110,22 +121,23 @@ class Reporter:
             ) as span:
                 if span is not None and exception is not None:
                     span.record_exception(exception)
-        self.report(event)
+        self.report(event, exception)
 
-    def report(self, event: RetryEvent) -> None:
+    def report(self, event: RetryEvent, exception: BaseException | None = None) -> None:
         """Count, log and hand ``event`` to the hooks; never raises.
 
         The step has happened when this runs (its copy is confirmed): a broken meter
         or log handler must not make the caller requeue a message already copied.
+        ``exception`` is the handler's failure, whose traceback the log line shows.
         """
         try:
-            self._report(event)
+            self._report(event, exception)
         except Exception:  # see the docstring: the copy exists, whatever fails here
             log.exception(
                 "faststream-retry could not report %s of message %s", event.kind, event.message_id
             )
 
-    def _report(self, event: RetryEvent) -> None:
+    def _report(self, event: RetryEvent, exception: BaseException | None) -> None:
         telemetry = self.telemetry
         kind = event.kind
         labels = {ATTR.QUEUE: event.queue} if kind is not EventKind.HOP else {}
@@ -134,6 +146,7 @@ class Reporter:
         if kind is EventKind.SCHEDULED:
             telemetry.scheduled.add(1, labels | {ATTR.RULE: str(event.rule)})
             telemetry.planned_delay.record(event.delay_ms or 0, labels)
+            with_traceback = traceback_on_retry(self.log_retry_traceback, event.attempt)
             log.info(
                 "retry scheduled for message %s from %s: attempt=%d/%d delay=%dms "
                 "rule=%s error=%s: %s",
@@ -145,11 +158,12 @@ class Reporter:
                 event.rule,
                 event.exception,
                 event.error,
+                exc_info=exception if with_traceback else None,
                 extra=_log_fields(event),
             )
         elif kind is EventKind.DEAD_LETTERED:
             telemetry.dead_lettered.add(1, labels | {ATTR.REASON: str(event.reason)})
-            log.warning(
+            log.error(
                 "dead-lettered message %s from %s to %s: reason=%s attempt=%d/%s error=%s: %s",
                 event.message_id,
                 event.queue,
@@ -159,6 +173,7 @@ class Reporter:
                 event.max_attempts or "?",
                 event.exception,
                 event.error,
+                exc_info=exception,
                 extra=_log_fields(event),
             )
         else:
@@ -175,6 +190,7 @@ class Reporter:
                     event.message_id,
                     retry_queue_name(event.queue),
                     event.due_ms,
+                    extra=_log_fields(event),
                 )
         if self.hooks:  # events go nowhere when nobody listens
             emit(self.hooks, event)
@@ -222,8 +238,13 @@ def _span_attributes(event: RetryEvent, copy: Copy | None, tier_ms: int | None) 
 
 
 def _log_fields(event: RetryEvent) -> dict[str, Any]:
-    """Fields for structured log handlers (JSON formatters read ``record.retry``)."""
+    """Fields for structured log handlers (JSON formatters read ``record.retry``).
+
+    ``queue`` and ``message_id`` fill the columns of FastStream's broker logger.
+    """
     return {
+        "queue": event.queue,
+        "message_id": event.message_id or "",
         "retry": {
             "event": str(event.kind),
             "queue": event.queue,
@@ -234,5 +255,5 @@ def _log_fields(event: RetryEvent) -> dict[str, Any]:
             "reason": None if event.reason is None else str(event.reason),
             "exception": event.exception,
             "rule": None if event.rule is None else str(event.rule),
-        }
+        },
     }

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from aio_pika import Channel
 
+from faststream_retry._log import log
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
@@ -28,8 +30,6 @@ if TYPE_CHECKING:
     OnOpen = Callable[[AbstractChannel, AbstractChannel], Awaitable[None]]
 
 __all__ = ["RPC_TIMEOUT_S", "ChannelPair", "close_quietly"]
-
-log = logging.getLogger("faststream_retry")
 
 RPC_TIMEOUT_S = 30.0
 """Bounds every declare, consume, cancel and close: a broker that does not answer must

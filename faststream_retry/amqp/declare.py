@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from aio_pika.abc import ExchangeType
 from aiormq.exceptions import ChannelPreconditionFailed
 
+from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S
 from faststream_retry.errors import RetryTopologyError
 
@@ -38,8 +39,6 @@ __all__ = [
     "parse_version",
     "work_queue_findings",
 ]
-
-log = logging.getLogger("faststream_retry")
 
 MIN_VERSION = {"classic": (3, 8), "quorum": (3, 10)}
 """Oldest RabbitMQ per queue type: quorum queues need 3.10 for message TTL and

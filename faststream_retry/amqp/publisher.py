@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from aiormq.exceptions import AMQPError, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
+
+from faststream_retry._log import log
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
     from faststream_retry.reporting import Copy
 
 __all__ = ["Outcome", "Publisher", "copy_properties", "encodable_headers"]
-
-log = logging.getLogger("faststream_retry")
 
 
 class Outcome(enum.Enum):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry import headers as h
+from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S
 from faststream_retry.amqp.declare import declare_retry_queue
 from faststream_retry.amqp.publisher import Outcome
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from faststream_retry.topology import Plan, Route
 
 __all__ = ["RecheckConsumer", "settle"]
-
-log = logging.getLogger("faststream_retry")
 
 
 class RecheckConsumer:

@@ -14,7 +14,6 @@ queues with messages and no consumer that no subscriber of this app owns.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,8 +31,6 @@ if TYPE_CHECKING:
     from faststream_retry.topology import Plan
 
 __all__ = ["Stranded", "retry_queues_in_use", "survey"]
-
-log = logging.getLogger("faststream_retry")
 
 # A registry record is a queue name: AMQP caps those at 255 bytes.
 _MAX_NAME_BYTES = 255

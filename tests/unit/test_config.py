@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from faststream_retry import Fixed, RetryConfigError, RetryPolicy
-from faststream_retry.config import RetryConfig
+from faststream_retry.config import RETRY_TRACEBACKS, RetryConfig, traceback_on_retry
 from faststream_retry.topology import TopologyOptions
 
 STOCK: dict[str, Any] = {
@@ -20,6 +20,7 @@ STOCK: dict[str, Any] = {
     "prefetch": 100,
     "publish_failure_pause": 1,
     "publish_timeout": 10,
+    "log_retry_traceback": "first",
 }
 
 
@@ -46,6 +47,7 @@ def test_every_option_is_carried_in_the_plugins_units() -> None:
         prefetch=3,
         publish_failure_pause=timedelta(milliseconds=250),
         publish_timeout=2.5,
+        log_retry_traceback="every",
     )
     assert config == RetryConfig(
         default=default,
@@ -55,6 +57,7 @@ def test_every_option_is_carried_in_the_plugins_units() -> None:
         prefetch=3,
         pause_s=0.25,
         publish_timeout_s=2.5,
+        log_retry_traceback="every",
     )
 
 
@@ -113,3 +116,40 @@ def test_default_must_be_a_policy() -> None:
     with pytest.raises(RetryConfigError) as raised:
         RetryConfig.build({"max_attempts": 3}, **STOCK)  # type: ignore[arg-type]
     assert str(raised.value) == "default takes a RetryPolicy(...), got {'max_attempts': 3}"
+
+
+@pytest.mark.parametrize("value", ["first", "every", "never"])
+def test_each_retry_traceback_choice_is_carried(value: str) -> None:
+    """``log_retry_traceback`` takes exactly the three documented values."""
+    assert build(log_retry_traceback=value).log_retry_traceback == value
+    assert value in RETRY_TRACEBACKS
+
+
+def test_retry_traceback_choices_are_the_documented_three() -> None:
+    """The allowed values, in the order the error and the docs give them."""
+    assert RETRY_TRACEBACKS == ("first", "every", "never")
+
+
+@pytest.mark.parametrize("value", ["First", "all", "", None, True, 1])
+def test_an_unknown_retry_traceback_choice_names_the_allowed_ones(value: object) -> None:
+    """A typo fails at construction, listing what is allowed."""
+    assert refusal(log_retry_traceback=value) == (
+        f"log_retry_traceback is 'first', 'every' or 'never', got {value!r}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("choice", "attempt", "expected"),
+    [
+        ("first", 1, True),
+        ("first", 2, False),
+        ("first", 0, False),
+        ("every", 1, True),
+        ("every", 5, True),
+        ("never", 1, False),
+        ("never", 3, False),
+    ],
+)
+def test_which_retry_lines_carry_the_traceback(choice: str, attempt: int, expected: bool) -> None:
+    """first: a message's first failure only; every: each; never: none."""
+    assert traceback_on_retry(choice, attempt) is expected

@@ -213,6 +213,8 @@ def test_every_probe_passes_on_the_installed_faststream() -> None:
         ("function", "HandlerItem.handler._declared_call / _original_call"),
         ("ack_policy", "SubscriberUsecase.ack_policy"),
         ("producer", "BrokerUsecase.config.producer"),
+        ("logger", "BrokerUsecase.config.logger"),
+        ("logger_object", "BrokerUsecase.config.logger"),
     ],
 )
 def test_a_renamed_internal_is_named(broken: str, name: str) -> None:
@@ -224,7 +226,8 @@ def test_a_renamed_internal_is_named(broken: str, name: str) -> None:
         calls=[item],
         ack_policy=AckPolicy.REJECT_ON_ERROR,
     )
-    broker = SimpleNamespace(config=SimpleNamespace(producer=object()))
+    logger_state = SimpleNamespace(log=print, logger=None)
+    broker = SimpleNamespace(config=SimpleNamespace(producer=object(), logger=logger_state))
     handler = item.handler  # what the subscriber decorator returned
     if broken == "prefix":
         del sub._outer_config.prefix
@@ -238,8 +241,12 @@ def test_a_renamed_internal_is_named(broken: str, name: str) -> None:
         del item.handler._declared_call
     elif broken == "ack_policy":
         del sub.ack_policy
-    else:
+    elif broken == "producer":
         del broker.config.producer
+    elif broken == "logger":
+        del logger_state.log
+    else:
+        del logger_state.logger
     assert fs.problems(fs.Sample(broker, sub, print, "probe.queue", handler)) == [name]
 
 

@@ -112,12 +112,17 @@ async def test_an_unconfirmed_step_is_a_failed_span_and_nothing_else() -> None:
     assert harness.events == []
 
 
-async def test_dead_letters_are_error_spans_and_warnings(caplog: pytest.LogCaptureFixture) -> None:
-    """Dead-lettered: ERROR span with reason and DLQ, the reason counter, one WARNING."""
+async def test_dead_letters_are_error_spans_and_error_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Dead-lettered: ERROR span with reason and DLQ, the reason counter, one ERROR line."""
     harness = Harness()
     event = failure(EventKind.DEAD_LETTERED, reason=Reason.EXHAUSTED)
     caplog.set_level(logging.DEBUG, logger="faststream_retry")
-    await harness.reporter.publish(event, Copy("", "orders.dlq", {}), confirmed, incoming={})
+    error = TimeoutError("slow")
+    await harness.reporter.publish(
+        event, Copy("", "orders.dlq", {}), confirmed, incoming={}, exception=error
+    )
     (span,) = harness.spans.get_finished_spans()
     assert span.name == "orders dead-letter"
     assert span.status.status_code is StatusCode.ERROR
@@ -125,8 +130,11 @@ async def test_dead_letters_are_error_spans_and_warnings(caplog: pytest.LogCaptu
     assert (span.attributes[ATTR.REASON], span.attributes[ATTR.DLQ]) == ("exhausted", "orders.dlq")
     assert harness.counts() == {METRICS.FAILURES: 1, METRICS.DEAD_LETTERED: 1}
     (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
-    assert line.levelname == "WARNING"
+    assert line.levelname == "ERROR"
     assert "to orders.dlq: reason=exhausted attempt=2/4" in line.getMessage()
+    assert line.exc_info is not None
+    assert line.exc_info[1] is error  # the handler's traceback, whatever the retry setting
+    assert (line.queue, line.message_id) == ("orders", "m-1")  # type: ignore[attr-defined]
 
 
 async def test_recheck_steps_continue_the_message_trace_and_stay_at_debug(
@@ -189,3 +197,40 @@ async def test_a_broken_instrument_never_turns_a_confirmed_step_into_a_requeue(
     event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
     copy = Copy("p.delay.400", "orders.retry", {})
     assert await harness.reporter.publish(event, copy, confirmed, incoming={})
+
+
+@pytest.mark.parametrize(
+    ("choice", "attempt", "with_traceback"),
+    [("first", 1, True), ("first", 2, False), ("every", 3, True), ("never", 1, False)],
+)
+def test_retry_lines_carry_the_traceback_as_configured(
+    caplog: pytest.LogCaptureFixture, choice: str, attempt: int, with_traceback: bool
+) -> None:
+    """log_retry_traceback: the first failure's traceback by default; every or never."""
+    reporter = Reporter(Telemetry(None, None), [], log_retry_traceback=choice)
+    error = ConnectionError("down")
+    event = RetryEvent(
+        EventKind.SCHEDULED,
+        "orders",
+        None,
+        attempt,
+        1_000,
+        max_attempts=5,
+        delay_ms=100,
+        exception="ConnectionError",
+        error="down",
+        rule=Rule.BUILTIN,
+        classification=Verdict.TRANSIENT,
+    )
+    caplog.set_level(logging.INFO, logger="faststream_retry")
+    reporter.report(event, error)
+    (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert line.levelname == "INFO"
+    assert (line.exc_info is not None) is with_traceback
+    # FastStream's message id column wants a str, never None.
+    assert line.message_id == ""  # type: ignore[attr-defined]
+
+
+def test_the_stock_reporter_logs_the_first_failures_traceback() -> None:
+    """Without the option, a Reporter behaves as RetryMiddleware's default says."""
+    assert Reporter(Telemetry(None, None), []).log_retry_traceback == "first"

@@ -1,0 +1,209 @@
+"""Where the plugin's log lines go: the user's logging when configured, else the broker's logger."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from faststream.rabbit import RabbitBroker
+
+from faststream_retry import _faststream as fs
+from faststream_retry._log import NAME, PluginLogger, log
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+class Outlet:
+    """A broker's logger, as ``_faststream.broker_outlet`` hands it over."""
+
+    def __init__(self, *, answer: bool = True, fail: bool = False) -> None:
+        self.lines: list[tuple[int, str, BaseException | None, Mapping[str, Any]]] = []
+        self.answer = answer
+        self.fail = fail
+
+    def __call__(
+        self, level: int, text: str, exc: BaseException | None, extra: Mapping[str, Any]
+    ) -> bool:
+        if self.fail:
+            raise RuntimeError("broken outlet")
+        self.lines.append((level, text, exc, extra))
+        return self.answer
+
+
+@pytest.fixture
+def unconfigured() -> PluginLogger:
+    """A plugin logger whose logging.Logger reaches no handler.
+
+    Outside the logger tree: pytest puts its capture handlers on the root and on
+    loggers that do not propagate.
+    """
+    logger = logging.Logger("unconfigured")  # noqa: LOG001 - outside the tree, on purpose
+    logger.parent = logging.Logger("root", logging.WARNING)  # noqa: LOG001 - a stand-in root
+    return PluginLogger(logger)
+
+
+def test_the_plugin_logs_under_its_documented_name() -> None:
+    """Users who configured ``faststream_retry`` keep getting the lines there."""
+    assert NAME == "faststream_retry"
+    assert log.logger is logging.getLogger("faststream_retry")
+    assert PluginLogger().logger is logging.getLogger("faststream_retry")
+    mine = logging.Logger("mine")  # noqa: LOG001 - any logger
+    assert PluginLogger(mine).logger is mine
+
+
+def test_without_configuration_lines_go_to_the_broker(unconfigured: PluginLogger) -> None:
+    """No handler anywhere: the broker's logger gets the formatted line, level and extras."""
+    outlet = Outlet()
+    unconfigured.send_to(outlet)
+    error = ValueError("bad")
+    unconfigured.log(
+        logging.ERROR, "message %s from %s", "m-1", "q", exc_info=error, extra={"a": 1}
+    )
+    unconfigured.info("plain %d%%", 5)
+    unconfigured.warning("w")
+    unconfigured.error("e")
+    unconfigured.debug("hidden: DEBUG needs a level set on the logger")
+    assert outlet.lines == [
+        (logging.ERROR, "message m-1 from q", error, {"a": 1}),
+        (logging.INFO, "plain 5%", None, {}),
+        (logging.WARNING, "w", None, {}),
+        (logging.ERROR, "e", None, {}),
+    ]
+
+
+def test_a_text_without_arguments_is_taken_as_it_is(unconfigured: PluginLogger) -> None:
+    """A percent sign in a line without arguments is not a format."""
+    outlet = Outlet()
+    unconfigured.send_to(outlet)
+    unconfigured.info("100% done")
+    assert outlet.lines == [(logging.INFO, "100% done", None, {})]
+
+
+def test_exception_sends_the_exception_being_handled(unconfigured: PluginLogger) -> None:
+    """``log.exception`` inside ``except``: the broker's logger gets that exception."""
+    outlet = Outlet()
+    unconfigured.send_to(outlet)
+    error = KeyError("k")
+    try:
+        raise error
+    except KeyError:
+        unconfigured.exception("failed %s", "x")
+    assert outlet.lines == [(logging.ERROR, "failed x", error, {})]
+
+
+def test_a_configured_logger_gets_the_line_and_the_broker_does_not(
+    unconfigured: PluginLogger,
+) -> None:
+    """A handler on the logger (or an ancestor): the user's logging rules, never both."""
+    outlet = Outlet()
+    unconfigured.send_to(outlet)
+    lines = Lines()
+    unconfigured.logger.addHandler(lines)
+    unconfigured.logger.setLevel(logging.DEBUG)
+    unconfigured.info("one %s", "line", extra={"retry": {"queue": "q"}})
+    unconfigured.debug("and a debug one")
+    assert outlet.lines == []
+    assert [(r.levelname, r.getMessage()) for r in lines.records] == [
+        ("INFO", "one line"),
+        ("DEBUG", "and a debug one"),
+    ]
+    assert lines.records[0].retry == {"queue": "q"}  # type: ignore[attr-defined]
+
+
+def test_a_level_set_on_the_logger_applies_to_the_broker_path(unconfigured: PluginLogger) -> None:
+    """setLevel without a handler: the level filters, the broker's logger prints."""
+    outlet = Outlet()
+    unconfigured.send_to(outlet)
+    unconfigured.logger.setLevel(logging.WARNING)
+    unconfigured.info("dropped")
+    unconfigured.warning("kept")
+    unconfigured.logger.setLevel(logging.DEBUG)
+    unconfigured.debug("now kept")
+    assert [(level, text) for level, text, _, _ in outlet.lines] == [
+        (logging.WARNING, "kept"),
+        (logging.DEBUG, "now kept"),
+    ]
+
+
+def test_is_enabled_for(unconfigured: PluginLogger) -> None:
+    """INFO and up by default on the broker path; the logger's own level otherwise."""
+    assert not unconfigured.isEnabledFor(logging.INFO)  # no outlet: Python's WARNING default
+    assert unconfigured.isEnabledFor(logging.WARNING)
+    unconfigured.send_to(Outlet())
+    assert unconfigured.isEnabledFor(logging.INFO)
+    assert not unconfigured.isEnabledFor(logging.DEBUG)
+    unconfigured.logger.setLevel(logging.DEBUG)
+    assert unconfigured.isEnabledFor(logging.DEBUG)
+    unconfigured.logger.setLevel(logging.NOTSET)
+    unconfigured.logger.addHandler(Lines())
+    assert not unconfigured.isEnabledFor(logging.INFO)  # root's WARNING rules now
+
+
+@pytest.mark.parametrize("outlet", [Outlet(answer=False), Outlet(fail=True)])
+def test_a_broker_that_cannot_log_falls_back_to_logging(
+    unconfigured: PluginLogger, outlet: Outlet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Broker gone, logger not set up yet, or a broken outlet: the line is not lost."""
+    unconfigured.send_to(outlet)
+    unconfigured.warning("kept %s", "anyway")
+    assert "kept anyway" in capsys.readouterr().err  # Python's last resort
+
+
+def test_no_outlet_means_plain_logging(
+    unconfigured: PluginLogger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before any install() the lines go to logging as any library's do."""
+    unconfigured.warning("plain")
+    unconfigured.send_to(None)
+    unconfigured.warning("plain again")
+    assert capsys.readouterr().err.splitlines() == ["plain", "plain again"]
+
+
+def test_the_broker_outlet_writes_to_faststreams_logger_once_it_is_set_up() -> None:
+    """``BrokerUsecase.config.logger``: nothing before connect, then the broker's logger."""
+    mine = logging.getLogger(f"mine.{uuid.uuid4().hex}")
+    mine.propagate = False
+    lines = Lines()
+    mine.addHandler(lines)
+    mine.setLevel(logging.DEBUG)
+    broker = RabbitBroker(logger=mine)
+    outlet = fs.broker_outlet(broker)
+    assert outlet(logging.INFO, "too early", None, {}) is False
+    broker._setup_logger()  # what connect() does
+    error = ValueError("v")
+    assert outlet(logging.ERROR, "hello", error, {"queue": "q"}) is True
+    ((record),) = lines.records
+    assert (record.levelno, record.getMessage(), record.queue) == (  # type: ignore[attr-defined]
+        logging.ERROR,
+        "hello",
+        "q",
+    )
+    assert record.exc_info is not None
+    assert record.exc_info[1] is error
+
+
+def test_a_silenced_broker_silences_the_plugin_too() -> None:
+    """``RabbitBroker(logger=None)``: written nowhere, and not handed to logging either."""
+    broker = RabbitBroker(logger=None)
+    broker._setup_logger()
+    assert fs.broker_outlet(broker)(logging.ERROR, "quiet", None, {}) is True
+
+
+def test_a_collected_broker_is_not_kept_alive() -> None:
+    """The outlet holds the broker weakly: once it is gone, logging takes over."""
+    broker = RabbitBroker()
+    outlet = fs.broker_outlet(broker)
+    del broker
+    assert outlet(logging.INFO, "x", None, {}) is False
