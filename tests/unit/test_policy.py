@@ -20,6 +20,7 @@ from faststream_retry import (
     Schedule,
     retry_policy,
 )
+from faststream_retry import policy as policy_module
 from faststream_retry.policy import HandlerPolicy, effective_policy, get_handler_policy, to_ms
 
 if TYPE_CHECKING:
@@ -178,6 +179,8 @@ class TestRetryPolicyDecorator:
         wrapper = Slotted()
         other = Slotted()
         assert retry_policy(max_attempts=2)(wrapper) is wrapper
+        # Kept alive with its policy: no later object can take over its id.
+        assert any(held is wrapper for held, _ in policy_module._HELD.values())
         policy = get_handler_policy(wrapper)
         assert policy is not None
         assert policy.options == {"max_attempts": 2}
