@@ -71,8 +71,10 @@ class PluginLogger:
             if not self.isEnabledFor(level):
                 return
             exception = sys.exc_info()[1] if exc_info is True else exc_info or None
-            text = msg % args if args else msg
             try:
+                # Formatting can raise too (an argument whose __str__ raises): then the
+                # line goes to logging, which reports such errors without raising.
+                text = msg % args if args else msg
                 if outlet(level, text, exception, extra or {}):
                     return
             except Exception:  # noqa: S110 - a broken outlet must not lose the line
