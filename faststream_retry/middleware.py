@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from faststream import BaseMiddleware, SourceType
 from faststream.exceptions import IgnoredException
 
-from faststream_retry import _faststream
+from faststream_retry import _faststream, wiring
 from faststream_retry import headers as h
 from faststream_retry._log import log
 from faststream_retry.config import RetryConfig
@@ -327,7 +327,7 @@ class _RetryScope(BaseMiddleware):
         route = topology.route(_faststream.queue_of(sub) or "")
         if route is None and live is not None:
             try:
-                route = await runtime.adopt(sub)
+                route = await wiring.cover_failed(runtime, sub)
             except Exception:  # its queues could not be declared: keep the message
                 log.exception(
                     "faststream-retry could not cover %r; requeueing message %s",

@@ -13,18 +13,18 @@ import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry import _faststream
+from faststream_retry import _faststream, wiring
 from faststream_retry._log import log
-from faststream_retry.amqp.channels import ChannelPair, close_quietly
+from faststream_retry.amqp.channels import ChannelPair
 from faststream_retry.amqp.declare import (
     check_broker,
-    declare_route,
+    declare_late_route,
     declare_topology,
     work_queue_findings,
 )
 from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.recheck import RecheckConsumer
-from faststream_retry.amqp.registry import retry_queues_in_use, survey
+from faststream_retry.amqp.registry import record, retry_queues_in_use, survey
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.topology import Plan, Route, plan, retry_queue_name
 
@@ -62,7 +62,7 @@ class Live:
         )
         self.publisher = Publisher(self.channels.underlay_for_publish, config.publish_timeout_s)
         self.recheck = RecheckConsumer(topology, self.publisher, reporter, pause_s=config.pause_s)
-        self._connection = connection
+        self.connection = connection
         self._wait_s = config.publish_timeout_s
         self._consuming = False
         self._adopting = asyncio.Lock()
@@ -97,32 +97,36 @@ class Live:
         self.channels.forget_consumers()
         await self.recheck.stop(self._wait_s)
 
-    async def adopt(self, route: Route) -> Route:
-        """Cover ``route`` from now on: declare its queues, consume its ``.retry``.
+    async def cover(self, route: Route) -> Route:
+        """Cover ``route`` from now on: declare its queues and record it; no consumer yet.
 
-        For a subscriber started after the broker. Its queues are declared before
-        this returns, so the first copy has somewhere to go; the re-check consumer
-        starts if the plugin's consumers run (a reopen starts it with the others).
+        For a subscriber that joins the running broker. Its queues exist when this
+        returns, so its first copy has somewhere to go; ``consume`` starts its
+        re-check consumer once the subscriber consumes.
+
+        Raises:
+            RetryTopologyError: one of its queues exists with other arguments.
         """
         async with self._adopting:  # two first failures at once declare once
             known = self.plan.route(route.queue)
             if known is not None:
                 return known
             topology = self.plan.with_route(route)
-            channel = await self._connection.channel()
-            try:
-                await declare_route(channel, topology, route)
-            finally:
-                await close_quietly(channel)
+            await declare_late_route(self.connection, topology, route)
             self.plan = self.recheck.plan = topology
+        await record(self.connection, topology, route.queue)
+        log.info(
+            "faststream-retry: now covering %r (its subscriber joined the running broker)",
+            route.queue,
+        )
+        return route
+
+    async def consume(self, route: Route) -> None:
+        """Start ``route``'s re-check consumer, if the plugin's consumers run."""
         if self._consuming:
             tag = await self.recheck.add(route)
             if tag is not None:
                 self.channels.track(tag)
-        log.info(
-            "faststream-retry: now covering %r (subscriber started after the broker)", route.queue
-        )
-        return route
 
     async def forget(self, queue: str) -> None:
         """Stop covering ``queue`` (its subscriber stopped): its re-check consumer stops."""
@@ -167,16 +171,27 @@ class Runtime:
         )
         return self._plan
 
-    async def adopt(self, sub: Any) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
-        """Cover a subscriber added after start; ``None`` if it has no retries or none run."""
+    async def cover(self, sub: Any, *, consume: bool) -> Route | None:  # noqa: ANN401
+        """Cover a subscriber that joins the running broker; ``None``: nothing to cover.
+
+        A subscriber with retries off is covered only if its ``.retry`` exists (what
+        waits there still goes home). ``consume`` starts its re-check consumer now;
+        otherwise ``Live.consume`` does, once the subscriber consumes.
+        """
         route = _faststream.route_of(sub)
         live = self.live
-        if live is None or route is None or not route.enabled(self.config.default):
+        if live is None or route is None or _faststream.acks_first(sub):
+            return None  # ACK_FIRST: acked before its handler ran, nothing to keep
+        if (
+            not route.enabled(self.config.default)
+            and route.queue not in live.plan.routes
+            and not await retry_queues_in_use(live.connection, [route.queue])
+        ):
             return None
-        if _faststream.acks_first(sub):  # acked before its handler ran: nothing to keep
-            return None
-        route = await live.adopt(route)
+        route = await live.cover(route)
         self._plan = live.plan
+        if consume:
+            await live.consume(route)
         return route
 
     async def forget(self, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subscriber
@@ -329,10 +344,15 @@ class Plugin:
         runtime = self.runtime(broker)
 
         async def start() -> None:
+            if runtime.live is not None:
+                # Started again while running (to start a router included late):
+                # FastStream starts the subscribers, and the new ones are followed.
+                await original_start()
+                return
             # Planned from the subscribers the broker has now, at start.
             topology = runtime.replan()
-            _refuse_ack_first(broker, topology)
-            _refuse_other_instances(broker, middleware)
+            wiring.refuse_ack_first(broker, topology)
+            wiring.refuse_other_instances(broker, middleware)
             await runtime.start(await broker.connect(), topology)
             await original_start()
             await runtime.start_consumers()
@@ -351,82 +371,8 @@ class Plugin:
             finally:
                 await runtime.stop()
 
-        original_subscriber = broker.subscriber
-
-        def subscriber(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - FastStream's
-            sub = original_subscriber(*args, **kwargs)
-            if runtime.live is not None:
-                _follow(runtime, sub)
-            return sub
-
         broker.start = start  # type: ignore[method-assign]
         broker.stop = stop  # type: ignore[method-assign]
-        broker.subscriber = subscriber  # type: ignore[method-assign]
+        wiring.watch(broker, runtime, middleware)
         setattr(broker, _INSTALLED_ATTR, middleware)
         return broker
-
-
-def _follow(runtime: Runtime, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subscriber
-    """Cover a subscriber made while the broker runs when it starts, until it stops.
-
-    Its re-check consumer then releases copies waiting from an earlier run too. A
-    subscriber that reaches the broker otherwise (a router included late) is covered
-    at its first failure instead.
-    """
-    original_start, original_stop = sub.start, sub.stop
-
-    async def start() -> None:
-        route = _faststream.route_of(sub)
-        if route is not None and route.enabled(runtime.config.default):
-            _refuse_ack_first_of(sub, route)  # before it consumes anything
-        await original_start()
-        await runtime.adopt(sub)
-
-    async def stop() -> None:
-        await runtime.forget(sub)
-        await original_stop()
-
-    sub.start, sub.stop = start, stop
-
-
-def _refuse_ack_first(broker: RabbitBroker, topology: Plan) -> None:
-    for sub in broker.subscribers:
-        route = topology.route(_faststream.queue_of(sub) or "")
-        if route is not None:
-            _refuse_ack_first_of(sub, route)
-
-
-def _refuse_ack_first_of(sub: Any, route: Route) -> None:  # noqa: ANN401 - a subscriber
-    if _faststream.acks_first(sub):
-        raise RetryConfigError(
-            f"subscriber of {route.queue!r} uses AckPolicy.ACK_FIRST: the message is "
-            "acked before the handler runs, so a failure cannot be retried safely. "
-            "Use the default ack policy, or switch retries off for it with "
-            "@retry_policy(enabled=False)"
-        )
-
-
-def _refuse_other_instances(broker: RabbitBroker, middleware: Any) -> None:  # noqa: ANN401
-    """Refuse a second ``RetryMiddleware`` in any subscriber's stack: both would decide."""
-    cls = type(middleware)
-    covers: dict[int, tuple[Any, list[str]]] = {}
-    for sub in broker.subscribers:
-        for found in _faststream.middlewares_of(sub):
-            if isinstance(found, cls):
-                _, queues = covers.setdefault(id(found), (found, []))
-                queue = _faststream.queue_of(sub) or "?"
-                if queue not in queues:
-                    queues.append(queue)
-    if len(covers) < 2:  # one instance, or none yet
-        return
-    places = "; ".join(
-        f"RetryMiddleware(prefix {found.prefix!r}){' (installed)' if found is middleware else ''}"
-        f" on {', '.join(sorted(queues))}"
-        for found, queues in covers.values()
-    )
-    raise RetryConfigError(
-        f"two RetryMiddleware instances sit on this broker's subscribers: {places}. Each "
-        "would decide every failure of the queues it covers, and both would copy it. Use "
-        "one instance: pass the same RetryMiddleware to the broker and to the routers "
-        "(or to the broker only) and call install() once"
-    )

@@ -33,6 +33,7 @@ __all__ = [
     "MIN_VERSION",
     "Mismatch",
     "check_broker",
+    "declare_late_route",
     "declare_retry_queue",
     "declare_topology",
     "parse_mismatch",
@@ -165,16 +166,42 @@ async def check_broker(connection: AbstractRobustConnection, plan: Plan) -> tupl
         if mismatch is not None:
             mismatches.append(mismatch)
     if mismatches:
-        lines = [
-            f"- {m.kind} {m.name!r}: argument {m.argument!r} is {_show(m.current)} on the "
-            f"broker, the plugin declares {_show(m.wanted)}. To migrate: {_advice(m, prefix)}"
-            for m in mismatches
-        ]
-        raise RetryTopologyError(
-            "faststream-retry cannot use queues that exist with other arguments "
-            "(RabbitMQ would refuse with 406 PRECONDITION_FAILED):\n" + "\n".join(lines)
-        )
+        raise _mismatch_error(mismatches, prefix)
     return version
+
+
+def _mismatch_error(mismatches: list[Mismatch], prefix: str) -> RetryTopologyError:
+    lines = [
+        f"- {m.kind} {m.name!r}: argument {m.argument!r} is {_show(m.current)} on the "
+        f"broker, the plugin declares {_show(m.wanted)}. To migrate: {_advice(m, prefix)}"
+        for m in mismatches
+    ]
+    return RetryTopologyError(
+        "faststream-retry cannot use queues that exist with other arguments "
+        "(RabbitMQ would refuse with 406 PRECONDITION_FAILED):\n" + "\n".join(lines)
+    )
+
+
+async def declare_late_route(
+    connection: AbstractRobustConnection, plan: Plan, route: Route
+) -> None:
+    """Declare the queues of a subscriber that joins the running broker, checked as at start.
+
+    Raises:
+        RetryTopologyError: one of them exists with other arguments (named, with how
+            to migrate), as ``check_broker`` says at start.
+    """
+    transport = connection.transport
+    if transport is None:
+        raise RetryTopologyError(f"the broker connection is closed; cannot cover {route.queue!r}")
+    mismatches = []
+    for name in (route.retry_queue, route.dlq):
+        arguments = dict(plan.spec(name).arguments)
+        mismatch = await _declare(transport.connection, "queue", name, arguments)
+        if mismatch is not None:
+            mismatches.append(mismatch)
+    if mismatches:
+        raise _mismatch_error(mismatches, plan.options.prefix)
 
 
 def work_queue_findings(

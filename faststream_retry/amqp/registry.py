@@ -20,17 +20,18 @@ from typing import TYPE_CHECKING
 import aio_pika
 from aiormq.exceptions import ChannelNotFoundEntity
 
+from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 from faststream_retry.topology import registry_name, retry_queue_name
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from aio_pika.abc import AbstractRobustConnection
+    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
     from faststream_retry.topology import Plan
 
-__all__ = ["Stranded", "retry_queues_in_use", "survey"]
+__all__ = ["Stranded", "record", "retry_queues_in_use", "survey"]
 
 # A registry record is a queue name: AMQP caps those at 255 bytes.
 _MAX_NAME_BYTES = 255
@@ -106,11 +107,26 @@ async def survey(
             elif depth[0] and not depth[1]:
                 stranded.append(Stranded(retry_queue_name(queue), depth[0]))
         for queue in sorted(set(plan.routes) - known):
-            await channel.default_exchange.publish(
-                aio_pika.Message(queue.encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                routing_key=name,
-                timeout=RPC_TIMEOUT_S,
-            )
+            await _publish_record(channel, name, queue)
     finally:
         await close_quietly(channel)
     return stranded
+
+
+async def record(connection: AbstractRobustConnection, plan: Plan, queue: str) -> None:
+    """Add ``queue`` to the registry (a subscriber that joined late); duplicates go at start."""
+    channel = await connection.channel(publisher_confirms=True)
+    try:
+        await _publish_record(channel, registry_name(plan.options.prefix), queue)
+    except Exception as exc:  # a diagnosis must not stop the subscriber
+        log.warning("faststream-retry: could not record %r in the registry: %r", queue, exc)
+    finally:
+        await close_quietly(channel)
+
+
+async def _publish_record(channel: AbstractChannel, registry: str, queue: str) -> None:
+    await channel.default_exchange.publish(
+        aio_pika.Message(queue.encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+        routing_key=registry,
+        timeout=RPC_TIMEOUT_S,
+    )

@@ -24,6 +24,7 @@ from faststream_retry import (
     RetryConfigError,
     RetryMiddleware,
     RetryPolicy,
+    RetryTopologyError,
     TransientError,
     retry_policy,
 )
@@ -368,3 +369,202 @@ async def test_a_late_ack_first_subscriber_is_refused_before_it_consumes(
 
 async def _never_called(body: str) -> None:  # pragma: no cover - refused before consuming
     raise AssertionError(body)
+
+
+async def _waiting(
+    amqp: AbstractRobustConnection, retry: RetryMiddleware, broker: Any, queue: str
+) -> int:
+    plan = retry.runtime(broker).plan
+    names = [f"{queue}.retry", *(plan.tier(t) for t in plan.tiers.ttls_ms)]
+    return sum([await queue_depth(amqp, name) for name in names])
+
+
+async def test_a_failure_in_flight_when_its_late_subscriber_stops_makes_one_copy(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """Stopping a late subscriber mid-failure: one copy, and no re-check consumer left behind.
+
+    Before, the in-flight failure covered the queue again after the stop had forgotten
+    it, and its re-check consumer ran on until the broker stopped.
+    """
+    retry = _retry(unique("inflight"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    queue = unique("inflight")
+    entered, go = asyncio.Event(), asyncio.Event()
+
+    async def slow(body: str) -> None:
+        entered.set()
+        await go.wait()
+        raise TransientError("timed out")
+
+    async with _running(amqp, retry, broker):
+        sub = broker.subscriber(queue, persistent=False)
+        sub(slow)
+        await sub.start()
+        await broker.publish("m1", queue=queue)
+        await asyncio.wait_for(entered.wait(), 10)
+        stopping = asyncio.create_task(sub.stop())
+        await eventually(lambda: not sub.running, what="the subscriber to stop taking messages")
+        go.set()
+        await asyncio.wait_for(stopping, 15)
+        assert await consumers(amqp, f"{queue}.retry") == 0
+        deadline = asyncio.get_running_loop().time() + 10
+        while await _waiting(amqp, retry, broker, queue) == 0:
+            assert asyncio.get_running_loop().time() < deadline, "the copy never arrived"
+            await asyncio.sleep(0.05)
+        assert await _waiting(amqp, retry, broker, queue) == 1
+        assert await queue_depth(amqp, queue) == 0
+
+
+async def test_a_late_subscribers_queue_is_in_the_registry(
+    rabbit_url: str, amqp: AbstractRobustConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A late subscriber's .retry left with messages is named at the next start without it."""
+    prefix, late = unique("late-reg"), unique("late-reg")
+    first = App(rabbit_url, prefix=prefix, default=RetryPolicy(max_attempts=50, backoff=Fixed(0.2)))
+
+    @first.broker.subscriber(unique("steady"))
+    async def steady(body: str) -> None: ...
+
+    async def failing(body: str) -> None:
+        raise TransientError("down")
+
+    await first.start()
+    try:
+        sub = first.broker.subscriber(late, persistent=False)
+        sub(failing)
+        await sub.start()
+        await first.broker.publish("m1", queue=late)
+        await eventually(lambda: any(e.kind == "released" for e in first.events), what="a hop")
+    finally:
+        await first.stop()
+    deadline = asyncio.get_running_loop().time() + 15
+    while await queue_depth(amqp, f"{late}.retry") < 1:
+        assert asyncio.get_running_loop().time() < deadline, "the copy never reached .retry"
+        await asyncio.sleep(0.05)
+    second = App(rabbit_url, prefix=prefix)
+
+    @second.broker.subscriber(unique("steady"))
+    async def steady_again(body: str) -> None: ...
+
+    caplog.set_level(logging.WARNING, "faststream_retry")
+    await second.start()
+    try:
+        lines = [r.getMessage() for r in caplog.records if "no subscriber" in r.getMessage()]
+        assert len(lines) == 1
+        assert f"{late}.retry (1)" in lines[0]
+    finally:
+        await second.stop()
+        await second.cleanup(amqp)
+        channel = await amqp.channel()
+        for name in (f"{late}.retry", f"{late}.dlq", late):
+            await channel.queue_delete(name)
+        await channel.close()
+
+
+async def test_a_late_subscriber_with_retries_off_releases_what_waits(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """Joining late with @retry_policy(enabled=False): its existing .retry is still released."""
+    prefix, queue = unique("late-off"), unique("late-off")
+    await _park_two(amqp, rabbit_url, prefix, queue)
+    app = App(rabbit_url, prefix=prefix)
+
+    @app.broker.subscriber(unique("steady"))
+    async def steady(body: str) -> None: ...
+
+    got: list[str] = []
+
+    @retry_policy(enabled=False)
+    async def handle(body: str) -> None:
+        got.append(body)
+
+    await app.start()
+    try:
+        sub = app.broker.subscriber(queue, persistent=False)
+        sub(handle)
+        await sub.start()
+        await eventually(lambda: sorted(got) == ["m1", "m2"], what="the parked messages")
+        assert await queue_depth(amqp, f"{queue}.retry") == 0
+    finally:
+        await app.stop()
+        await app.cleanup(amqp)
+
+
+async def test_a_late_subscriber_whose_queue_mismatches_does_not_start(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """Its .dlq exists with other arguments: RetryTopologyError with the migration, not started.
+
+    Before, a raw ChannelPreconditionFailed came out of sub.start() with the subscriber
+    already consuming, and every failure of it was requeued once a second for ever.
+    """
+    retry = _retry(unique("late-406"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    queue = unique("late-406")
+    channel = await amqp.channel()
+    await channel.declare_queue(f"{queue}.dlq", durable=True, arguments={"x-max-length": 5})
+    try:
+        async with _running(amqp, retry, broker):
+            sub = broker.subscriber(queue, persistent=False)
+            sub(_never_called)
+            with pytest.raises(RetryTopologyError) as caught:
+                await sub.start()
+            assert not sub.running
+            assert f"queue '{queue}.dlq': argument 'x-max-length'" in str(caught.value)
+            assert "To migrate" in str(caught.value)
+    finally:
+        await channel.queue_delete(f"{queue}.dlq")
+        await channel.close()
+
+
+async def test_a_router_included_after_start_is_followed(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """A router included late: what waits in its .retry comes home when it starts, no failure needed.
+
+    And its re-check consumer stops with it. Before, both waited for its first failure.
+    """
+    prefix, name = unique("late-router"), unique("orders")
+    queue = f"svc.{name}"
+    await _park_two(amqp, rabbit_url, prefix, queue)
+    app = App(rabbit_url, prefix=prefix)
+
+    @app.broker.subscriber(unique("steady"))
+    async def steady(body: str) -> None: ...
+
+    got: list[str] = []
+    router = RabbitRouter(prefix="svc.")
+
+    @router.subscriber(name)
+    async def orders(body: str) -> None:
+        got.append(body)
+
+    await app.start()
+    try:
+        app.broker.include_router(router)
+        for sub in router.subscribers:
+            await sub.start()
+        await eventually(lambda: sorted(got) == ["m1", "m2"], what="the parked messages")
+        for sub in router.subscribers:
+            await sub.stop()
+        assert await consumers(amqp, f"{queue}.retry") == 0
+    finally:
+        await app.stop()
+        await app.cleanup(amqp)
+
+
+async def test_another_instance_on_a_router_included_late_is_refused(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """include_router at run time with a second RetryMiddleware on the router: refused."""
+    retry, other = _retry(unique("one")), _retry(unique("other"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    router = RabbitRouter(prefix="svc.", middlewares=[other])
+    router.subscriber(unique("orders"))(_never_called)
+    async with _running(amqp, retry, broker):
+        with pytest.raises(RetryConfigError, match="two RetryMiddleware instances"):
+            broker.include_router(router)
