@@ -18,7 +18,14 @@ import pytest
 from faststream.rabbit import RabbitBroker
 from pydantic import BaseModel
 
-from faststream_retry import EventKind, Fixed, RetryEvent, RetryMiddleware, RetryPolicy
+from faststream_retry import (
+    EventKind,
+    Fixed,
+    RetryEvent,
+    RetryMiddleware,
+    RetryPolicy,
+    retry_policy,
+)
 from tests.rabbit import delete_declared, drain, headers_of, queue_depth, unique
 
 if TYPE_CHECKING:
@@ -39,7 +46,7 @@ class Order(BaseModel):
 
 def middleware(events: list[RetryEvent]) -> RetryMiddleware:
     return RetryMiddleware(
-        RetryPolicy(max_attempts=3, backoff=Fixed(0.1)),
+        RetryPolicy(max_attempts=4, backoff=Fixed(0.1)),
         prefix=unique("t"),
         tick=0.1,
         max_delay=60,
@@ -49,6 +56,7 @@ def middleware(events: list[RetryEvent]) -> RetryMiddleware:
 
 
 def handler(calls: Counter[int]) -> Callable[[Order], Any]:
+    @retry_policy(max_attempts=3)  # the handler's policy travels through FastAPI's wrapping
     async def take_order(order: Order) -> None:
         calls[order.id] += 1
         raise ConnectionError("warehouse down")
