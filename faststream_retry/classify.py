@@ -118,20 +118,21 @@ def classify(
 ) -> Classification:
     """Classify ``exc`` by the documented precedence (see the module docstring)."""
     try:
-        return _classify(
+        found = _classify(
             type(exc),
             (handler_transient, handler_permanent),
             (default_transient, default_permanent),
         )
     except Exception:  # a class that cannot be compared or hashed: see the docstring
-        return Classification(Verdict.TRANSIENT, Rule.FALLBACK)
+        found = None
+    return Classification(Verdict.TRANSIENT, Rule.FALLBACK) if found is None else found
 
 
 def _classify(
     cls: type[BaseException],
     handler: tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]],
     default: tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]],
-) -> Classification:
+) -> Classification | None:
     if issubclass(cls, (PermanentError, RetryConfigError)):
         return Classification(Verdict.PERMANENT, Rule.EXPLICIT)
     if issubclass(cls, TransientError):
@@ -146,4 +147,4 @@ def _classify(
         builtin = _builtin(base)
         if builtin is not None:
             return Classification(builtin, Rule.BUILTIN)
-    return Classification(Verdict.TRANSIENT, Rule.FALLBACK)
+    return None

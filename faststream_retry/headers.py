@@ -132,21 +132,20 @@ def exception_name(exc: BaseException) -> str:
     return truncate(name if module == "builtins" else f"{module}.{name}", EXCEPTION_LIMIT)
 
 
-def error_text(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
+def error_text(exc: BaseException, limit: int = ERROR_LIMIT, problem: str | None = None) -> str:
     """Return ``str(exc)`` as ``retry-error`` carries it, cut to ``limit`` bytes; never raises.
 
     An exception whose ``str()`` raises (``__str__`` reading an argument it was not
-    given, say) is described as ``<unprintable Name: str() raised Error>``.
+    given, say) is described as ``<unprintable Name: str() raised Error>``. A
+    ``problem`` (why the plugin overruled what the exception asked for) comes first.
     """
     try:
         # str() passes on a str subclass __str__ returns: str.__str__ makes it a plain
-        # str, whose slicing and encoding no application code overrides.
+        # str, whose encoding no application code overrides.
         text = str.__str__(str(exc))
-    except Exception as problem:  # the application's __str__: anything can happen
-        return truncate(
-            f"<unprintable {exception_name(exc)}: str() raised {exception_name(problem)}>", limit
-        )
-    return truncate(text, limit)
+    except Exception as raised:  # the application's __str__: anything can happen
+        text = f"<unprintable {exception_name(exc)}: str() raised {exception_name(raised)}>"
+    return truncate(text if problem is None else f"{problem} ({text})", limit)
 
 
 def traceback_text(exc: BaseException) -> str:
@@ -169,7 +168,7 @@ def traceback_text(exc: BaseException) -> str:
 def _utf8(text: str) -> bytes:
     # str.encode itself: a str subclass may override encode(); lone surrogates become
     # the text "\udc80" (a str() of bytes decoded with surrogateescape has them).
-    return str.encode(text, "utf-8", "backslashreplace")
+    return str.encode(text, errors="backslashreplace")
 
 
 def truncate(text: str, limit: int) -> str:
@@ -298,14 +297,23 @@ class FailureRecord:
 
     @classmethod
     def of(
-        cls, exc: BaseException, *, attempt: int, at_ms: int, delay_ms: int = 0
+        cls,
+        exc: BaseException,
+        *,
+        attempt: int,
+        at_ms: int,
+        delay_ms: int = 0,
+        problem: str | None = None,
     ) -> FailureRecord:
-        """Describe ``exc``, the failure of handler call ``attempt``; never raises."""
+        """Describe ``exc``, the failure of handler call ``attempt``; never raises.
+
+        ``problem`` is as in ``error_text``.
+        """
         return cls(
             attempt=attempt,
             at_ms=at_ms,
             exception=exception_name(exc),
-            error=error_text(exc),
+            error=error_text(exc, problem=problem),
             delay_ms=delay_ms,
         )
 

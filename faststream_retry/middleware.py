@@ -481,7 +481,13 @@ def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Exception) -> N
 
 
 def _failure(decision: Decision, exc: Exception, now: int) -> h.FailureRecord:
-    return h.FailureRecord.of(exc, attempt=decision.attempt, at_ms=now, delay_ms=decision.delay_ms)
+    return h.FailureRecord.of(
+        exc,
+        attempt=decision.attempt,
+        at_ms=now,
+        delay_ms=decision.delay_ms,
+        problem=decision.problem,
+    )
 
 
 def _dead_letter_headers(
@@ -521,7 +527,7 @@ def _event(
         due_ms=None if dead or immediate else now + decision.delay_ms,
         reason=decision.reason,
         exception=h.exception_name(exc),
-        error=h.error_text(exc, h.HISTORY_ERROR_LIMIT),
+        error=h.error_text(exc, h.HISTORY_ERROR_LIMIT, decision.problem),
         rule=decision.classification.rule,
         immediate=immediate,
         classification=decision.classification.verdict,

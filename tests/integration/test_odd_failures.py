@@ -105,6 +105,34 @@ async def test_retry_later_with_an_invalid_delay_is_a_permanent_failure(
     assert await app.waiting(amqp, queue) == 0
 
 
+async def test_a_retry_later_whose_delay_was_spoiled_says_why_on_its_dead_letter(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A delay changed after construction: DLQ at attempt 1, the value named before the text."""
+    app: App = make_app()
+    queue = unique("spoiled")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        later = RetryLater(1)
+        later.delay = -1  # type: ignore[assignment]
+        raise later
+
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="spoiled")
+    (dead,) = await drain(amqp, f"{queue}.dlq", expect=1)
+    assert calls == 1
+    headers = headers_of(dead)
+    assert (headers["retry-reason"], headers["retry-attempt"]) == ("permanent", 1)
+    assert headers["retry-exception"] == "faststream_retry.errors.RetryLater"
+    assert headers["retry-error"] == (
+        "RetryLater(delay=...) must be a finite duration >= 0, got -1 (retry later, in 0:00:01)"
+    )
+
+
 async def test_retry_later_above_max_delay_is_capped_with_one_warning_per_handler(
     make_app: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

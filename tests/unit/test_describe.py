@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +170,12 @@ class TestErrorText:
         """A lone surrogate is written as its escape, not dropped."""
         assert h.error_text(ValueError("bad \udc80 byte")) == "bad \\udc80 byte"
 
+    def test_a_problem_comes_first_and_the_message_after_it(self) -> None:
+        """Why the plugin overruled the exception, then what the exception said; one bound."""
+        assert h.error_text(KeyError("k"), problem="bad delay") == "bad delay ('k')"
+        assert h.error_text(ApiError(), 30, "bad delay") == "bad delay (<unprintable tes..."
+        assert h.error_text(ValueError("x\udc80"), problem="p\udc80") == "p\\udc80 (x\\udc80)"
+
     def test_the_limit_applies_and_defaults_to_the_header_bound(self) -> None:
         """Cut to the limit given, the retry-error bound by default."""
         assert h.error_text(ValueError("x" * 5000)) == "x" * (h.ERROR_LIMIT - 3) + "..."
@@ -179,9 +186,12 @@ class TestErrorText:
 class TestTracebackText:
     def test_a_raised_exception_has_its_traceback(self) -> None:
         """The usual text, ending with the exception line."""
-        text = h.traceback_text(raised(ValueError("bad \udc80")))
+        exc = raised(ValueError("bad \udc80"))
+        text = h.traceback_text(exc)
         assert text.startswith("Traceback (most recent call last):\n")
         assert text.endswith("ValueError: bad \\udc80\n")
+        formatted = "".join(traceback.format_exception(exc))
+        assert text == formatted.encode(errors="backslashreplace").decode()
 
     def test_a_traceback_that_cannot_be_formatted_says_so(self) -> None:
         """__notes__ that raises breaks traceback formatting: name, message and why."""
@@ -220,6 +230,11 @@ class TestFailureRecordOf:
     def test_delay_defaults_to_zero(self) -> None:
         """A dead letter has no delay."""
         assert h.FailureRecord.of(KeyError(), attempt=1, at_ms=5).delay_ms == 0
+
+    def test_a_problem_leads_the_error(self) -> None:
+        """The decision's problem (an unusable RetryLater delay) is what the error says first."""
+        record = h.FailureRecord.of(KeyError("k"), attempt=1, at_ms=5, problem="bad delay")
+        assert record.error == "bad delay ('k')"
 
 
 # --- The property: any exception a handler can raise is carried to its retry or DLQ. ---

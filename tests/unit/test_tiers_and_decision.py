@@ -495,12 +495,13 @@ class TestDecideExactly:
         """A delay changed after construction is the handler's bug: dead-lettered at once."""
         exc = RetryLater(1)
         exc.delay = -1  # type: ignore[assignment]
-        assert decide_with(exc, 1, None, RetryPolicy()) == Decision(
+        assert decide_with(exc, 1, None, RetryPolicy(permanent=(KeyError,))) == Decision(
             Action.DEAD_LETTER,
             1,
             5,
             Classification(Verdict.PERMANENT, Rule.EXPLICIT),
             reason=Reason.PERMANENT,
+            problem="RetryLater(delay=...) must be a finite duration >= 0, got -1",
         )
 
     def test_a_retry_later_without_a_delay_is_a_permanent_failure(self) -> None:
@@ -515,12 +516,15 @@ class TestDecideExactly:
             def delay(self) -> float:  # type: ignore[override]
                 raise LookupError
 
-        for exc in (NoInit(), Raising()):
-            decision = decide_with(exc, 1, None, RetryPolicy())
-            assert (decision.action, decision.reason, decision.classification) == (
+        for exc, raised in ((NoInit(), "AttributeError"), (Raising(), "LookupError")):
+            decision = decide_with(exc, 5, None, RetryPolicy())
+            assert decision == Decision(
                 Action.DEAD_LETTER,
-                Reason.PERMANENT,
+                5,
+                5,
                 Classification(Verdict.PERMANENT, Rule.EXPLICIT),
+                reason=Reason.PERMANENT,
+                problem=f"reading RetryLater.delay raised {raised}",
             )
 
     def test_a_retry_later_longer_than_max_delay_is_capped_and_says_so(self) -> None:
