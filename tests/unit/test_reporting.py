@@ -420,3 +420,28 @@ def test_warn_once_warns_once_per_key(caplog: pytest.LogCaptureFixture) -> None:
         ("WARNING", "asked a"),
         ("WARNING", "asked b"),
     ]
+
+
+def test_a_traceback_that_cannot_be_formatted_leaves_the_line_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """logging would drop the whole line ("--- Logging error ---"): it goes out bare instead."""
+
+    class NotedError(Exception):
+        @property
+        def __notes__(self) -> list[str]:
+            raise IndexError
+
+    reporter = Reporter(Telemetry(None, None), [], log_retry_traceback="every")
+    caplog.set_level(logging.INFO, logger="faststream_retry")
+    for kind in (EventKind.SCHEDULED, EventKind.DEAD_LETTERED):
+        event = failure(kind, delay_ms=100, reason=Reason.PERMANENT)
+        reporter.report(event, NotedError("n"))
+        reporter.report(event, ValueError("v"))
+    lines = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert [(r.levelname, r.exc_info is not None) for r in lines] == [
+        ("INFO", False),
+        ("INFO", True),
+        ("ERROR", False),
+        ("ERROR", True),
+    ]
