@@ -63,7 +63,8 @@ class RetryMiddleware:
         prefix: the prefix of the shared delay tiers (``<prefix>.delay.<ms>``).
         tick: the base tier's TTL. ``None``: the GCD of the delays the policies
             name, at least 100 ms.
-        max_delay: bounds every delay, ``RetryLater``'s too; the tiers reach up to it.
+        max_delay: bounds every delay, ``RetryLater``'s too (a longer one is cut to
+            it, with a WARNING once per handler); the tiers reach up to it.
         queue_type: ``"classic"`` or ``"quorum"`` for every queue the plugin declares
             (tiers, ``<queue>.retry``, ``<queue>.dlq``). Quorum tiers dead-letter
             at-least-once; quorum needs RabbitMQ 3.10 or later.
