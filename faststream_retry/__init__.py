@@ -5,7 +5,12 @@ tiers with queue-wide TTLs and a re-check loop); permanent ones land in
 ``<queue>.dlq`` with the reason attached.
 """
 
-from faststream_retry.classify import BUILTIN_PERMANENT, BUILTIN_TRANSIENT, Verdict
+from faststream_retry.classify import (
+    BUILTIN_PERMANENT,
+    BUILTIN_PERMANENT_NAMES,
+    BUILTIN_TRANSIENT,
+    Verdict,
+)
 from faststream_retry.errors import (
     InvalidDueTime,
     PermanentError,
@@ -28,6 +33,7 @@ from faststream_retry.testing import RetryRecorder
 
 __all__ = [
     "BUILTIN_PERMANENT",
+    "BUILTIN_PERMANENT_NAMES",
     "BUILTIN_TRANSIENT",
     "Backoff",
     "EventKind",

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from faststream_retry.classify import Classification, Verdict, classify
-from faststream_retry.errors import RetryLater
-from faststream_retry.events import Reason
+from faststream_retry.errors import RetryConfigError, RetryLater
+from faststream_retry.events import Reason, Rule
+from faststream_retry.headers import exception_name
 from faststream_retry.policy import HandlerPolicy, RetryPolicy, effective_policy, to_ms
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ class Decision:
 
     ``attempt`` is this call's number (1 for the first); ``delay_ms`` is the rounded
     delay for ``RETRY_LATER``; ``reason`` says why for ``DEAD_LETTER``.
+    ``capped_from_ms`` is the delay a ``RetryLater`` asked for when it was longer than
+    ``max_delay`` (and ``delay_ms`` is ``max_delay``). ``problem`` says why a
+    ``RetryLater`` was dead-lettered instead (its delay was unusable).
     """
 
     action: Action
@@ -44,6 +48,22 @@ class Decision:
     classification: Classification
     delay_ms: int = 0
     reason: Reason | None = None
+    capped_from_ms: int | None = None
+    problem: str | None = None
+
+
+def _asked_ms(exc: RetryLater) -> int | str:
+    """Return the delay a ``RetryLater`` asks for, or why it is unusable.
+
+    ``RetryLater`` checks its delay, but a subclass may skip its ``__init__`` or the
+    attribute may be changed (or be a property that raises) after construction.
+    """
+    try:
+        return to_ms(exc.delay, "RetryLater(delay=...)")
+    except RetryConfigError as refused:
+        return str(refused)
+    except Exception as raised:  # whatever the handler's object does: a bug in the handler
+        return f"reading RetryLater.delay raised {exception_name(raised)}"
 
 
 def decide(
@@ -64,7 +84,19 @@ def decide(
         default_transient=default.transient,
         default_permanent=default.permanent,
     )
+    asked: int | str | None = None
+    if issubclass(type(exc), RetryLater):  # type(): exc.__class__ may be a property
+        asked = _asked_ms(exc)  # type: ignore[arg-type]
     max_attempts = policy.max_attempts
+    if isinstance(asked, str):  # a delay no tier can hold: the handler's bug, not a retry
+        return Decision(
+            Action.DEAD_LETTER,
+            attempt,
+            max_attempts,
+            Classification(Verdict.PERMANENT, Rule.EXPLICIT),
+            reason=Reason.PERMANENT,
+            problem=asked,
+        )
     if classification.verdict is Verdict.PERMANENT:
         return Decision(
             Action.DEAD_LETTER, attempt, max_attempts, classification, reason=Reason.PERMANENT
@@ -73,9 +105,16 @@ def decide(
         return Decision(
             Action.DEAD_LETTER, attempt, max_attempts, classification, reason=Reason.EXHAUSTED
         )
-    if isinstance(exc, RetryLater):
-        delay = tiers.round_delay(to_ms(exc.delay, "RetryLater(delay=...)"))
-        return Decision(Action.RETRY_LATER, attempt, max_attempts, classification, delay)
+    if asked is not None:
+        capped = asked if asked > tiers.max_delay_ms else None
+        return Decision(
+            Action.RETRY_LATER,
+            attempt,
+            max_attempts,
+            classification,
+            tiers.round_delay(asked),
+            capped_from_ms=capped,
+        )
     if attempt <= policy.immediate:
         return Decision(Action.RETRY_NOW, attempt, max_attempts, classification)
     raw = policy.backoff.delay_ms(attempt - policy.immediate, rand)

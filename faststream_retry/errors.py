@@ -17,6 +17,14 @@ __all__ = [
 _LONGEST_S = timedelta.max.total_seconds()
 
 
+def _shown(value: object) -> str:
+    """Return ``repr(value)`` for an error message, or a stand-in if repr() raises."""
+    try:
+        return repr(value)
+    except Exception:  # the error being reported must be raised, not repr()'s
+        return f"an unprintable {type(value).__name__}"
+
+
 class TransientError(Exception):
     """Raise from a handler to say: retry this message later, with backoff.
 
@@ -35,8 +43,13 @@ class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like 
     """Raise from a handler to retry after an explicit delay.
 
     For example from an HTTP 429's ``Retry-After``. The delay is rounded up to the
-    tick grid and bounded by the middleware's ``max_delay``. Counts as an attempt,
-    so a handler that always asks for later still ends in the dead-letter queue.
+    tick grid and bounded by the middleware's ``max_delay`` (a longer one is cut to it,
+    with a WARNING once per handler). Counts as an attempt, so a handler that always
+    asks for later still ends in the dead-letter queue.
+
+    An invalid delay (negative, NaN, infinite, not a duration) raises
+    ``RetryConfigError`` naming it, here in the handler: the message is then
+    dead-lettered as ``permanent`` (a bug in the handler; retrying runs it again).
 
     Args:
         delay: how long to wait, as a ``timedelta`` or seconds.
@@ -47,7 +60,7 @@ class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like 
         """Keep the delay; see the class docstring."""
         if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
             raise RetryConfigError(
-                f"RetryLater(delay=...) takes a timedelta or seconds, got {delay!r}"
+                f"RetryLater(delay=...) takes a timedelta or seconds, got {_shown(delay)}"
             )
         if isinstance(delay, timedelta):
             seconds = delay.total_seconds()
@@ -57,7 +70,7 @@ class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like 
             seconds = delay
         if not math.isfinite(seconds) or seconds < 0:
             raise RetryConfigError(
-                f"RetryLater(delay=...) must be a finite duration >= 0, got {delay!r}"
+                f"RetryLater(delay=...) must be a finite duration >= 0, got {_shown(delay)}"
             )
         # Anything longer is cut to max_delay anyway; timedelta itself ends here.
         self.delay = timedelta.max if seconds >= _LONGEST_S else timedelta(seconds=seconds)
@@ -65,7 +78,11 @@ class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like 
 
 
 class RetryConfigError(ValueError):
-    """A retry option is missing, unknown or invalid; the message names it and the fix."""
+    """A retry option is missing, unknown or invalid; the message names it and the fix.
+
+    Raised from a handler (``RetryLater`` with an invalid delay, say) it is a bug in
+    the handler: classified permanent, like an explicit ``PermanentError``.
+    """
 
 
 class RetryTopologyError(RetryConfigError):

@@ -1,4 +1,4 @@
-"""The wire format: every header the plugin reads or writes, and nothing else, lives here.
+r"""The wire format: every header the plugin reads or writes, and nothing else, lives here.
 
 Headers are untrusted input. Every reader here returns a safe value for anything a
 hostile or buggy producer can put on the wire and never raises. Rules:
@@ -16,14 +16,22 @@ hostile or buggy producer can put on the wire and never raises. Rules:
                            that is not such a list is dropped and the history restarts
 ``retry-reason``           on dead letters: ``permanent``, ``exhausted`` or ``invalid``
 ``retry-exception``        on dead letters: the exception's qualified type name
-``retry-error``            on dead letters: ``str(exception)``, truncated
+``retry-error``            on dead letters: ``str(exception)``, truncated; an exception
+                           whose ``str()`` raises reads ``<unprintable Name: str() raised
+                           Error>``
 ``retry-traceback``        on dead letters: the traceback's tail, truncated
 ``retry-origin-queue``     on dead letters: the queue the message failed in (information
                            only: the plugin never routes by a header)
 =========================  ===============================================================
 
 RabbitMQ's own ``x-death``, ``x-first-death-*`` and ``x-last-death-*`` are removed on
-every republish. The bytes the plugin adds are bounded (``MAX_ADDED_BYTES``).
+every republish. The bytes the plugin adds are bounded (``MAX_ADDED_BYTES``). Every text
+the plugin writes is valid UTF-8: a lone surrogate (``"\udc80"``, from bytes decoded with
+``surrogateescape``) is written as the six characters ``\udc80``, never dropped.
+
+Describing an exception runs the application's code (``__str__``, a metaclass, the
+traceback's ``__notes__``); ``exception_name``, ``error_text`` and ``traceback_text`` never
+raise, whatever that code does.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import decimal
 import math
 import time
+import traceback as tb
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -53,13 +62,16 @@ __all__ = [
     "FailureRecord",
     "carry_over",
     "dead_letter_headers",
+    "error_text",
     "exception_name",
     "now_ms",
     "read_attempt",
     "read_due",
     "retry_headers",
     "sanitize",
+    "traceback_text",
     "truncate",
+    "truncate_tail",
 ]
 
 FORMAT_VERSION = 1
@@ -100,18 +112,70 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# The descriptors type itself reads a class's names with: a metaclass cannot override
+# them, and they return what the class statement (or type()) set.
+_QUALNAME = type.__dict__["__qualname__"]
+_MODULE = type.__dict__["__module__"]
+
+
 def exception_name(exc: BaseException) -> str:
-    """Return what ``retry-exception`` says of ``exc``: its qualified type name."""
-    cls = type(exc)
-    module = cls.__module__
-    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+    """Return what ``retry-exception`` says of ``exc``: its qualified type name; never raises."""
+    cls = type(exc)  # type(), not exc.__class__, which a class can make a property
+    name: str = _QUALNAME.__get__(cls)
+    try:
+        module = _MODULE.__get__(cls)
+    except AttributeError:  # a class whose namespace lost its __module__
+        module = None
+    if not issubclass(type(module), str):  # a class body may set __module__ to anything
+        return truncate(name, EXCEPTION_LIMIT)
+    module = str.__str__(module)  # a plain str: a subclass may override == and format
+    return truncate(name if module == "builtins" else f"{module}.{name}", EXCEPTION_LIMIT)
+
+
+def error_text(exc: BaseException, limit: int = ERROR_LIMIT, problem: str | None = None) -> str:
+    """Return ``str(exc)`` as ``retry-error`` carries it, cut to ``limit`` bytes; never raises.
+
+    An exception whose ``str()`` raises (``__str__`` reading an argument it was not
+    given, say) is described as ``<unprintable Name: str() raised Error>``. A
+    ``problem`` (why the plugin overruled what the exception asked for) comes first.
+    """
+    try:
+        # str() passes on a str subclass __str__ returns: str.__str__ makes it a plain
+        # str, whose encoding no application code overrides.
+        text = str.__str__(str(exc))
+    except Exception as raised:  # the application's __str__: anything can happen
+        text = f"<unprintable {exception_name(exc)}: str() raised {exception_name(raised)}>"
+    return truncate(text if problem is None else f"{problem} ({text})", limit)
+
+
+def traceback_text(exc: BaseException) -> str:
+    """Return the traceback of ``exc`` as ``retry-traceback`` carries it; never raises.
+
+    ``traceback`` calls the exception's ``str()`` and reads its ``__notes__`` and its
+    chained causes; if any of that raises, the text says so after the exception's name
+    and message.
+    """
+    try:
+        text = "".join(tb.format_exception(exc))
+    except Exception as problem:  # see error_text: application code runs in here
+        return (
+            f"{exception_name(exc)}: {error_text(exc)}\n"
+            f"(no traceback: formatting it raised {exception_name(problem)})\n"
+        )
+    return truncate_tail(text, TRACEBACK_LIMIT)
+
+
+def _utf8(text: str) -> bytes:
+    # str.encode itself: a str subclass may override encode(); lone surrogates become
+    # the text "\udc80" (a str() of bytes decoded with surrogateescape has them).
+    return str.encode(text, errors="backslashreplace")
 
 
 def truncate(text: str, limit: int) -> str:
-    """Cut ``text`` to at most ``limit`` UTF-8 bytes, marking the cut."""
-    raw = text.encode(errors="replace")
+    """Cut ``text`` to at most ``limit`` UTF-8 bytes, marking the cut; surrogates escaped."""
+    raw = _utf8(text)
     if len(raw) <= limit:
-        return text
+        return raw.decode()
     return raw[: limit - 3].decode(errors="ignore") + "..."
 
 
@@ -231,6 +295,28 @@ class FailureRecord:
         self.error = error
         self.delay_ms = delay_ms
 
+    @classmethod
+    def of(
+        cls,
+        exc: BaseException,
+        *,
+        attempt: int,
+        at_ms: int,
+        delay_ms: int = 0,
+        problem: str | None = None,
+    ) -> FailureRecord:
+        """Describe ``exc``, the failure of handler call ``attempt``; never raises.
+
+        ``problem`` is as in ``error_text``.
+        """
+        return cls(
+            attempt=attempt,
+            at_ms=at_ms,
+            exception=exception_name(exc),
+            error=error_text(exc, problem=problem),
+            delay_ms=delay_ms,
+        )
+
     def as_entry(self) -> dict[str, Any]:
         """Return the history table of this failure."""
         return {
@@ -287,7 +373,7 @@ def dead_letter_headers(
 
 def truncate_tail(text: str, limit: int) -> str:
     """Keep the last ``limit`` UTF-8 bytes: a traceback's end names the failing line."""
-    raw = text.encode(errors="replace")
+    raw = _utf8(text)
     if len(raw) <= limit:
-        return text
+        return raw.decode()
     return "..." + raw[-(limit - 3) :].decode(errors="ignore")

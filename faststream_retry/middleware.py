@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import functools
 import random
-import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from faststream_retry.plugin import Live
+    from faststream_retry.policy import HandlerPolicy
     from faststream_retry.topology import Route
 
 __all__ = ["RetryMiddleware"]
@@ -63,7 +63,8 @@ class RetryMiddleware:
         prefix: the prefix of the shared delay tiers (``<prefix>.delay.<ms>``).
         tick: the base tier's TTL. ``None``: the GCD of the delays the policies
             name, at least 100 ms.
-        max_delay: bounds every delay, ``RetryLater``'s too; the tiers reach up to it.
+        max_delay: bounds every delay, ``RetryLater``'s too (a longer one is cut to
+            it, with a WARNING once per handler); the tiers reach up to it.
         queue_type: ``"classic"`` or ``"quorum"`` for every queue the plugin declares
             (tiers, ``<queue>.retry``, ``<queue>.dlq``). Quorum tiers dead-letter
             at-least-once; quorum needs RabbitMQ 3.10 or later.
@@ -270,6 +271,7 @@ class _RetryScope(BaseMiddleware):
                 log.exception("retry decision failed for message %s", msg.message_id)
                 await self._requeue_after_pause(msg, config.pause_s)
                 raise exc from None
+            _warn_if_capped(reporter, route, handler, decision, topology.tiers.max_delay_ms)
             immediate = decision.action is Action.RETRY_NOW
             if not immediate and not (testing and decision.action is Action.RETRY_LATER):
                 break
@@ -480,12 +482,12 @@ def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Exception) -> N
 
 
 def _failure(decision: Decision, exc: Exception, now: int) -> h.FailureRecord:
-    return h.FailureRecord(
+    return h.FailureRecord.of(
+        exc,
         attempt=decision.attempt,
         at_ms=now,
-        exception=h.exception_name(exc),
-        error=str(exc),
         delay_ms=decision.delay_ms,
+        problem=decision.problem,
     )
 
 
@@ -501,7 +503,7 @@ def _dead_letter_headers(
         _failure(decision, exc, now),
         reason=decision.reason or Reason.PERMANENT,
         origin_queue=route.queue,
-        traceback="".join(traceback.format_exception(exc)),
+        traceback=h.traceback_text(exc),
     )
 
 
@@ -526,8 +528,30 @@ def _event(
         due_ms=None if dead or immediate else now + decision.delay_ms,
         reason=decision.reason,
         exception=h.exception_name(exc),
-        error=h.truncate(str(exc), h.HISTORY_ERROR_LIMIT),
+        error=h.error_text(exc, h.HISTORY_ERROR_LIMIT, decision.problem),
         rule=decision.classification.rule,
         immediate=immediate,
         classification=decision.classification.verdict,
+    )
+
+
+def _warn_if_capped(
+    reporter: Reporter,
+    route: Route,
+    handler: HandlerPolicy | None,
+    decision: Decision,
+    max_delay_ms: int,
+) -> None:
+    if decision.capped_from_ms is None:
+        return
+    # Once per handler: a handler that asks for too long a wait asks it of every message.
+    reporter.warn_once(
+        (route.queue, id(handler)),
+        "a handler of %s raised RetryLater asking for %d ms, longer than max_delay "
+        "(%d ms): its messages wait %d ms. Raise RetryMiddleware(max_delay=...) if such "
+        "waits are meant (said once per handler)",
+        route.queue,
+        decision.capped_from_ms,
+        max_delay_ms,
+        decision.delay_ms,
     )

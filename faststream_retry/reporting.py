@@ -6,14 +6,22 @@ and the re-check consumer describe it as a ``RetryEvent`` plus the copy it publi
 the step's span (whose context it carries on), the span is marked failed when the copy
 was not confirmed or the message was dead-lettered, and only a confirmed step is counted,
 logged and handed to the hooks.
+
+Reporting never decides a message's fate. The span, the metrics, the log line and the
+hooks are each on their own: one of them raising (an exporter down, a log filter that
+raises, an exception whose ``str()`` raises when the span records it) is logged, the
+others still run, and the copy is published and settled exactly as without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from faststream_retry import headers as h
 from faststream_retry._log import log
 from faststream_retry.config import traceback_on_retry
 from faststream_retry.events import EventKind, RetryEvent, RetryHook, emit
@@ -21,7 +29,9 @@ from faststream_retry.telemetry import ATTR
 from faststream_retry.topology import dlq_name, retry_queue_name
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+
+    from opentelemetry.trace import Span
 
     from faststream_retry.telemetry import Telemetry
 
@@ -62,6 +72,7 @@ class Reporter:
         self.telemetry = telemetry
         self.hooks = hooks
         self.log_retry_traceback = log_retry_traceback
+        self._warned: set[object] = set()
 
     async def publish(
         self,
@@ -77,28 +88,34 @@ class Reporter:
 
         A handler's failure (``event.classification`` set) continues the current span,
         FastStream's process span when there is one; a re-check step continues the
-        trace the message carries. Returns whether the copy was confirmed.
+        trace the message carries. Returns whether the copy was confirmed. Only
+        ``send`` decides that: the span and the report cannot fail the step.
         """
-        telemetry = self.telemetry
-        if not telemetry.tracing:
+        if not self.telemetry.tracing:
             ok = await send(copy)
         else:
             attributes = _span_attributes(event, copy, tier_ms)
-            with telemetry.step(
-                f"{event.queue} {_SPAN_SUFFIX[event.kind]}",
-                incoming,
-                copy.headers,
-                attributes,
-                prefer_current=event.classification is not None,
-            ) as span:
+            with self._step(event, incoming, copy.headers, attributes) as span:
                 if span is not None and exception is not None:
-                    span.record_exception(exception)
+                    _record_exception(span, exception, event)
                 ok = await send(copy)
                 if span is not None and not ok:
                     original = "original" if event.classification is not None else "message"
-                    telemetry.fail(span, f"the copy was not confirmed; the {original} is kept")
+                    _guarded(
+                        "mark the span of",
+                        event,
+                        self.telemetry.fail,
+                        span,
+                        f"the copy was not confirmed; the {original} is kept",
+                    )
                 elif span is not None and event.kind is EventKind.DEAD_LETTERED:
-                    telemetry.fail(span, _dead_letter_status(event))
+                    _guarded(
+                        "mark the span of",
+                        event,
+                        self.telemetry.fail,
+                        span,
+                        _dead_letter_status(event),
+                    )
         if ok:
             self.report(event, exception)
         return ok
@@ -110,34 +127,63 @@ class Reporter:
         incoming: Mapping[str, Any] | None,
         exception: Exception | None = None,
     ) -> None:
-        """Report a step that publishes nothing (an in-process retry, test mode)."""
+        """Report a step that publishes nothing (an in-process retry, test mode); never raises."""
         if event.immediate:  # the span is only a record: no copy carries it on
-            with self.telemetry.step(
-                f"{event.queue} {_SPAN_SUFFIX[event.kind]}",
-                incoming,
-                {},
-                _span_attributes(event, None, None),
-                prefer_current=True,
-            ) as span:
+            attributes = _span_attributes(event, None, None)
+            with self._step(event, incoming, {}, attributes) as span:
                 if span is not None and exception is not None:
-                    span.record_exception(exception)
+                    _record_exception(span, exception, event)
         self.report(event, exception)
+
+    @contextlib.contextmanager
+    def _step(
+        self,
+        event: RetryEvent,
+        incoming: Mapping[str, Any] | None,
+        outgoing: dict[str, Any],
+        attributes: Mapping[str, Any],
+    ) -> Iterator[Span | None]:
+        """Run the body in the step's span; a span that cannot start or end is only logged."""
+        step = self.telemetry.step(
+            f"{event.queue} {_SPAN_SUFFIX[event.kind]}",
+            incoming,
+            outgoing,
+            attributes,
+            prefer_current=event.classification is not None,
+        )
+        try:
+            span = step.__enter__()
+        except Exception as problem:  # a broken tracer or propagator: no span, same step
+            _log_broken("start the span of", event, problem)
+            yield None
+            return
+        try:
+            yield span
+        finally:
+            _guarded("end the span of", event, step.__exit__, None, None, None)
 
     def report(self, event: RetryEvent, exception: BaseException | None = None) -> None:
         """Count, log and hand ``event`` to the hooks; never raises.
 
         The step has happened when this runs (its copy is confirmed): a broken meter
-        or log handler must not make the caller requeue a message already copied.
-        ``exception`` is the handler's failure, whose traceback the log line shows.
+        or log handler must not make the caller requeue a message already copied,
+        and none of the three keeps the others from running. ``exception`` is the
+        handler's failure, whose traceback the log line shows.
         """
-        try:
-            self._report(event, exception)
-        except Exception:  # see the docstring: the copy exists, whatever fails here
-            log.exception(
-                "faststream-retry could not report %s of message %s", event.kind, event.message_id
-            )
+        _guarded("count", event, self._count, event)
+        _guarded("log", event, self._log, event, exception)
+        if self.hooks:  # events go nowhere when nobody listens
+            _guarded("hand to the hooks", event, emit, self.hooks, event)
 
-    def _report(self, event: RetryEvent, exception: BaseException | None) -> None:
+    def warn_once(self, key: object, message: str, *args: object) -> None:
+        """Log ``message`` at WARNING the first time ``key`` comes; never raises."""
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        with contextlib.suppress(Exception):  # a log filter or handler that raises
+            log.warning(message, *args)
+
+    def _count(self, event: RetryEvent) -> None:
         telemetry = self.telemetry
         kind = event.kind
         labels = {ATTR.QUEUE: event.queue} if kind is not EventKind.HOP else {}
@@ -146,6 +192,16 @@ class Reporter:
         if kind is EventKind.SCHEDULED:
             telemetry.scheduled.add(1, labels | {ATTR.RULE: str(event.rule)})
             telemetry.planned_delay.record(event.delay_ms or 0, labels)
+        elif kind is EventKind.DEAD_LETTERED:
+            telemetry.dead_lettered.add(1, labels | {ATTR.REASON: str(event.reason)})
+        elif kind is EventKind.RELEASED:
+            telemetry.released.add(1, labels)
+            if event.lateness_ms is not None:
+                telemetry.lateness.record(event.lateness_ms, labels)
+
+    def _log(self, event: RetryEvent, exception: BaseException | None) -> None:
+        kind = event.kind
+        if kind is EventKind.SCHEDULED:
             with_traceback = traceback_on_retry(self.log_retry_traceback, event.attempt)
             log.info(
                 "retry scheduled for message %s from %s: attempt=%d/%d delay=%dms "
@@ -158,11 +214,10 @@ class Reporter:
                 event.rule,
                 event.exception,
                 event.error,
-                exc_info=exception if with_traceback else None,
+                exc_info=_formattable(exception) if with_traceback else None,
                 extra=_log_fields(event),
             )
         elif kind is EventKind.DEAD_LETTERED:
-            telemetry.dead_lettered.add(1, labels | {ATTR.REASON: str(event.reason)})
             log.error(
                 "dead-lettered message %s from %s to %s: reason=%s attempt=%d/%s error=%s: %s",
                 event.message_id,
@@ -173,27 +228,75 @@ class Reporter:
                 event.max_attempts or "?",
                 event.exception,
                 event.error,
-                exc_info=exception,
+                exc_info=_formattable(exception),
                 extra=_log_fields(event),
             )
-        else:
-            if kind is EventKind.RELEASED:
-                telemetry.released.add(1, labels)
-                if event.lateness_ms is not None:
-                    telemetry.lateness.record(event.lateness_ms, labels)
-            # Hops and releases are the noisy path: never above DEBUG, and no
-            # work for the line unless DEBUG is on.
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "re-check %s message %s from %s (due %s)",
-                    kind,
-                    event.message_id,
-                    retry_queue_name(event.queue),
-                    event.due_ms,
-                    extra=_log_fields(event),
-                )
-        if self.hooks:  # events go nowhere when nobody listens
-            emit(self.hooks, event)
+        # Hops and releases are the noisy path: never above DEBUG, and no work for the
+        # line unless DEBUG is on.
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "re-check %s message %s from %s (due %s)",
+                kind,
+                event.message_id,
+                retry_queue_name(event.queue),
+                event.due_ms,
+                extra=_log_fields(event),
+            )
+
+
+def _guarded(what: str, event: RetryEvent, call: Callable[..., object], *args: object) -> None:
+    """Call ``call(*args)``; if it raises, log that reporting ``event`` failed, and go on."""
+    try:
+        call(*args)
+    except Exception as problem:  # see the module docstring: reporting never decides a fate
+        _log_broken(what, event, problem)
+
+
+def _log_broken(what: str, event: RetryEvent, problem: Exception) -> None:
+    with contextlib.suppress(Exception):  # the log handler may be what is broken
+        log.error(
+            "faststream-retry could not %s %s of message %s",
+            what,
+            event.kind,
+            event.message_id,
+            exc_info=problem,
+        )
+
+
+def _formattable(exception: BaseException | None) -> BaseException | None:
+    """Return ``exception`` if its traceback can be formatted, else ``None``.
+
+    logging drops the whole line, with a bare "--- Logging error ---" on stderr, when
+    the traceback of ``exc_info`` raises as it is formatted (an exception whose
+    ``__notes__`` raises, say): such a line goes out without it (``retry-traceback``
+    says why).
+    """
+    if exception is None:
+        return None
+    try:
+        traceback.format_exception(exception)
+    except Exception:  # the application's exception: see the docstring
+        return None
+    return exception
+
+
+def _record_exception(span: Span, exception: BaseException, event: RetryEvent) -> None:
+    """Record ``exception`` on ``span``; OpenTelemetry's own record calls ``str()`` on it."""
+    try:
+        span.record_exception(exception)
+    except Exception:  # its str() or traceback raised: record what can be said safely
+        _guarded(
+            "record the exception on the span of",
+            event,
+            span.add_event,
+            "exception",
+            {
+                "exception.type": h.exception_name(exception),
+                "exception.message": h.error_text(exception),
+                "exception.stacktrace": h.traceback_text(exception),
+                "exception.escaped": "False",
+            },
+        )
 
 
 def _dead_letter_status(event: RetryEvent) -> str:

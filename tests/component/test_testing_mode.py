@@ -390,3 +390,54 @@ def test_raise_on_dead_letter_takes_a_bool() -> None:
     recording = retry.testing(raise_on_dead_letter="yes")  # type: ignore[arg-type]
     with pytest.raises(RetryConfigError, match="raise_on_dead_letter must be True or False"):
         recording.__enter__()
+
+
+class UnprintableError(Exception):
+    """Raised without args, its __str__ raises IndexError (the issue's ApiError)."""
+
+    def __str__(self) -> str:
+        return f"API error {self.args[0]}"
+
+
+async def test_an_unprintable_exception_is_retried_and_dead_lettered_in_test_mode() -> None:
+    """Test mode takes the same total path: every attempt made, the fallback text recorded."""
+    retry, broker = make()
+    calls = 0
+
+    @broker.subscriber("api-queue")
+    async def call_api(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        raise UnprintableError
+
+    async with TestRabbitBroker(broker):
+        with retry.testing() as recorder:
+            await broker.publish("x", queue="api-queue")
+    assert calls == 4
+    fallback = (
+        "<unprintable tests.component.test_testing_mode.UnprintableError: str() raised IndexError>"
+    )
+    assert [e.error for e in recorder.scheduled] == [fallback] * 3
+    (dead,) = recorder.dead_letters
+    assert (dead.reason, dead.attempt) == ("exhausted", 4)
+
+
+async def test_an_invalid_retry_later_is_dead_lettered_at_once_in_test_mode() -> None:
+    """RetryLater(delay=-3): RetryConfigError in the handler, permanent at attempt 1."""
+    retry, broker = make()
+    calls = 0
+
+    @broker.subscriber("later-queue")
+    async def later(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        raise RetryLater(delay=-3)
+
+    async with TestRabbitBroker(broker):
+        with retry.testing() as recorder:
+            await broker.publish("x", queue="later-queue")
+    assert calls == 1
+    (dead,) = recorder.dead_letters
+    assert (dead.reason, dead.attempt, dead.rule) == ("permanent", 1, "explicit")
+    assert dead.exception == "faststream_retry.errors.RetryConfigError"
+    assert dead.error == "RetryLater(delay=...) must be a finite duration >= 0, got -3"

@@ -211,12 +211,35 @@ class TestTruncation:
         assert h.truncate("é" * 10, 8) == "éé..."
         assert h.truncate_tail("é" * 10, 8) == "...éé"
 
-    def test_unencodable_text_does_not_raise(self) -> None:
-        """A lone surrogate (from a str(exception)) is replaced, not an error."""
-        assert h.truncate("\ud800", 10) == "\ud800"
-        assert h.truncate("\ud800" * 10, 5) == "??..."
-        assert h.truncate_tail("\ud800", 10) == "\ud800"
-        assert h.truncate_tail("\ud800" * 10, 5) == "...??"
+    def test_a_lone_surrogate_is_escaped_and_counted_escaped(self) -> None:
+        """A lone surrogate (from a str(exception)) becomes its 6-character escape, never lost."""
+        assert h.truncate("\ud800", 10) == "\\ud800"
+        assert h.truncate("a\udc80b", 8) == "a\\udc80b"  # 8 bytes escaped: kept whole
+        assert h.truncate("a\udc80bc", 8) == "a\\udc..."  # 9 bytes escaped: cut
+        assert h.truncate("\ud800" * 10, 5) == "\\u..."
+        assert h.truncate_tail("\ud800", 10) == "\\ud800"
+        assert h.truncate_tail("ba\udc80", 8) == "ba\\udc80"
+        assert h.truncate_tail("cba\udc80", 8) == "...udc80"
+        assert h.truncate_tail("\ud800" * 10, 5) == "...00"
+
+    def test_what_truncate_returns_always_encodes(self) -> None:
+        """Every cut and every kept text is valid UTF-8, for the AMQP encoder."""
+        for text in ("\ud800", "é\udfff" * 50, "x" * 3000):
+            for limit in (5, 8, 200, 4096):
+                h.truncate(text, limit).encode()
+                h.truncate_tail(text, limit).encode()
+
+    def test_a_str_subclass_is_cut_by_str_itself(self) -> None:
+        """A str subclass that overrides encode() is still cut, by str's own methods."""
+
+        class Sly(str):
+            __slots__ = ()
+
+            def encode(self, *_: object, **__: object) -> bytes:
+                raise RuntimeError("no")
+
+        assert h.truncate(Sly("abcdef"), 5) == "ab..."
+        assert type(h.truncate(Sly("abc"), 5)) is str
 
 
 class TestExactHeaders:

@@ -413,6 +413,24 @@ class TestRetryLater:
                 f"RetryLater(delay=...) must be a finite duration >= 0, got {bad!r}"
             )
 
+    def test_a_delay_whose_repr_raises_is_still_refused_by_name(self) -> None:
+        """The refusal is RetryConfigError (permanent), not the repr()'s own exception."""
+
+        class Weird:
+            def __repr__(self) -> str:
+                raise IndexError
+
+        class WeirdFloat(float):
+            def __repr__(self) -> str:
+                raise IndexError
+
+        assert error_of(lambda: RetryLater(Weird())) == (  # type: ignore[arg-type]
+            "RetryLater(delay=...) takes a timedelta or seconds, got an unprintable Weird"
+        )
+        assert error_of(lambda: RetryLater(WeirdFloat(-1))) == (
+            "RetryLater(delay=...) must be a finite duration >= 0, got an unprintable WeirdFloat"
+        )
+
 
 class TestDecoratorMessages:
     def test_unknown_options_are_listed_with_every_valid_one(self) -> None:

@@ -234,3 +234,214 @@ def test_retry_lines_carry_the_traceback_as_configured(
 def test_the_stock_reporter_logs_the_first_failures_traceback() -> None:
     """Without the option, a Reporter behaves as RetryMiddleware's default says."""
     assert Reporter(Telemetry(None, None), []).log_retry_traceback == "first"
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise IndexError
+
+
+async def test_an_unprintable_exception_is_recorded_on_the_span_with_a_fallback() -> None:
+    """OpenTelemetry's record_exception calls str(): the plugin records a safe event instead."""
+    harness = Harness()
+    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    copy = Copy("p.delay.400", "orders.retry", {})
+    ok = await harness.reporter.publish(
+        event, copy, confirmed, incoming={}, exception=UnprintableError(), tier_ms=400
+    )
+    assert ok
+    (span,) = harness.spans.get_finished_spans()
+    (recorded,) = span.events
+    assert recorded.name == "exception"
+    assert recorded.attributes is not None
+    assert dict(recorded.attributes) == {
+        "exception.type": "tests.unit.test_reporting.UnprintableError",
+        "exception.message": (
+            "<unprintable tests.unit.test_reporting.UnprintableError: str() raised IndexError>"
+        ),
+        "exception.stacktrace": "tests.unit.test_reporting.UnprintableError: <exception str() failed>\n",
+        "exception.escaped": "False",
+    }
+    assert harness.events == [event]
+
+
+async def test_a_span_that_cannot_even_take_the_fallback_is_only_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A span whose add_event raises too: logged, the copy sent and reported."""
+    harness = Harness()
+    from opentelemetry.sdk.trace import Span  # noqa: PLC0415
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("span closed")
+
+    monkeypatch.setattr(Span, "add_event", broken)
+    sent: list[Copy] = []
+
+    async def send(copy: Copy) -> bool:
+        sent.append(copy)
+        return True
+
+    event = failure(EventKind.DEAD_LETTERED, reason=Reason.PERMANENT)
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    ok = await harness.reporter.publish(
+        event, Copy("", "orders.dlq", {}), send, incoming={}, exception=UnprintableError()
+    )
+    assert ok
+    assert len(sent) == 1
+    assert harness.events == [event]
+    messages = [r.getMessage() for r in caplog.records if "could not" in r.getMessage()]
+    assert messages == [
+        "faststream-retry could not record the exception on the span of dead_lettered of message m-1"
+    ]
+
+
+async def test_a_tracer_that_cannot_start_a_span_does_not_stop_the_step(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting the span raises (a broken propagator, say): sent once, reported, logged."""
+    harness = Harness()
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("propagator down")
+
+    monkeypatch.setattr("faststream_retry.telemetry.propagate.inject", broken)
+    sent: list[Copy] = []
+
+    async def send(copy: Copy) -> bool:
+        sent.append(copy)
+        return True
+
+    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    ok = await harness.reporter.publish(
+        event, Copy("p.delay.400", "orders.retry", {}), send, incoming={}
+    )
+    assert ok
+    assert len(sent) == 1
+    assert harness.events == [event]
+    assert any(
+        r.getMessage() == "faststream-retry could not start the span of scheduled of message m-1"
+        for r in caplog.records
+    )
+    harness.reporter.record(failure(EventKind.SCHEDULED, immediate=True), incoming={})
+    assert len(harness.events) == 2
+
+
+async def test_a_span_that_cannot_end_or_be_marked_is_only_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Marking the span failed and ending it raise: the dead letter still counts as sent."""
+    harness = Harness()
+    from opentelemetry.sdk.trace import Span  # noqa: PLC0415
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("exporter down")
+
+    monkeypatch.setattr(Span, "set_status", broken)
+    monkeypatch.setattr(Span, "end", broken)
+    event = failure(EventKind.DEAD_LETTERED, reason=Reason.PERMANENT)
+    for send in (confirmed, refused):
+        await harness.reporter.publish(event, Copy("", "orders.dlq", {}), send, incoming={})
+    assert harness.events == [event]
+    broken_steps = sorted(
+        r.getMessage().split(" dead_lettered")[0]
+        for r in caplog.records
+        if "could not" in r.getMessage()
+    )
+    assert broken_steps == [
+        "faststream-retry could not end the span of",
+        "faststream-retry could not end the span of",
+        "faststream-retry could not mark the span of",
+        "faststream-retry could not mark the span of",
+    ]
+
+
+def test_metrics_log_and_hooks_each_run_when_another_raises(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken meter does not silence the log line or the hooks; a broken log filter neither."""
+    harness = Harness()
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("exporter down")
+
+    monkeypatch.setattr(harness.reporter.telemetry, "failures", SimpleNamespace(add=broken))
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    event = failure(EventKind.DEAD_LETTERED, reason=Reason.EXHAUSTED)
+    harness.reporter.report(event)
+    assert harness.events == [event]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines[0] == (
+        "ERROR",
+        "faststream-retry could not count dead_lettered of message m-1",
+    )
+    assert lines[1][0] == "ERROR"
+    assert lines[1][1].startswith("dead-lettered message m-1")
+
+    class Raising(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            raise RuntimeError("filter bug")
+
+    logger = logging.getLogger("faststream_retry")
+    raising = Raising()
+    logger.addFilter(raising)
+    try:
+        harness.reporter.report(event)  # the log and the report of its failure both raise
+    finally:
+        logger.removeFilter(raising)
+    assert harness.events == [event, event]
+
+
+def test_a_failing_hook_is_logged_and_the_event_still_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """events.emit guards each hook: the next hook runs, the step is counted."""
+    harness = Harness()
+    seen: list[RetryEvent] = []
+
+    def bad(_: RetryEvent) -> None:
+        raise RuntimeError("hook bug")
+
+    harness.reporter.hooks = [bad, seen.append]
+    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    harness.reporter.report(event)
+    assert seen == [event]
+    assert harness.counts()[METRICS.SCHEDULED] == 1
+    assert any("hook" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+
+def test_warn_once_warns_once_per_key(caplog: pytest.LogCaptureFixture) -> None:
+    """The first time a key comes it is a WARNING; after that, nothing."""
+    harness = Harness()
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    for key in ("a", "a", "b", "a"):
+        harness.reporter.warn_once(key, "asked %s", key)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "asked a"),
+        ("WARNING", "asked b"),
+    ]
+
+
+def test_a_traceback_that_cannot_be_formatted_leaves_the_line_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """logging would drop the whole line ("--- Logging error ---"): it goes out bare instead."""
+
+    class NotedError(Exception):
+        @property
+        def __notes__(self) -> list[str]:
+            raise IndexError
+
+    reporter = Reporter(Telemetry(None, None), [], log_retry_traceback="every")
+    caplog.set_level(logging.INFO, logger="faststream_retry")
+    for kind in (EventKind.SCHEDULED, EventKind.DEAD_LETTERED):
+        event = failure(kind, delay_ms=100, reason=Reason.PERMANENT)
+        reporter.report(event, NotedError("n"))
+        reporter.report(event, ValueError("v"))
+    lines = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert [(r.levelname, r.exc_info is not None) for r in lines] == [
+        ("INFO", False),
+        ("INFO", True),
+        ("ERROR", False),
+        ("ERROR", True),
+    ]

@@ -17,10 +17,11 @@ from faststream_retry import (
     RetryConfigError,
     RetryLater,
     RetryPolicy,
+    RetryTopologyError,
     Schedule,
     TransientError,
 )
-from faststream_retry.classify import Classification, Verdict, classify
+from faststream_retry.classify import BUILTIN_PERMANENT_NAMES, Classification, Verdict, classify
 from faststream_retry.decision import Action, Decision, Hop, Invalid, Release, decide, recheck_step
 from faststream_retry.events import Reason, Rule
 from faststream_retry.policy import HandlerPolicy
@@ -350,6 +351,94 @@ class TestClassifyEdges:
         ) == Classification(Verdict.TRANSIENT, Rule.BUILTIN)
 
 
+class TestClassifyHostile:
+    """Classification never raises and never reads what an exception says about itself."""
+
+    def test_a_retry_config_error_from_a_handler_is_explicitly_permanent(self) -> None:
+        """RetryLater(delay=-3) in a handler: permanent whatever the lists say."""
+        for exc in (RetryConfigError("bad"), RetryTopologyError("bad")):
+            assert classify(
+                exc, handler_transient=(ValueError,), default_transient=(Exception,)
+            ) == Classification(Verdict.PERMANENT, Rule.EXPLICIT)
+
+    def test_fastapi_validation_errors_are_permanent_by_name(self) -> None:
+        """FastAPI's RequestValidationError, and subclasses, without importing FastAPI."""
+        fake = type("RequestValidationError", (Exception,), {"__module__": "fastapi.exceptions"})
+        sub = type("MyValidationError", (fake,), {"__module__": "app"})
+        assert classify(fake()) == Classification(Verdict.PERMANENT, Rule.BUILTIN)
+        assert classify(sub()) == Classification(Verdict.PERMANENT, Rule.BUILTIN)
+        assert classify(sub(), handler_transient=(sub,)) == Classification(
+            Verdict.TRANSIENT, Rule.HANDLER
+        )
+        assert "fastapi.exceptions.RequestValidationError" in BUILTIN_PERMANENT_NAMES
+
+    def test_a_name_alike_in_another_module_is_not_fastapis(self) -> None:
+        """Only the qualified name counts: same class name elsewhere is unknown."""
+        other = type("RequestValidationError", (Exception,), {"__module__": "app.exceptions"})
+        not_a_str = type("RequestValidationError", (Exception,), {"__module__": 42})
+        assert classify(other()) == Classification(Verdict.TRANSIENT, Rule.FALLBACK)
+        assert classify(not_a_str()) == Classification(Verdict.TRANSIENT, Rule.FALLBACK)
+
+    def test_a_str_subclass_module_is_not_trusted(self) -> None:
+        """A __module__ that merely acts like the name does not match."""
+
+        class Liar(str):
+            __slots__ = ()
+
+            def __eq__(self, other: object) -> bool:
+                return True
+
+            __hash__ = str.__hash__
+
+        sly = type(
+            "RequestValidationError", (Exception,), {"__module__": Liar("fastapi.exceptions")}
+        )
+        assert classify(sly()) == Classification(Verdict.TRANSIENT, Rule.FALLBACK)
+
+    def test_class_is_read_with_type_not_dunder_class(self) -> None:
+        """A __class__ property (raising or lying) changes nothing."""
+
+        class LyingError(TimeoutError):
+            @property  # type: ignore[misc]
+            def __class__(self) -> type:
+                return PermanentError
+
+        class RaisingError(KeyError):
+            @property  # type: ignore[misc]
+            def __class__(self) -> type:
+                raise IndexError
+
+        assert classify(LyingError()) == Classification(Verdict.TRANSIENT, Rule.BUILTIN)
+        assert classify(RaisingError(), handler_permanent=(KeyError,)) == Classification(
+            Verdict.PERMANENT, Rule.HANDLER
+        )
+
+    def test_a_class_that_cannot_be_compared_falls_back_to_transient(self) -> None:
+        """A metaclass whose __eq__ or __hash__ raises: transient fallback, no exception."""
+
+        class BadEq(type):
+            def __eq__(cls, other: object) -> bool:
+                raise IndexError
+
+            __hash__ = type.__hash__
+
+        class BadHash(type):
+            def __hash__(cls) -> int:
+                raise IndexError
+
+        compared = BadEq("Compared", (Exception,), {})
+        hashed = BadHash("Hashed", (Exception,), {})
+        assert classify(compared(), handler_transient=(KeyError,)) == Classification(
+            Verdict.TRANSIENT, Rule.FALLBACK
+        )
+        assert classify(hashed(), handler_permanent=(KeyError,)) == Classification(
+            Verdict.TRANSIENT, Rule.FALLBACK
+        )
+        assert classify(compared(), handler_permanent=(compared,)) == Classification(  # type: ignore[arg-type]
+            Verdict.PERMANENT, Rule.HANDLER
+        )
+
+
 ONE_TICK = Tiers.build(100, 10_000)
 
 
@@ -402,13 +491,78 @@ class TestDecideExactly:
         """RetryLater(0) still goes through the tiers: one tick, never a hot loop."""
         assert decide_with(RetryLater(0), 1, None, RetryPolicy()).delay_ms == 100
 
-    def test_a_tampered_retry_later_delay_names_itself(self) -> None:
-        """A delay changed after construction fails the decision with RetryLater's name."""
+    def test_a_tampered_retry_later_delay_is_a_permanent_failure(self) -> None:
+        """A delay changed after construction is the handler's bug: dead-lettered at once."""
         exc = RetryLater(1)
         exc.delay = -1  # type: ignore[assignment]
+        assert decide_with(exc, 1, None, RetryPolicy(permanent=(KeyError,))) == Decision(
+            Action.DEAD_LETTER,
+            1,
+            5,
+            Classification(Verdict.PERMANENT, Rule.EXPLICIT),
+            reason=Reason.PERMANENT,
+            problem="RetryLater(delay=...) must be a finite duration >= 0, got -1",
+        )
+
+    def test_a_retry_later_without_a_delay_is_a_permanent_failure(self) -> None:
+        """A subclass that skips RetryLater.__init__ (or whose delay raises) never stalls."""
+
+        class NoInit(RetryLater):
+            def __init__(self) -> None:
+                Exception.__init__(self, "no delay")
+
+        class Raising(NoInit):
+            @property
+            def delay(self) -> float:  # type: ignore[override]
+                raise LookupError
+
+        for exc, raised in ((NoInit(), "AttributeError"), (Raising(), "LookupError")):
+            decision = decide_with(exc, 5, None, RetryPolicy())
+            assert decision == Decision(
+                Action.DEAD_LETTER,
+                5,
+                5,
+                Classification(Verdict.PERMANENT, Rule.EXPLICIT),
+                reason=Reason.PERMANENT,
+                problem=f"reading RetryLater.delay raised {raised}",
+            )
+
+    def test_a_retry_later_longer_than_max_delay_is_capped_and_says_so(self) -> None:
+        """Above max_delay: max_delay, with the asked delay kept for the warning."""
+        assert decide_with(RetryLater(15), 1, None, RetryPolicy()) == Decision(
+            Action.RETRY_LATER,
+            1,
+            5,
+            Classification(Verdict.TRANSIENT, Rule.EXPLICIT),
+            10_000,
+            capped_from_ms=15_000,
+        )
+
+    def test_a_retry_later_of_exactly_max_delay_is_not_capped(self) -> None:
+        """max_delay itself fits: no capping reported."""
+        decision = decide_with(RetryLater(10), 1, None, RetryPolicy())
+        assert (decision.delay_ms, decision.capped_from_ms) == (10_000, None)
+
+    def test_a_backoff_delay_is_never_reported_capped(self) -> None:
+        """Only RetryLater's delays are unknown in advance; a policy's are checked at start."""
+        policy = RetryPolicy(backoff=Fixed(50))
+        decision = decide_with(KeyError(), 1, None, policy)
+        assert (decision.delay_ms, decision.capped_from_ms) == (10_000, None)
+
+    def test_an_invalid_retry_later_raised_in_a_handler_is_permanent(self) -> None:
+        """RetryLater(delay=-3) raises RetryConfigError in the handler: dead-lettered, named."""
         with pytest.raises(RetryConfigError) as raised:
-            decide_with(exc, 1, None, RetryPolicy())
-        assert str(raised.value) == "RetryLater(delay=...) must be a finite duration >= 0, got -1"
+            RetryLater(-3)
+        handler = HandlerPolicy({"transient": (ValueError, Exception)})
+        decision = decide_with(raised.value, 1, handler, RetryPolicy(transient=(ValueError,)))
+        assert decision == Decision(
+            Action.DEAD_LETTER,
+            1,
+            5,
+            Classification(Verdict.PERMANENT, Rule.EXPLICIT),
+            reason=Reason.PERMANENT,
+        )
+        assert str(raised.value) == "RetryLater(delay=...) must be a finite duration >= 0, got -3"
 
     def test_immediate_retry(self) -> None:
         """Within immediate, a retry is in-process and carries no delay."""

@@ -1,0 +1,191 @@
+"""Odd failures on a real RabbitMQ: exceptions that cannot describe themselves, broken
+reporting, invalid or too long RetryLater delays, surrogates. None of them loses a message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from faststream.rabbit import RabbitMessage
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from faststream_retry import EventKind, Fixed, RetryEvent, RetryLater, retry_policy
+from tests.rabbit import App, drain, eventually, headers_of, queue_depth, unique
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractRobustConnection
+
+pytestmark = pytest.mark.rabbit
+
+
+class ApiError(Exception):
+    """The issue's exception: raised without args, its __str__ raises IndexError."""
+
+    def __str__(self) -> str:
+        return f"API error {self.args[0]}"
+
+
+FALLBACK = "<unprintable tests.integration.test_odd_failures.ApiError: str() raised IndexError>"
+
+
+async def test_an_unprintable_exception_is_retried_then_dead_lettered_with_a_fallback(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """ApiError() with tracing on and a hook that raises: retried, then in the DLQ, none lost."""
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    app: App = make_app(tracer_provider=provider)
+
+    def broken_hook(_: RetryEvent) -> None:
+        raise RuntimeError("hook bug")
+
+    app.retry.add_hook(broken_hook)
+    queue = unique("api")
+    calls: Counter[str] = Counter()
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=3, backoff=Fixed(0.1))
+    async def handle(body: dict[str, Any], message: RabbitMessage) -> None:
+        calls[message.message_id] += 1
+        raise ApiError
+
+    await app.start()
+    sent = [f"api-{n}" for n in range(5)]
+    for message_id in sent:
+        await app.broker.publish({"n": message_id}, queue=queue, message_id=message_id)
+    dead = await drain(amqp, f"{queue}.dlq", expect=len(sent))
+    assert sorted(m.message_id or "" for m in dead) == sent
+    assert calls == dict.fromkeys(sent, 3)
+    for message in dead:
+        headers = headers_of(message)
+        assert headers["retry-reason"] == "exhausted"
+        assert headers["retry-error"] == FALLBACK
+        assert headers["retry-exception"] == "tests.integration.test_odd_failures.ApiError"
+        assert [e["error"] for e in headers["retry-history"]] == [FALLBACK] * 3
+        assert "ApiError: <exception str() failed>" in str(headers["retry-traceback"])
+    scheduled = Counter(e.message_id for e in app.events if e.kind is EventKind.SCHEDULED)
+    assert scheduled == dict.fromkeys(sent, 2)  # through the retry path, twice each
+    assert await queue_depth(amqp, queue) == 0
+    assert await app.waiting(amqp, queue) == 0
+    dead_spans = [s for s in spans.get_finished_spans() if s.name.endswith("dead-letter")]
+    assert len(dead_spans) == len(sent)
+    assert all([e.name for e in s.events] == ["exception"] for s in dead_spans)
+
+
+@pytest.mark.parametrize("delay", [-3, float("nan"), float("inf"), "soon"])
+async def test_retry_later_with_an_invalid_delay_is_a_permanent_failure(
+    make_app: Any, amqp: AbstractRobustConnection, delay: object
+) -> None:
+    """RetryLater(delay=-3) is a bug in the handler: DLQ at attempt 1, the value named."""
+    app: App = make_app()
+    queue = unique("later")
+    calls: Counter[str] = Counter()
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=5, backoff=Fixed(0.1), transient=(ValueError,))
+    async def handle(body: str, message: RabbitMessage) -> None:
+        calls[message.message_id] += 1
+        raise RetryLater(delay=delay)  # type: ignore[arg-type]
+
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="bad-delay")
+    (dead,) = await drain(amqp, f"{queue}.dlq", expect=1)
+    assert calls == {"bad-delay": 1}
+    headers = headers_of(dead)
+    assert (headers["retry-reason"], headers["retry-attempt"]) == ("permanent", 1)
+    assert headers["retry-exception"] == "faststream_retry.errors.RetryConfigError"
+    assert str(headers["retry-error"]).startswith("RetryLater(delay=...) ")
+    assert str(headers["retry-error"]).endswith(f"got {delay!r}")
+    assert await app.waiting(amqp, queue) == 0
+
+
+async def test_a_retry_later_whose_delay_was_spoiled_says_why_on_its_dead_letter(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A delay changed after construction: DLQ at attempt 1, the value named before the text."""
+    app: App = make_app()
+    queue = unique("spoiled")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        later = RetryLater(1)
+        later.delay = -1  # type: ignore[assignment]
+        raise later
+
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="spoiled")
+    (dead,) = await drain(amqp, f"{queue}.dlq", expect=1)
+    assert calls == 1
+    headers = headers_of(dead)
+    assert (headers["retry-reason"], headers["retry-attempt"]) == ("permanent", 1)
+    assert headers["retry-exception"] == "faststream_retry.errors.RetryLater"
+    assert headers["retry-error"] == (
+        "RetryLater(delay=...) must be a finite duration >= 0, got -1 (retry later, in 0:00:01)"
+    )
+
+
+async def test_retry_later_above_max_delay_is_capped_with_one_warning_per_handler(
+    make_app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RetryLater(1 h) with max_delay 1 s: every message waits 1 s; one WARNING for the handler."""
+    app: App = make_app(max_delay=1)
+    queue = unique("capped")
+    calls: Counter[str] = Counter()
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=5)
+    async def handle(body: str, message: RabbitMessage) -> None:
+        calls[message.message_id] += 1
+        if calls[message.message_id] <= 2:
+            raise RetryLater(delay=3600)
+
+    caplog.set_level(logging.WARNING, logger="faststream_retry")
+    await app.start()
+    sent = ["c-1", "c-2", "c-3"]
+    for message_id in sent:
+        await app.broker.publish("x", queue=queue, message_id=message_id)
+    await eventually(lambda: calls == dict.fromkeys(sent, 3), timeout=20, what="3 calls each")
+    planned = [e.delay_ms for e in app.events if e.kind is EventKind.SCHEDULED]
+    assert planned == [1000] * 6
+    warnings = [r.getMessage() for r in caplog.records if r.name == "faststream_retry"]
+    assert warnings == [
+        (
+            f"a handler of {queue} raised RetryLater asking for 3600000 ms, longer than "
+            "max_delay (1000 ms): its messages wait 1000 ms. Raise "
+            "RetryMiddleware(max_delay=...) if such waits are meant (said once per handler)"
+        )
+    ]
+
+
+async def test_a_lone_surrogate_in_an_error_is_escaped_on_the_dead_letter(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """retry-error, retry-history and retry-traceback all arrive, with \\udc80 escaped."""
+    app: App = make_app()
+    queue = unique("surrogate")
+    calls = 0
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=2, backoff=Fixed(0.1))
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("bad \udc80 byte")
+
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="s-1")
+    (dead,) = await drain(amqp, f"{queue}.dlq", expect=1)
+    assert calls == 2
+    headers = headers_of(dead)
+    assert headers["retry-error"] == "bad \\udc80 byte"
+    assert [e["error"] for e in headers["retry-history"]] == ["bad \\udc80 byte"] * 2
+    assert str(headers["retry-traceback"]).endswith("ValueError: bad \\udc80 byte\n")
