@@ -51,6 +51,50 @@ async def test_existing_queues_with_other_arguments_are_named_not_a_raw_406(
     await channel.close()
 
 
+async def test_classic_queues_of_the_old_default_are_named_with_both_fixes(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """Quorum is the default: a classic ``.retry`` left by an older version is named at
+    start with the mismatch and both ways out, and ``queue_type="classic"`` still runs."""
+    queue = unique("old-classic")
+    channel = await amqp.channel()
+    # What the plugin declared while classic was its default.
+    for name in (f"{queue}.retry", f"{queue}.dlq"):
+        await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "classic"})
+    await channel.close()
+    prefix = unique("t")
+    calls: list[str] = []
+
+    def subscribe(app: App) -> None:
+        @app.broker.subscriber(queue)
+        async def handle(body: str) -> None:
+            calls.append(body)
+            if len(calls) == 1:
+                raise ConnectionError("down")
+
+    app: App = make_app(prefix=prefix)
+    subscribe(app)
+    with pytest.raises(RetryTopologyError) as caught:
+        await app.start()
+    await app.broker.stop()
+    text = str(caught.value)
+    # RabbitMQ names the first argument that differs, for .retry not the type itself.
+    assert f"- queue '{queue}.retry': argument 'x-dead-letter-exchange' is unset" in text
+    assert (
+        f"- queue '{queue}.dlq': argument 'x-queue-type' is 'classic' on the broker, "
+        "the plugin declares 'quorum'" in text
+    )
+    assert text.count('It is the queue queue_type="classic" declares') == 2
+    assert text.count('pass RetryMiddleware(queue_type="classic")') == 2
+    assert text.count("or to migrate: it may hold messages") == 2
+    # The first fix: keep classic queues.
+    classic: App = make_app(prefix=unique("t"), queue_type="classic")
+    subscribe(classic)
+    await classic.start()
+    await classic.broker.publish("m", queue=queue)
+    await eventually(lambda: calls == ["m", "m"], what="the retried call on classic queues")
+
+
 async def test_quorum_everywhere_retries_and_dead_letters(
     make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
@@ -106,8 +150,11 @@ async def test_a_stuck_message_in_a_quorum_retry_queue_ends_in_the_dlq_at_the_li
     await app.start()
     channel = await amqp.channel()
     runtime = app.retry.runtime(app.broker)
-    for tier in runtime.plan.exchanges:  # every hop is now unroutable
+    # Every hop is now unroutable: each tier queue is replaced by an unbound classic
+    # one, which the plugin cannot declare its own over (406), so no repair helps.
+    for tier in runtime.plan.exchanges:
         await channel.queue_delete(tier)
+        await channel.declare_queue(tier, durable=True, arguments={"x-queue-type": "classic"})
     due = int(time.time() * 1000) + 30_000
     await channel.default_exchange.publish(
         aio_pika.Message(b"stuck", headers={headers.DUE: due, headers.ATTEMPT: 1}, message_id="s1"),
