@@ -31,7 +31,7 @@ from faststream_retry.amqp.declare import (
 from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.recheck import RecheckConsumer
 from faststream_retry.amqp.registry import retry_queues_in_use, survey
-from faststream_retry.errors import RetryConfigError
+from faststream_retry.errors import RetryConfigError, RetryTopologyError
 from faststream_retry.topology import Plan, Route, plan, retry_queue_name
 
 if TYPE_CHECKING:
@@ -363,6 +363,7 @@ class Plugin:
             topology = runtime.replan()
             _refuse_ack_first(broker, topology)
             _refuse_other_instances(broker, middleware)
+            _refuse_other_queue_type(broker, topology)
             await runtime.start(await broker.connect(), topology)
             await original_start()
             await runtime.start_consumers()
@@ -460,3 +461,42 @@ def _refuse_other_instances(broker: RabbitBroker, middleware: Any) -> None:  # n
         "one instance: pass the same RetryMiddleware to the broker and to the routers "
         "(or to the broker only) and call install() once"
     )
+
+
+def _refuse_other_queue_type(broker: RabbitBroker, topology: Plan) -> None:
+    """A subscriber of one of the plugin's own queues (a ``.dlq`` consumer) declared otherwise.
+
+    FastStream declares a subscriber's queue after the plugin declared its own, and
+    RabbitMQ refuses the second declaration (406) when type or durability differ:
+    named here, with the fix, before anything connects.
+    """
+    problems = []
+    for sub in broker.subscribers:
+        name = _faststream.queue_of(sub)
+        queue = getattr(sub, "queue", None)
+        if name is None or queue is None or getattr(queue, "declare", True) is False:
+            continue
+        try:
+            spec = topology.spec(name)
+        except KeyError:
+            continue
+        ours = spec.arguments.get("x-queue-type", "classic")
+        theirs = (getattr(queue, "arguments", None) or {}).get("x-queue-type", "classic")
+        durable = getattr(queue, "durable", False) is True
+        if theirs == ours and durable:
+            continue
+        fixes = [
+            f"declare it RabbitQueue({name!r}, durable=True, queue_type=QueueType.{ours.upper()})",
+            f"or RabbitQueue({name!r}, declare=False) to consume it as the plugin declares it",
+        ]
+        if theirs != ours and theirs in {"classic", "quorum"} and durable:
+            fixes.append(f'or pass RetryMiddleware(queue_type="{theirs}")')
+        problems.append(
+            f"- the subscriber of {name!r} declares it as a {'' if durable else 'non-'}durable "
+            f"{theirs} queue; the plugin declares it as a durable {ours} queue: " + ", ".join(fixes)
+        )
+    if problems:
+        raise RetryTopologyError(
+            "RabbitMQ would refuse FastStream's declaration of these queues "
+            "(406 PRECONDITION_FAILED):\n" + "\n".join(problems)
+        )

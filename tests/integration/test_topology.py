@@ -8,8 +8,16 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 import pytest
 from aiormq.exceptions import ChannelPreconditionFailed
+from faststream.rabbit import QueueType, RabbitQueue
 
-from faststream_retry import Fixed, PermanentError, RetryPolicy, RetryTopologyError, headers
+from faststream_retry import (
+    Fixed,
+    PermanentError,
+    RetryPolicy,
+    RetryTopologyError,
+    headers,
+    retry_policy,
+)
 from faststream_retry.events import EventKind
 from faststream_retry.topology import tier_name
 from tests.rabbit import App, drain, eventually, headers_of, unique
@@ -168,3 +176,53 @@ async def test_a_stuck_message_in_a_quorum_retry_queue_ends_in_the_dlq_at_the_li
     assert death["reason"] == "delivery_limit"
     assert death["queue"] == f"{queue}.retry"
     await channel.close()
+
+
+async def test_a_dead_letter_subscriber_declared_classic_is_named_before_start(
+    make_app: Any,
+) -> None:
+    """FastStream would declare ``.dlq`` classic after the plugin declared it quorum (406)."""
+    app: App = make_app()
+    queue = unique("dlq-consumer")
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        raise PermanentError(body)
+
+    @app.broker.subscriber(RabbitQueue(f"{queue}.dlq", durable=True))
+    @retry_policy(enabled=False)
+    async def dead(body: str) -> None: ...
+
+    with pytest.raises(RetryTopologyError) as caught:
+        await app.start()
+    assert str(caught.value).splitlines()[1] == (
+        f"- the subscriber of '{queue}.dlq' declares it as a durable classic queue; the plugin "
+        f"declares it as a durable quorum queue: declare it RabbitQueue('{queue}.dlq', "
+        "durable=True, queue_type=QueueType.QUORUM), or RabbitQueue("
+        f"'{queue}.dlq', declare=False) to consume it as the plugin declares it, or pass "
+        'RetryMiddleware(queue_type="classic")'
+    )
+
+
+async def test_a_dead_letter_subscriber_declared_as_the_plugin_does_gets_each_dead_letter(
+    make_app: Any,
+) -> None:
+    """The README's way to consume a DLQ with FastStream, on quorum queues."""
+    app: App = make_app()
+    queue = unique("dlq-consumer")
+    dead: list[str] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        raise PermanentError(body)
+
+    @app.broker.subscriber(RabbitQueue(f"{queue}.dlq", durable=True, queue_type=QueueType.QUORUM))
+    @retry_policy(enabled=False)
+    async def on_dead(body: str) -> None:
+        dead.append(body)
+
+    await app.start()
+    ids = [unique("poison") for _ in range(3)]
+    for mid in ids:
+        await app.broker.publish(mid, queue=queue, message_id=mid)
+    await eventually(lambda: sorted(dead) == sorted(ids), what="every dead letter consumed")
