@@ -273,7 +273,11 @@ async def test_a_mismatched_queue_is_tried_with_the_other_queue_types_arguments(
 
 
 def test_a_403_reply_names_the_permission_and_the_object() -> None:
-    """The text RabbitMQ 3.10.8 sends; its permission and object win over the guess."""
+    """A text that names the permission and the object wins over the guess.
+
+    RabbitMQ 3.10.8 names the object only ("access to exchange 'x' in vhost '/' refused
+    for user 'u'"); a wording with the permission in front is read too.
+    """
     reply = (
         "ACCESS_REFUSED - configure access to exchange 'retry.delay.200' in vhost '/' "
         "refused for user 'app'"
