@@ -1,9 +1,12 @@
 """Hops per second through the re-check consumer, against the bare loops it is built from.
 
-All three move N persistent messages from one queue to another, each with a confirmed
+Each loop moves N persistent messages from one queue to another, each with a confirmed
 publish and then an ack, on the same broker in the same run (interleaved, several
 rounds, median). The table gives each one's rate and its ratio to the raw aio-pika
-loop; ratios are what to compare across machines, not absolute rates.
+loop; ratios are what to compare across machines, not absolute rates. The re-check
+consumer runs four ways: releasing due messages and sending not-yet-due ones round a
+tier, each with the plugin's queues classic and quorum (the default); the last lines give
+the cost of quorum, quorum / classic, for each.
 
     python -m bench.recheck [N] [ROUNDS]      (RABBITMQ_URL, default 127.0.0.1:5673)
 """
@@ -11,6 +14,7 @@ loop; ratios are what to compare across machines, not absolute rates.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import statistics
 import sys
@@ -28,16 +32,24 @@ from rich.table import Table
 from faststream_retry import EventKind, RetryEvent, RetryMiddleware
 from faststream_retry import headers as h
 
+RELEASE = "faststream-retry re-check, release (.retry to work queue), {} queues"
+HOP = "faststream-retry re-check, hop (.retry to a tier), {} queues"
 URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5673/")
 PREFETCH = 200
 BODY = b"x" * 512
 
 
 async def fill(
-    connection: AbstractRobustConnection, queue: str, n: int, headers: dict[str, Any]
+    connection: AbstractRobustConnection,
+    queue: str,
+    n: int,
+    headers: dict[str, Any],
+    *,
+    declare: bool = True,
 ) -> None:
     channel = await connection.channel()
-    await channel.declare_queue(queue, durable=True)
+    if declare:
+        await channel.declare_queue(queue, durable=True)
     for start in range(0, n, 500):
         await asyncio.gather(
             *(
@@ -121,18 +133,27 @@ async def faststream_republish(connection: AbstractRobustConnection, n: int) -> 
     return n / elapsed
 
 
-async def recheck(connection: AbstractRobustConnection, n: int) -> float:
-    """The plugin's re-check consumer releasing already-due messages to their queue."""
+async def recheck(
+    connection: AbstractRobustConnection, n: int, queue_type: str, step: EventKind
+) -> float:
+    """The plugin's re-check consumer moving messages out of ``<queue>.retry``.
+
+    ``RELEASED``: already-due messages, to their (classic) work queue. ``HOP``: messages
+    due in an hour, each sent round a tier (a queue of ``queue_type``).
+    """
     origin = f"bench-rc-{uuid.uuid4().hex[:6]}"
     released = 0
 
     def count(event: RetryEvent) -> None:
         nonlocal released
-        if event.kind is EventKind.RELEASED:
+        if event.kind is step:
             released += 1
 
     retry = RetryMiddleware(
-        prefix=f"bench-{uuid.uuid4().hex[:6]}", prefetch=PREFETCH, hooks=[count]
+        prefix=f"bench-{uuid.uuid4().hex[:6]}",
+        prefetch=PREFETCH,
+        hooks=[count],
+        queue_type=queue_type,
     )
     broker = RabbitBroker(URL, logger=None)
     retry.install(broker)
@@ -140,8 +161,6 @@ async def recheck(connection: AbstractRobustConnection, n: int) -> float:
     @broker.subscriber(origin)
     async def handler(body: bytes) -> None: ...
 
-    due = {h.ATTEMPT: 1, h.DUE: 1, "app": "kept"}
-    await fill(connection, f"{origin}.retry", n, due)
     channel = await connection.channel()
     await channel.declare_queue(origin, durable=True)
     await channel.close()
@@ -149,6 +168,10 @@ async def recheck(connection: AbstractRobustConnection, n: int) -> float:
     # process does nothing but re-check hops, like the two loops above.
     runtime = retry.runtime(broker)
     await runtime.start(await broker.connect(), runtime.replan())
+    # The plugin declared .retry (classic or quorum); fill it before consuming.
+    due_ms = 1 if step is EventKind.RELEASED else h.now_ms() + 3_600_000
+    due = {h.ATTEMPT: 1, h.DUE: due_ms, "app": "kept"}
+    await fill(connection, f"{origin}.retry", n, due, declare=False)
     start = time.perf_counter()
     await runtime.start_consumers()
     await wait_count(lambda: released, n)
@@ -178,7 +201,14 @@ async def main(n: int, rounds: int) -> None:
     runs: dict[str, Callable[[AbstractRobustConnection, int], Awaitable[float]]] = {
         "raw aio-pika: consume, confirmed publish, ack": raw_aio_pika,
         "FastStream subscriber + broker.publish": faststream_republish,
-        "faststream-retry re-check consumer (release)": recheck,
+        RELEASE.format("classic"): functools.partial(
+            recheck, queue_type="classic", step=EventKind.RELEASED
+        ),
+        RELEASE.format("quorum"): functools.partial(
+            recheck, queue_type="quorum", step=EventKind.RELEASED
+        ),
+        HOP.format("classic"): functools.partial(recheck, queue_type="classic", step=EventKind.HOP),
+        HOP.format("quorum"): functools.partial(recheck, queue_type="quorum", step=EventKind.HOP),
     }
     rates: dict[str, list[float]] = {name: [] for name in runs}
     for round_ in range(rounds):
@@ -201,7 +231,13 @@ async def main(n: int, rounds: int) -> None:
             " / ".join(f"{v:,.0f}" for v in values),
             f"{median / baseline:.2f}",
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for what in (RELEASE, HOP):
+        cost = statistics.median(rates[what.format("quorum")]) / statistics.median(
+            rates[what.format("classic")]
+        )
+        console.print(f"{what.format('quorum / classic')}: {cost:.2f}")
 
 
 if __name__ == "__main__":

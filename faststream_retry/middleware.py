@@ -65,9 +65,12 @@ class RetryMiddleware:
             name, at least 100 ms.
         max_delay: bounds every delay, ``RetryLater``'s too (a longer one is cut to
             it, with a WARNING once per handler); the tiers reach up to it.
-        queue_type: ``"classic"`` or ``"quorum"`` for every queue the plugin declares
-            (tiers, ``<queue>.retry``, ``<queue>.dlq``). Quorum tiers dead-letter
-            at-least-once; quorum needs RabbitMQ 3.10 or later.
+        queue_type: ``"quorum"`` (the default) or ``"classic"`` for every queue the
+            plugin declares (tiers, ``<queue>.retry``, ``<queue>.dlq``). Quorum tiers
+            dead-letter at least once, so a broker crash or restart loses no waiting
+            message; quorum needs RabbitMQ 3.10 or later. Classic queues dead-letter
+            at most once: pass ``"classic"`` for an older broker, or to keep the
+            classic queues an earlier version of the plugin declared.
         delivery_limit: ``x-delivery-limit`` of the quorum ``<queue>.retry`` queues.
             The re-check consumer acks and republishes, so only redeliveries spend
             it (a crashed consumer, a copy the broker would not confirm); at the
@@ -93,7 +96,7 @@ class RetryMiddleware:
         prefix: str = "retry",
         tick: timedelta | float | None = None,
         max_delay: timedelta | float = timedelta(days=1),
-        queue_type: str = "classic",
+        queue_type: str = "quorum",
         delivery_limit: int = 20,
         prefetch: int = 200,
         publish_failure_pause: timedelta | float = timedelta(seconds=1),

@@ -13,6 +13,8 @@ import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from aiormq.exceptions import ChannelAccessRefused
+
 from faststream_retry import _faststream, wiring
 from faststream_retry._log import log
 from faststream_retry.amqp.channels import ChannelPair
@@ -20,6 +22,10 @@ from faststream_retry.amqp.declare import (
     check_broker,
     declare_late_route,
     declare_topology,
+    owns,
+    parse_refusal,
+    redeclare,
+    refused,
     work_queue_findings,
 )
 from faststream_retry.amqp.publisher import Publisher
@@ -60,7 +66,9 @@ class Live:
             wait_s=config.publish_timeout_s,
             on_open=self._on_open,
         )
-        self.publisher = Publisher(self.channels.underlay_for_publish, config.publish_timeout_s)
+        self.publisher = Publisher(
+            self.channels.underlay_for_publish, config.publish_timeout_s, repair=self._repair
+        )
         self.recheck = RecheckConsumer(topology, self.publisher, reporter, pause_s=config.pause_s)
         self.connection = connection
         self._wait_s = config.publish_timeout_s
@@ -77,8 +85,30 @@ class Live:
         if self._consuming:
             await self._consume(consume)
 
+    async def _repair(self, exchange: str, routing_key: str) -> bool:
+        # A publish found a destination missing (an operator deleted it while the
+        # app runs). Only the plugin's own objects are declared again: a missing
+        # work queue is its application's business, and its releases are requeued.
+        if not owns(self.plan, exchange, routing_key):
+            return False
+        log.warning(
+            "faststream-retry: %r/%r was missing (deleted while the app runs?); "
+            "declaring the topology again",
+            exchange,
+            routing_key,
+        )
+        await redeclare(self.connection, self.plan)
+        return True
+
     async def _consume(self, channel: AbstractChannel) -> None:
-        for tag in await self.recheck.start(channel):
+        try:
+            tags = await self.recheck.start(channel)
+        except ChannelAccessRefused as exc:
+            # The user may declare .retry (checked at start) but not read it.
+            reply = str(exc.args[0]) if exc.args else repr(exc)
+            refusal = parse_refusal(reply, "queue", "a .retry queue", "read permission", "consume")
+            raise refused([refusal]) from exc
+        for tag in tags:
             self.channels.track(tag)
 
     async def start_consumers(self) -> None:
@@ -353,6 +383,7 @@ class Plugin:
             topology = runtime.replan()
             wiring.refuse_ack_first(broker, topology)
             wiring.refuse_other_instances(broker, middleware)
+            wiring.refuse_other_queue_type(broker, topology)
             await runtime.start(await broker.connect(), topology)
             await original_start()
             await runtime.start_consumers()

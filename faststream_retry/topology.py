@@ -104,7 +104,7 @@ class TopologyOptions:
 
     prefix: str
     max_delay_ms: int
-    queue_type: QueueType = "classic"
+    queue_type: QueueType = "quorum"
     delivery_limit: int = 20
     tick_ms: int | None = None
     """An explicit tick; ``None`` means the GCD of the delays the policies name."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry import _faststream
-from faststream_retry.errors import RetryConfigError
+from faststream_retry.errors import RetryConfigError, RetryTopologyError
 
 if TYPE_CHECKING:
     from faststream.rabbit import RabbitBroker
@@ -27,6 +27,7 @@ __all__ = [
     "refuse_ack_first",
     "refuse_ack_first_of",
     "refuse_other_instances",
+    "refuse_other_queue_type",
     "watch",
 ]
 
@@ -139,3 +140,42 @@ def refuse_other_instances(broker: RabbitBroker, middleware: Any) -> None:  # no
         "one instance: pass the same RetryMiddleware to the broker and to the routers "
         "(or to the broker only) and call install() once"
     )
+
+
+def refuse_other_queue_type(broker: RabbitBroker, topology: Plan) -> None:
+    """A subscriber of one of the plugin's own queues (a ``.dlq`` consumer) declared otherwise.
+
+    FastStream declares a subscriber's queue after the plugin declared its own, and
+    RabbitMQ refuses the second declaration (406) when type or durability differ:
+    named here, with the fix, before anything connects.
+    """
+    problems = []
+    for sub in broker.subscribers:
+        name = _faststream.queue_of(sub)
+        queue = getattr(sub, "queue", None)
+        if name is None or queue is None or getattr(queue, "declare", True) is False:
+            continue
+        try:
+            spec = topology.spec(name)
+        except KeyError:
+            continue
+        ours = spec.arguments.get("x-queue-type", "classic")
+        theirs = (getattr(queue, "arguments", None) or {}).get("x-queue-type", "classic")
+        durable = getattr(queue, "durable", False) is True
+        if theirs == ours and durable:
+            continue
+        fixes = [
+            f"declare it RabbitQueue({name!r}, durable=True, queue_type=QueueType.{ours.upper()})",
+            f"or RabbitQueue({name!r}, declare=False) to consume it as the plugin declares it",
+        ]
+        if theirs != ours and theirs in {"classic", "quorum"} and durable:
+            fixes.append(f'or pass RetryMiddleware(queue_type="{theirs}")')
+        problems.append(
+            f"- the subscriber of {name!r} declares it as a {'' if durable else 'non-'}durable "
+            f"{theirs} queue; the plugin declares it as a durable {ours} queue: " + ", ".join(fixes)
+        )
+    if problems:
+        raise RetryTopologyError(
+            "RabbitMQ would refuse FastStream's declaration of these queues "
+            "(406 PRECONDITION_FAILED):\n" + "\n".join(problems)
+        )

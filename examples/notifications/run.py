@@ -153,15 +153,15 @@ def settled(queue: str) -> int:
 
 
 async def purge_leftovers(connection: aio_pika.abc.AbstractConnection) -> None:
-    """Start from empty queues so the counts below are this run's only."""
+    """Start from no queues, so the counts below are this run's only.
+
+    Deleted rather than purged: a run of an older version may have declared them with
+    other arguments (classic queues, before quorum became the default).
+    """
     channel = await connection.channel()
     for queue in QUEUES:
         for name in (queue, f"{queue}.retry", f"{queue}.dlq"):
-            try:
-                declared = await channel.declare_queue(name, passive=True)
-                await declared.purge()
-            except aio_pika.exceptions.ChannelClosed:  # noqa: PERF203 - not declared yet
-                channel = await connection.channel()
+            await channel.queue_delete(name)
     await channel.close()
 
 

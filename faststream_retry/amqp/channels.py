@@ -96,6 +96,10 @@ class ChannelPair:
 
     async def underlay_for_publish(self) -> UnderlayChannel:
         """Return the publish channel, waiting up to ``wait_s`` while it reopens."""
+        publish = self._publish
+        if publish is not None and publish.is_closed:
+            # Closed by the broker a moment ago (a 404), before its close callback ran.
+            self._on_close(publish, None)
         if not self._up.is_set() and not self._closed:  # wait_for costs a task: only if it must
             await asyncio.wait_for(self._up.wait(), self._wait_s)
         channel = self._publish

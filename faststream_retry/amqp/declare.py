@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aio_pika.abc import ExchangeType
-from aiormq.exceptions import ChannelPreconditionFailed
+from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
 from faststream_retry._log import log
-from faststream_retry.amqp.channels import RPC_TIMEOUT_S
+from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 from faststream_retry.errors import RetryTopologyError
+from faststream_retry.topology import queue_specs
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -27,17 +28,23 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
     from faststream_retry.policy import RetryPolicy
-    from faststream_retry.topology import Plan, Route
+    from faststream_retry.topology import Plan, QueueType, Route
 
 __all__ = [
     "MIN_VERSION",
     "Mismatch",
+    "Refusal",
     "check_broker",
     "declare_late_route",
     "declare_retry_queue",
     "declare_topology",
+    "owns",
     "parse_mismatch",
+    "parse_refusal",
     "parse_version",
+    "redeclare",
+    "refused",
+    "too_old",
     "work_queue_findings",
 ]
 
@@ -51,6 +58,25 @@ _INEQUIVALENT = re.compile(
 )
 
 
+_REFUSED = re.compile(
+    r"(?:(?P<permission>configure|write|read) )?access to (?P<kind>queue|exchange) "
+    r"'(?P<name>[^']*)' in vhost '(?P<vhost>[^']*)' refused for user '(?P<user>[^']*)'"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One object the connection's user may not use as the plugin needs (a 403)."""
+
+    kind: str
+    name: str
+    permission: str
+    doing: str
+    """What the plugin was doing: ``declare``, ``bind``, ``consume``."""
+    detail: str
+    """RabbitMQ's reply text."""
+
+
 @dataclass(frozen=True, slots=True)
 class Mismatch:
     """One object whose live arguments differ from what the plugin declares."""
@@ -60,6 +86,8 @@ class Mismatch:
     argument: str
     wanted: str
     current: str
+    fits: str | None = None
+    """The other ``queue_type`` whose declaration the live queue matches, if it does."""
 
 
 def parse_version(text: object) -> tuple[int, int] | None:
@@ -86,6 +114,37 @@ def parse_mismatch(reply: str, kind: str, name: str) -> Mismatch:
     )
 
 
+def parse_refusal(reply: str, kind: str, name: str, needs: str, doing: str) -> Refusal:
+    """Read RabbitMQ's 403 reply text, which usually names the permission and the object.
+
+    ``kind`` and ``name`` are the object of the plugin's own operation and ``needs`` what
+    that operation requires; they stand when the text does not name them (RabbitMQ
+    3.10 names no permission for a refused read, nor for its check of a queue's
+    dead-letter exchange).
+    """
+    match = _REFUSED.search(reply)
+    if match is None:
+        return Refusal(kind, name, needs, doing, reply)
+    permission = match["permission"]
+    needs = needs if permission is None else f"{permission} permission"
+    return Refusal(match["kind"], match["name"], needs, doing, reply)
+
+
+def refused(refusals: Iterable[Refusal]) -> RetryTopologyError:
+    """Return the error that names each refused object and the permission it needs."""
+    lines = [
+        f"- {r.kind} {r.name!r}: to {r.doing} it, the user needs {r.permission}. "
+        f"RabbitMQ said: {r.detail}"
+        for r in refusals
+    ]
+    return RetryTopologyError(
+        "faststream-retry's RabbitMQ user lacks permissions it needs (403 ACCESS_REFUSED):\n"
+        + "\n".join(lines)
+        + "\nGrant them with rabbitmqctl set_permissions; the README's 'Permissions' "
+        "section lists the configure, write and read patterns the plugin needs"
+    )
+
+
 def _value(text: str) -> str:
     # "the value '5' of type 'byte'", "'quorum'" or "none"
     quoted = re.match(r"(?:the value )?'([^']*)'", text)
@@ -97,9 +156,9 @@ async def _declare(
     kind: str,
     name: str,
     arguments: dict[str, Any] | None,
-) -> Mismatch | None:
-    # A channel per declaration: a 406 closes the channel it happened on. These are
-    # a handful of declarations, once, at start.
+) -> Mismatch | Refusal | None:
+    # A channel per declaration: a 406 or a 403 closes the channel it happened on.
+    # These are a handful of declarations, once, at start.
     channel = await amqp.channel()
     try:
         if kind == "exchange":
@@ -108,6 +167,27 @@ async def _declare(
             await channel.queue_declare(name, durable=True, arguments=arguments)
     except ChannelPreconditionFailed as exc:
         return parse_mismatch(str(exc.args[0]), kind, name)
+    except ChannelAccessRefused as exc:
+        needs = "configure permission"
+        if arguments and "x-dead-letter-exchange" in arguments:
+            # RabbitMQ also checks read on a queue that dead-letters and write on its
+            # dead-letter exchange (the default one, amq.default), with a text that
+            # names neither.
+            needs += ", and read permission on it and write permission on 'amq.default'"
+        return parse_refusal(str(exc.args[0]), kind, name, needs, "declare")
+    await channel.close()
+    return None
+
+
+async def _bind(amqp: Any, name: str) -> Refusal | None:  # noqa: ANN401 - aiormq's connection
+    # Binding a tier's queue to its exchange needs write on the queue and read on the
+    # exchange; RabbitMQ's reply says which of the two is missing.
+    channel = await amqp.channel()
+    try:
+        await channel.queue_bind(name, name, routing_key="")
+    except ChannelAccessRefused as exc:
+        needs = f"write permission on it and read permission on exchange {name!r}"
+        return parse_refusal(str(exc.args[0]), "queue", name, needs, "bind")
     await channel.close()
     return None
 
@@ -117,6 +197,23 @@ def _show(value: str) -> str:
 
 
 def _advice(mismatch: Mismatch, prefix: str) -> str:
+    migrate = _migration(mismatch, prefix)
+    fits = mismatch.fits
+    if fits is None:
+        return f"To migrate: {migrate}"
+    why = (
+        'the plugin\'s default before "quorum"; it dead-letters at most once'
+        if fits == "classic"
+        else "not the default"
+    )
+    return (
+        f'It is the queue queue_type="{fits}" declares ({why}). Either keep {fits} '
+        f'queues: pass RetryMiddleware(queue_type="{fits}"), for every queue the plugin '
+        f"declares; or to migrate: {migrate}"
+    )
+
+
+def _migration(mismatch: Mismatch, prefix: str) -> str:
     if mismatch.name.startswith(f"{prefix}.delay."):
         return (
             "a tier holds a message for one tier period only: stop the services that use "
@@ -137,43 +234,40 @@ async def check_broker(connection: AbstractRobustConnection, plan: Plan) -> tupl
     Returns the server's ``(major, minor)`` version, if it could be read.
 
     Raises:
-        RetryTopologyError: the server is too old for the plan's queue type, or some
-            object exists with other arguments (each one named, with how to migrate).
+        RetryTopologyError: the server is too old for the plan's queue type (the
+            text names the fix), the connection's user lacks a permission (each
+            object named with the permission), or some object exists with other
+            arguments (each one named, with how to migrate).
     """
-    queue_type, prefix = plan.options.queue_type, plan.options.prefix
     transport = connection.transport
     if transport is None:
         raise RetryTopologyError("the broker connection is closed; cannot check the topology")
     amqp = transport.connection
-    version_text = amqp.server_properties.get("version")
-    if isinstance(version_text, bytes):
-        version_text = version_text.decode("utf-8", "replace")
-    version = parse_version(version_text)
-    if version is None:
-        log.warning("faststream-retry: unknown RabbitMQ version %r; not checked", version_text)
-    elif version < MIN_VERSION[queue_type]:
-        need = ".".join(map(str, MIN_VERSION[queue_type]))
-        raise RetryTopologyError(
-            f"RabbitMQ {version_text} is too old for queue_type={queue_type!r}: "
-            f"it needs {need} or later"
-        )
+    version = _check_version(amqp.server_properties.get("version"), plan.options.queue_type)
     mismatches: list[Mismatch] = []
+    refusals: list[Refusal] = []
     for kind, name, arguments in [
         *(("exchange", name, None) for name in plan.exchanges),
         *(("queue", spec.name, dict(spec.arguments)) for spec in plan.queues),
     ]:
-        mismatch = await _declare(amqp, kind, name, arguments)
-        if mismatch is not None:
-            mismatches.append(mismatch)
+        found = await _declare(amqp, kind, name, arguments)
+        if isinstance(found, Mismatch):
+            mismatches.append(await _other_type(amqp, plan, found))
+        elif found is not None:
+            refusals.append(found)
+    if not refusals:
+        refusals = [r for r in [await _bind(amqp, name) for name in plan.exchanges] if r]
+    if refusals:
+        raise refused(refusals)
     if mismatches:
-        raise _mismatch_error(mismatches, prefix)
+        raise _mismatch_error(mismatches, plan.options.prefix)
     return version
 
 
 def _mismatch_error(mismatches: list[Mismatch], prefix: str) -> RetryTopologyError:
     lines = [
         f"- {m.kind} {m.name!r}: argument {m.argument!r} is {_show(m.current)} on the "
-        f"broker, the plugin declares {_show(m.wanted)}. To migrate: {_advice(m, prefix)}"
+        f"broker, the plugin declares {_show(m.wanted)}. {_advice(m, prefix)}"
         for m in mismatches
     ]
     return RetryTopologyError(
@@ -188,20 +282,69 @@ async def declare_late_route(
     """Declare the queues of a subscriber that joins the running broker, checked as at start.
 
     Raises:
-        RetryTopologyError: one of them exists with other arguments (named, with how
-            to migrate), as ``check_broker`` says at start.
+        RetryTopologyError: one of them exists with other arguments, or the user may
+            not declare it (each named, with the fix), as ``check_broker`` says at start.
     """
     transport = connection.transport
     if transport is None:
         raise RetryTopologyError(f"the broker connection is closed; cannot cover {route.queue!r}")
-    mismatches = []
+    amqp = transport.connection
+    mismatches: list[Mismatch] = []
+    refusals: list[Refusal] = []
     for name in (route.retry_queue, route.dlq):
-        arguments = dict(plan.spec(name).arguments)
-        mismatch = await _declare(transport.connection, "queue", name, arguments)
-        if mismatch is not None:
-            mismatches.append(mismatch)
+        found = await _declare(amqp, "queue", name, dict(plan.spec(name).arguments))
+        if isinstance(found, Mismatch):
+            mismatches.append(await _other_type(amqp, plan, found))
+        elif found is not None:
+            refusals.append(found)
+    if refusals:
+        raise refused(refusals)
     if mismatches:
         raise _mismatch_error(mismatches, plan.options.prefix)
+
+
+async def _other_type(amqp: Any, plan: Plan, mismatch: Mismatch) -> Mismatch:  # noqa: ANN401
+    """Say whether the queue is what the other ``queue_type`` declares (an older default).
+
+    RabbitMQ names only the first argument it finds different, seldom ``x-queue-type``
+    itself; declaring the other type's arguments tells (it changes nothing: a declaration
+    equal to the live queue is a no-op, a different one another 406).
+    """
+    if mismatch.kind != "queue":
+        return mismatch
+    other: QueueType = "classic" if plan.options.queue_type == "quorum" else "quorum"
+    specs = queue_specs(plan.tiers, plan.routes.values(), replace(plan.options, queue_type=other))
+    arguments = next(dict(spec.arguments) for spec in specs if spec.name == mismatch.name)
+    if await _declare(amqp, "queue", mismatch.name, arguments) is None:
+        return replace(mismatch, fits=other)
+    return mismatch
+
+
+def _check_version(version_text: object, queue_type: str) -> tuple[int, int] | None:
+    if isinstance(version_text, bytes):
+        version_text = version_text.decode("utf-8", "replace")
+    version = parse_version(version_text)
+    if version is None:
+        log.warning("faststream-retry: unknown RabbitMQ version %r; not checked", version_text)
+    elif version < MIN_VERSION[queue_type]:
+        raise RetryTopologyError(too_old(str(version_text), queue_type))
+    return version
+
+
+def too_old(version_text: str, queue_type: str) -> str:
+    """Return the error text for a server older than ``queue_type`` needs, with the fix."""
+    need = ".".join(map(str, MIN_VERSION[queue_type]))
+    text = (
+        f"RabbitMQ {version_text} is too old for queue_type={queue_type!r}: "
+        f"it needs {need} or later. "
+    )
+    if queue_type == "quorum":
+        return text + (
+            'Upgrade RabbitMQ, or pass RetryMiddleware(queue_type="classic") to use '
+            "classic queues (RabbitMQ >= 3.8; they dead-letter at most once, so a broker "
+            "crash or restart can lose a message waiting in a tier)"
+        )
+    return text + "Upgrade RabbitMQ"
 
 
 def work_queue_findings(
@@ -288,3 +431,28 @@ async def declare_retry_queue(channel: AbstractChannel, plan: Plan, route: Route
         arguments=dict(plan.spec(route.retry_queue).arguments),
         timeout=RPC_TIMEOUT_S,
     )
+
+
+def owns(plan: Plan, exchange: str, routing_key: str) -> bool:
+    """Return whether a publish to ``exchange``/``routing_key`` targets the plugin's own objects.
+
+    A tier exchange, or the default exchange to a ``<queue>.retry`` or ``<queue>.dlq``
+    of the plan. A work queue is its application's: the plugin never declares one.
+    """
+    if exchange:
+        return exchange in plan.exchanges
+    return any(routing_key in (route.retry_queue, route.dlq) for route in plan.routes.values())
+
+
+async def redeclare(connection: AbstractRobustConnection, plan: Plan) -> None:
+    """Declare the whole plan again, on a channel of its own.
+
+    A channel of its own: should RabbitMQ refuse (a queue someone declared again
+    with other arguments, a permission taken away), the error closes that channel
+    only, never the publish channel.
+    """
+    channel = await connection.channel()
+    try:
+        await declare_topology(channel, plan)
+    finally:
+        await close_quietly(channel)

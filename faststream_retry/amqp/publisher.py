@@ -2,16 +2,25 @@
 
 It publishes on a channel of the plugin's own, so FastStream's broker-level middlewares
 never see the plugin's copies and nothing rewrites ``app_id`` or invents ids.
+
+A copy whose destination is missing (an operator deleted a ``.dlq``, a ``.retry`` or a
+tier while the app runs) comes back returned ``312 NO_ROUTE``, or, for a missing
+exchange, closes the channel with ``404 NOT_FOUND``. The publisher then asks its
+``repair`` callback to declare the destination again, and publishes once more. Repairs
+are rate-limited, so a broker that keeps refusing never turns it into a hot loop; a
+copy that still fails takes the usual path (not confirmed: the original is requeued
+after a pause).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from aiormq.exceptions import AMQPError, DeliveryError
+from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
@@ -25,7 +34,13 @@ if TYPE_CHECKING:
 
     from faststream_retry.reporting import Copy
 
-__all__ = ["Outcome", "Publisher", "copy_properties", "encodable_headers"]
+__all__ = ["REPAIR_INTERVAL_S", "Outcome", "Publisher", "copy_properties", "encodable_headers"]
+
+REPAIR_INTERVAL_S = 5.0
+"""At most one redeclaration per this many seconds, whatever fails how often."""
+
+NO_ROUTE = 312
+"""The reply code of a mandatory publish that reached no queue."""
 
 
 class Outcome(enum.Enum):
@@ -42,10 +57,29 @@ class Outcome(enum.Enum):
 class Publisher:
     """Publishes with ``mandatory`` and a broker confirm; a return or a nack is a failure."""
 
-    def __init__(self, channel: Callable[[], Awaitable[UnderlayChannel]], timeout_s: float) -> None:
-        """Publish on the channel ``channel()`` returns (opened with publisher confirms)."""
+    def __init__(
+        self,
+        channel: Callable[[], Awaitable[UnderlayChannel]],
+        timeout_s: float,
+        *,
+        repair: Callable[[str, str], Awaitable[bool]] | None = None,
+        repair_interval_s: float = REPAIR_INTERVAL_S,
+    ) -> None:
+        """Publish on the channel ``channel()`` returns (opened with publisher confirms).
+
+        ``repair(exchange, routing_key)`` is awaited when a publish finds its
+        destination missing: it declares it again if it is the plugin's own and
+        returns whether it did. At most one repair runs at a time, and at most one
+        per ``repair_interval_s``.
+        """
         self._channel = channel
         self._timeout_s = timeout_s
+        self._repair = repair
+        self._repair_interval_s = repair_interval_s
+        self._repair_lock = asyncio.Lock()
+        self._repaired_at: float | None = None
+        self.repairs = 0
+        """How many times ``repair`` declared a missing destination again."""
         # aiormq matches a basic.return to its publish by message_id; two publishes
         # of one id in flight at once (a fanout message failing in two queues)
         # could swap their outcomes, so they go one after the other.
@@ -90,7 +124,11 @@ class Publisher:
             await asyncio.shield(waiter)
         self._inflight[message_id] = None
         try:
-            return await self._publish(exchange, routing_key, body, properties)
+            repairs = self.repairs
+            outcome, missing = await self._publish(exchange, routing_key, body, properties)
+            if missing and await self._repaired(exchange, routing_key, repairs):
+                outcome, _ = await self._publish(exchange, routing_key, body, properties)
+            return outcome
         finally:
             waiter = self._inflight.pop(message_id)
             if waiter is not None:
@@ -102,7 +140,8 @@ class Publisher:
         routing_key: str,
         body: bytes,
         properties: commands.Basic.Properties,
-    ) -> Outcome:
+    ) -> tuple[Outcome, bool]:
+        """Publish once; return the outcome and whether the destination was missing."""
         try:
             channel = await self._channel()
             result = await channel.basic_publish(
@@ -122,13 +161,15 @@ class Publisher:
                 _describe(exc),
             )
             nack = isinstance(exc, DeliveryError) and isinstance(exc.frame, commands.Basic.Nack)
-            return Outcome.REFUSED if nack else Outcome.FAILED
+            if nack:
+                return Outcome.REFUSED, False
+            return Outcome.FAILED, isinstance(exc, ChannelNotFoundEntity)
         except Exception as exc:  # before anything was sent: marshalling the frame failed
             headers = properties.headers or {}
             kept = encodable_headers(headers)
             if len(kept) == len(headers):
                 log.exception("publish to %r/%r failed", exchange, routing_key)
-                return Outcome.FAILED
+                return Outcome.FAILED, False
             # The encoder refused a header value (each pamqp version refuses other
             # values, some of them ones it decoded itself, and raises other errors):
             # send the headers that encode, or the message would cycle for ever.
@@ -140,7 +181,34 @@ class Publisher:
             )
             properties.headers = kept
             return await self._publish(exchange, routing_key, body, properties)
-        return _outcome_of(result, properties.message_id, exchange, routing_key)
+        outcome = _outcome_of(result, properties.message_id, exchange, routing_key)
+        frame = getattr(result, "delivery", None)
+        return outcome, getattr(frame, "reply_code", None) == NO_ROUTE
+
+    async def _repaired(self, exchange: str, routing_key: str, seen: int) -> bool:
+        """Whether to publish again: the destination was (or has just been) declared again.
+
+        ``seen`` is ``repairs`` when the publish went out: a repair that completed
+        since then covers this publish too (a burst of copies to one deleted queue
+        makes one redeclaration, and each copy is published again once).
+        """
+        if self._repair is None:
+            return False
+        async with self._repair_lock:
+            if self.repairs != seen:
+                return True
+            now = time.monotonic()
+            if self._repaired_at is not None and now - self._repaired_at < self._repair_interval_s:
+                return False
+            self._repaired_at = now
+            try:
+                done = await self._repair(exchange, routing_key)
+            except Exception:  # a failed repair is a failed publish, nothing more
+                log.exception("declaring %r/%r again failed", exchange, routing_key)
+                return False
+            if done:
+                self.repairs += 1
+            return done
 
 
 def _describe(exc: BaseException) -> str:

@@ -299,7 +299,12 @@ class Deliveries:
 async def test_unroutable_retry_copy_does_not_ack_the_original(
     make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
-    """A tier queue deleted under the running app: the copy is returned, the original kept."""
+    """A tier queue replaced under the running app: the copy is returned, the original kept.
+
+    The replacement (a classic queue, not bound to the tier exchange) makes every copy
+    unroutable, and the plugin cannot declare its own tier over it (406): the repair
+    fails, and the original is requeued after the pause, as for any unconfirmed copy.
+    """
     app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
     queue = unique("unroutable")
     seen = Deliveries()
@@ -311,7 +316,9 @@ async def test_unroutable_retry_copy_does_not_ack_the_original(
 
     await app.start()
     channel = await amqp.channel()
-    await channel.queue_delete(tier_name(app.prefix, 100))
+    tier = tier_name(app.prefix, 100)
+    await channel.queue_delete(tier)
+    await channel.declare_queue(tier, durable=True, arguments={"x-queue-type": "classic"})
     await app.broker.publish("keep me", queue=queue)
     await eventually(lambda: len(seen.deliveries) >= 2, what="the requeued delivery")
     await app.stop()

@@ -8,8 +8,16 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 import pytest
 from aiormq.exceptions import ChannelPreconditionFailed
+from faststream.rabbit import QueueType, RabbitQueue
 
-from faststream_retry import Fixed, PermanentError, RetryPolicy, RetryTopologyError, headers
+from faststream_retry import (
+    Fixed,
+    PermanentError,
+    RetryPolicy,
+    RetryTopologyError,
+    headers,
+    retry_policy,
+)
 from faststream_retry.events import EventKind
 from faststream_retry.topology import tier_name
 from tests.rabbit import App, drain, eventually, headers_of, unique
@@ -49,6 +57,50 @@ async def test_existing_queues_with_other_arguments_are_named_not_a_raw_406(
     for name in (tier, f"{queue}.dlq"):
         await channel.queue_delete(name)
     await channel.close()
+
+
+async def test_classic_queues_of_the_old_default_are_named_with_both_fixes(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """Quorum is the default: a classic ``.retry`` left by an older version is named at
+    start with the mismatch and both ways out, and ``queue_type="classic"`` still runs."""
+    queue = unique("old-classic")
+    channel = await amqp.channel()
+    # What the plugin declared while classic was its default.
+    for name in (f"{queue}.retry", f"{queue}.dlq"):
+        await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "classic"})
+    await channel.close()
+    prefix = unique("t")
+    calls: list[str] = []
+
+    def subscribe(app: App) -> None:
+        @app.broker.subscriber(queue)
+        async def handle(body: str) -> None:
+            calls.append(body)
+            if len(calls) == 1:
+                raise ConnectionError("down")
+
+    app: App = make_app(prefix=prefix)
+    subscribe(app)
+    with pytest.raises(RetryTopologyError) as caught:
+        await app.start()
+    await app.broker.stop()
+    text = str(caught.value)
+    # RabbitMQ names the first argument that differs, for .retry not the type itself.
+    assert f"- queue '{queue}.retry': argument 'x-dead-letter-exchange' is unset" in text
+    assert (
+        f"- queue '{queue}.dlq': argument 'x-queue-type' is 'classic' on the broker, "
+        "the plugin declares 'quorum'" in text
+    )
+    assert text.count('It is the queue queue_type="classic" declares') == 2
+    assert text.count('pass RetryMiddleware(queue_type="classic")') == 2
+    assert text.count("or to migrate: it may hold messages") == 2
+    # The first fix: keep classic queues.
+    classic: App = make_app(prefix=unique("t"), queue_type="classic")
+    subscribe(classic)
+    await classic.start()
+    await classic.broker.publish("m", queue=queue)
+    await eventually(lambda: calls == ["m", "m"], what="the retried call on classic queues")
 
 
 async def test_quorum_everywhere_retries_and_dead_letters(
@@ -106,8 +158,11 @@ async def test_a_stuck_message_in_a_quorum_retry_queue_ends_in_the_dlq_at_the_li
     await app.start()
     channel = await amqp.channel()
     runtime = app.retry.runtime(app.broker)
-    for tier in runtime.plan.exchanges:  # every hop is now unroutable
+    # Every hop is now unroutable: each tier queue is replaced by an unbound classic
+    # one, which the plugin cannot declare its own over (406), so no repair helps.
+    for tier in runtime.plan.exchanges:
         await channel.queue_delete(tier)
+        await channel.declare_queue(tier, durable=True, arguments={"x-queue-type": "classic"})
     due = int(time.time() * 1000) + 30_000
     await channel.default_exchange.publish(
         aio_pika.Message(b"stuck", headers={headers.DUE: due, headers.ATTEMPT: 1}, message_id="s1"),
@@ -121,3 +176,53 @@ async def test_a_stuck_message_in_a_quorum_retry_queue_ends_in_the_dlq_at_the_li
     assert death["reason"] == "delivery_limit"
     assert death["queue"] == f"{queue}.retry"
     await channel.close()
+
+
+async def test_a_dead_letter_subscriber_declared_classic_is_named_before_start(
+    make_app: Any,
+) -> None:
+    """FastStream would declare ``.dlq`` classic after the plugin declared it quorum (406)."""
+    app: App = make_app()
+    queue = unique("dlq-consumer")
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        raise PermanentError(body)
+
+    @app.broker.subscriber(RabbitQueue(f"{queue}.dlq", durable=True))
+    @retry_policy(enabled=False)
+    async def dead(body: str) -> None: ...
+
+    with pytest.raises(RetryTopologyError) as caught:
+        await app.start()
+    assert str(caught.value).splitlines()[1] == (
+        f"- the subscriber of '{queue}.dlq' declares it as a durable classic queue; the plugin "
+        f"declares it as a durable quorum queue: declare it RabbitQueue('{queue}.dlq', "
+        "durable=True, queue_type=QueueType.QUORUM), or RabbitQueue("
+        f"'{queue}.dlq', declare=False) to consume it as the plugin declares it, or pass "
+        'RetryMiddleware(queue_type="classic")'
+    )
+
+
+async def test_a_dead_letter_subscriber_declared_as_the_plugin_does_gets_each_dead_letter(
+    make_app: Any,
+) -> None:
+    """The README's way to consume a DLQ with FastStream, on quorum queues."""
+    app: App = make_app()
+    queue = unique("dlq-consumer")
+    dead: list[str] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        raise PermanentError(body)
+
+    @app.broker.subscriber(RabbitQueue(f"{queue}.dlq", durable=True, queue_type=QueueType.QUORUM))
+    @retry_policy(enabled=False)
+    async def on_dead(body: str) -> None:
+        dead.append(body)
+
+    await app.start()
+    ids = [unique("poison") for _ in range(3)]
+    for mid in ids:
+        await app.broker.publish(mid, queue=queue, message_id=mid)
+    await eventually(lambda: sorted(dead) == sorted(ids), what="every dead letter consumed")

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from faststream.rabbit import QueueType, RabbitQueue
 
 from faststream_retry import RetryPolicy, RetryTopologyError
 from faststream_retry.amqp.declare import (
+    Mismatch,
+    Refusal,
+    _advice,
     check_broker,
+    owns,
     parse_mismatch,
+    parse_refusal,
     parse_version,
+    refused,
+    too_old,
     work_queue_findings,
 )
 from faststream_retry.policy import HandlerPolicy
@@ -87,9 +95,7 @@ async def test_too_old_a_broker_is_refused_before_anything_is_declared() -> None
     amqp = SimpleNamespace(server_properties={"version": b"3.9.29"})
     connection: Any = SimpleNamespace(transport=SimpleNamespace(connection=amqp))
     with pytest.raises(RetryTopologyError, match=r"3\.9\.29 is too old.*quorum.*3\.10"):
-        await check_broker(
-            connection, plan([], RetryPolicy(), TopologyOptions("p", 60_000, "quorum"))
-        )
+        await check_broker(connection, plan([], RetryPolicy(), TopologyOptions("p", 60_000)))
 
 
 def route(arguments: dict[str, Any], max_attempts: int = 5) -> Route:
@@ -128,3 +134,250 @@ def test_a_limit_below_max_attempts_is_explained_not_refused() -> None:
 
 def test_classic_work_queues_need_no_advice() -> None:
     assert work_queue_findings([route({"x-queue-type": "classic"})], RetryPolicy(), (3, 10)) == []
+
+
+def test_too_old_for_quorum_names_both_fixes() -> None:
+    """Quorum is the default, so the error says how to run on the old broker anyway."""
+    text = too_old("3.9.29", "quorum")
+    assert text.startswith(
+        "RabbitMQ 3.9.29 is too old for queue_type='quorum': it needs 3.10 or later. "
+    )
+    assert 'pass RetryMiddleware(queue_type="classic")' in text
+    assert "Upgrade RabbitMQ" in text
+
+
+def test_too_old_for_classic_says_upgrade() -> None:
+    assert too_old("3.7.1", "classic") == (
+        "RabbitMQ 3.7.1 is too old for queue_type='classic': it needs 3.8 or later. "
+        "Upgrade RabbitMQ"
+    )
+
+
+async def test_classic_on_a_3_9_broker_is_accepted() -> None:
+    """3.8 and 3.9 still host classic queues: the check goes on to declare."""
+    declared: list[str] = []
+
+    class Channel:
+        async def exchange_declare(self, name: str, **_: Any) -> None:
+            declared.append(name)
+
+        async def queue_declare(self, name: str, **_: Any) -> None:
+            declared.append(name)
+
+        async def queue_bind(self, name: str, exchange: str, **_: Any) -> None:
+            declared.append(f"bind {name}")
+
+        async def close(self) -> None:
+            pass
+
+    class Amqp:
+        server_properties: ClassVar[dict[str, bytes]] = {"version": b"3.9.29"}
+
+        async def channel(self) -> Channel:
+            return Channel()
+
+    connection: Any = SimpleNamespace(transport=SimpleNamespace(connection=Amqp()))
+    topology = plan([], RetryPolicy(), TopologyOptions("p", 200, "classic", tick_ms=100))
+    assert await check_broker(connection, topology) == (3, 9)
+    assert declared == [
+        "p.delay.100",
+        "p.delay.200",
+        "p.delay.100",
+        "p.delay.200",
+        "bind p.delay.100",
+        "bind p.delay.200",
+    ]
+
+
+def test_a_queue_of_the_old_classic_default_names_both_fixes() -> None:
+    """It matches what queue_type="classic" declares: keep classic, or migrate."""
+    found = Mismatch("queue", "orders.dlq", "x-queue-type", "quorum", "none", fits="classic")
+    assert _advice(found, "retry") == (
+        'It is the queue queue_type="classic" declares (the plugin\'s default before '
+        '"quorum"; it dead-letters at most once). Either keep classic queues: pass '
+        'RetryMiddleware(queue_type="classic"), for every queue the plugin declares; or to '
+        "migrate: it may hold messages: stop the services that consume it, move its messages "
+        "to a temporary queue (the shovel plugin, or a script), delete it, start the service "
+        "so the plugin declares it again, then move the messages back"
+    )
+
+
+def test_a_quorum_queue_where_classic_is_asked_for_names_both_fixes() -> None:
+    found = Mismatch("queue", "retry.delay.100", "x-queue-type", "classic", "quorum", "quorum")
+    text = _advice(found, "retry")
+    assert text.startswith(
+        'It is the queue queue_type="quorum" declares (not the default). Either keep quorum '
+        'queues: pass RetryMiddleware(queue_type="quorum"), for every'
+    )
+    assert text.endswith("or to migrate: " + _advice_tier())
+
+
+def _advice_tier() -> str:
+    return (
+        "a tier holds a message for one tier period only: stop the services that use prefix "
+        "'retry', wait until the queue is empty, delete it (rabbitmqctl delete_queue) and "
+        "start again; or choose a new prefix=, whose tiers are new queues, and let the old "
+        "tiers drain into their .retry queues"
+    )
+
+
+def test_a_queue_no_queue_type_declares_gets_the_migration_only() -> None:
+    found = Mismatch("queue", "q.dlq", "x-max-length", "5", "none")
+    assert _advice(found, "retry").startswith("To migrate: it may hold messages")
+
+
+async def test_a_mismatched_queue_is_tried_with_the_other_queue_types_arguments() -> None:
+    """Only a queue that takes the other type's declaration is said to fit it."""
+    reply = (
+        "PRECONDITION_FAILED - inequivalent arg 'x-dead-letter-exchange' for queue '{}' in "
+        "vhost '/': received '' but current is none"
+    )
+    live = {"q.retry": {"x-queue-type": "classic"}, "q.dlq": {"x-queue-type": "stream"}}
+    declared: list[tuple[str, dict[str, Any]]] = []
+
+    class Channel:
+        async def exchange_declare(self, name: str, **_: Any) -> None:
+            pass
+
+        async def queue_declare(self, name: str, *, arguments: Any, **_: Any) -> None:
+            declared.append((name, arguments))
+            if name in live and arguments != live[name]:
+                raise ChannelPreconditionFailed(reply.format(name))
+
+        async def queue_bind(self, name: str, exchange: str, **_: Any) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+    class Amqp:
+        server_properties: ClassVar[dict[str, bytes]] = {"version": b"3.10.8"}
+
+        async def channel(self) -> Channel:
+            return Channel()
+
+    connection: Any = SimpleNamespace(transport=SimpleNamespace(connection=Amqp()))
+    topology = plan(
+        [Route("q", (Handler(None),))], RetryPolicy(), TopologyOptions("p", 100, tick_ms=100)
+    )
+    with pytest.raises(RetryTopologyError) as caught:
+        await check_broker(connection, topology)
+    text = str(caught.value)
+    assert "- queue 'q.retry': argument 'x-dead-letter-exchange' is unset" in text
+    assert 'It is the queue queue_type="classic" declares' in text
+    assert "- queue 'q.dlq': argument 'x-dead-letter-exchange' is unset" in text
+    assert text.count("It is the queue") == 1
+    # The tier fits its own declaration: never tried with the other type's arguments.
+    assert [name for name, _ in declared] == ["p.delay.100", "q.retry", "q.retry", "q.dlq", "q.dlq"]
+    assert declared[2] == ("q.retry", {"x-queue-type": "classic"})
+
+
+def test_a_403_reply_names_the_permission_and_the_object() -> None:
+    """A text that names the permission and the object wins over the guess.
+
+    RabbitMQ 3.10.8 names the object only ("access to exchange 'x' in vhost '/' refused
+    for user 'u'"); a wording with the permission in front is read too.
+    """
+    reply = (
+        "ACCESS_REFUSED - configure access to exchange 'retry.delay.200' in vhost '/' "
+        "refused for user 'app'"
+    )
+    refusal = parse_refusal(reply, "queue", "guess", "write permission", "declare")
+    assert refusal == Refusal(
+        "exchange", "retry.delay.200", "configure permission", "declare", reply
+    )
+    # A refused read names no permission: the object is read, the guess stands.
+    read = "ACCESS_REFUSED - access to queue 'q.retry' in vhost '/' refused for user 'app'"
+    unnamed = parse_refusal(read, "queue", "a .retry", "read permission", "consume")
+    assert unnamed == Refusal("queue", "q.retry", "read permission", "consume", read)
+    unknown = parse_refusal("ACCESS_REFUSED - new words", "queue", "q", "read x", "consume")
+    assert unknown == Refusal("queue", "q", "read x", "consume", "ACCESS_REFUSED - new words")
+
+
+def test_refusals_are_one_error_naming_each_object() -> None:
+    error = refused(
+        [
+            Refusal("exchange", "retry.delay.200", "configure permission", "declare", "r1"),
+            Refusal("queue", "q.retry", "read permission", "consume", "r2"),
+        ]
+    )
+    assert isinstance(error, RetryTopologyError)
+    assert str(error) == (
+        "faststream-retry's RabbitMQ user lacks permissions it needs (403 ACCESS_REFUSED):\n"
+        "- exchange 'retry.delay.200': to declare it, the user needs configure permission. "
+        "RabbitMQ said: r1\n"
+        "- queue 'q.retry': to consume it, the user needs read permission. RabbitMQ said: r2\n"
+        "Grant them with rabbitmqctl set_permissions; the README's 'Permissions' section "
+        "lists the configure, write and read patterns the plugin needs"
+    )
+
+
+async def test_each_refused_operation_guesses_what_it_needs() -> None:
+    """When RabbitMQ's text names no permission, the error says what the operation needs."""
+
+    def refuse(name: str) -> ChannelAccessRefused:
+        return ChannelAccessRefused(f"ACCESS_REFUSED - refused for {name}")
+
+    class Channel:
+        async def exchange_declare(self, name: str, **_: Any) -> None:
+            pass
+
+        async def queue_declare(self, name: str, **_: Any) -> None:
+            if not name.endswith(".delay.100"):
+                raise refuse(name)
+
+        async def queue_bind(self, name: str, exchange: str, **_: Any) -> None:
+            raise refuse(name)
+
+        async def close(self) -> None:
+            pass
+
+    class Amqp:
+        server_properties: ClassVar[dict[str, bytes]] = {"version": b"3.10.8"}
+
+        async def channel(self) -> Channel:
+            return Channel()
+
+    connection: Any = SimpleNamespace(transport=SimpleNamespace(connection=Amqp()))
+    topology = plan(
+        [Route("q", (Handler(None),))], RetryPolicy(), TopologyOptions("p", 100, tick_ms=100)
+    )
+    with pytest.raises(RetryTopologyError) as caught:
+        await check_broker(connection, topology)
+    lines = str(caught.value).splitlines()[1:-1]
+    assert [line.split(". RabbitMQ said")[0] for line in lines] == [
+        (
+            "- queue 'q.retry': to declare it, the user needs configure permission, and read "
+            "permission on it and write permission on 'amq.default'"
+        ),
+        "- queue 'q.dlq': to declare it, the user needs configure permission",
+    ]
+    # Every declaration allowed: the bindings are tried, and their refusal named.
+    topology = plan([], RetryPolicy(), TopologyOptions("p", 100, tick_ms=100))
+    with pytest.raises(RetryTopologyError) as caught:
+        await check_broker(connection, topology)
+    assert (
+        str(caught.value)
+        .splitlines()[1]
+        .startswith(
+            "- queue 'p.delay.100': to bind it, the user needs write permission on it and read "
+            "permission on exchange 'p.delay.100'. RabbitMQ said: ACCESS_REFUSED"
+        )
+    )
+
+
+def test_the_plugin_owns_its_tiers_retry_and_dead_letter_queues_only() -> None:
+    """A missing work queue is its application's: never declared again by the plugin."""
+    topology = plan(
+        [Route("orders", (Handler(None),))],
+        RetryPolicy(),
+        TopologyOptions("p", 200, tick_ms=100),
+    )
+    assert owns(topology, "p.delay.100", "orders.retry")
+    assert owns(topology, "p.delay.200", "anything")
+    assert not owns(topology, "p.delay.400", "orders.retry")
+    assert owns(topology, "", "orders.retry")
+    assert owns(topology, "", "orders.dlq")
+    assert not owns(topology, "", "orders")
+    assert not owns(topology, "", "other.dlq")
+    assert not owns(topology, "amq.direct", "orders.dlq")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from faststream_retry import Fixed, RetryConfigError, RetryPolicy
+from faststream_retry import Fixed, RetryConfigError, RetryMiddleware, RetryPolicy
 from faststream_retry.config import RETRY_TRACEBACKS, RetryConfig, traceback_on_retry
 from faststream_retry.topology import TopologyOptions
 
@@ -153,3 +154,11 @@ def test_an_unknown_retry_traceback_choice_names_the_allowed_ones(value: object)
 def test_which_retry_lines_carry_the_traceback(choice: str, attempt: int, expected: bool) -> None:
     """first: a message's first failure only; every: each; never: none."""
     assert traceback_on_retry(choice, attempt) is expected
+
+
+def test_quorum_is_the_default_queue_type() -> None:
+    """Classic queues dead-letter at most once: "never lost" needs quorum out of the box."""
+    assert TopologyOptions("p", 1000).queue_type == "quorum"
+    default = inspect.signature(RetryMiddleware).parameters["queue_type"].default
+    assert default == "quorum"
+    assert build(queue_type=default).topology.queue_type == "quorum"

@@ -7,12 +7,13 @@ against a real RabbitMQ in tests/integration.
 
 from __future__ import annotations
 
+import asyncio
 import decimal
 import logging
 from typing import Any
 
 import pytest
-from aiormq.exceptions import ChannelInvalidStateError, DeliveryError
+from aiormq.exceptions import ChannelInvalidStateError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
@@ -100,3 +101,149 @@ async def test_failures_are_logged_without_the_message_body(
         "publish of message m-1 to ''/'q' was returned by the broker: 312 NO_ROUTE",
         "publish of message m-1 to ''/'q' not confirmed: DeliveryError (Nack)",
     ]
+
+
+class Script(Channel):
+    """Answers each publish with the next answer; an exception instance is raised."""
+
+    def __init__(self, *answers: object) -> None:
+        super().__init__(None)
+        self.answers = list(answers)
+
+    async def basic_publish(self, body: bytes, **kwargs: Any) -> object:
+        self.sent.append(dict(kwargs["properties"].headers or {}))
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+class Returned:
+    """What aiormq gives back for a returned mandatory publish."""
+
+    def __init__(self, code: int) -> None:
+        self.delivery = commands.Basic.Return(reply_code=code, reply_text="x")
+
+
+class Repairs:
+    """A repair callback that records its calls and answers ``done``."""
+
+    def __init__(self, *, done: bool = True, error: Exception | None = None) -> None:
+        self.done = done
+        self.error = error
+        self.calls: list[tuple[str, str]] = []
+
+    async def __call__(self, exchange: str, routing_key: str) -> bool:
+        self.calls.append((exchange, routing_key))
+        if self.error is not None:
+            raise self.error
+        return self.done
+
+
+def repairing(channel: Channel, repair: Repairs, interval_s: float = 60) -> Publisher:
+    async def get() -> Any:
+        return channel
+
+    return Publisher(get, timeout_s=1, repair=repair, repair_interval_s=interval_s)
+
+
+NOT_FOUND = ChannelNotFoundEntity("NOT_FOUND - no exchange 'p.delay.100' in vhost '/'")
+
+
+@pytest.mark.parametrize("missing", [Returned(312), NOT_FOUND], ids=["no-route", "not-found"])
+async def test_a_missing_destination_is_repaired_and_published_again(missing: object) -> None:
+    """A 312 return or a 404 asks for a repair, then the copy goes once more."""
+    channel = Script(missing, commands.Basic.Ack())
+    repair = Repairs()
+    p = repairing(channel, repair)
+    assert await publish(p, {}) is Outcome.CONFIRMED
+    assert repair.calls == [("", "q")]
+    assert len(channel.sent) == 2
+    assert p.repairs == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [Returned(313), commands.Basic.Nack(), ChannelInvalidStateError("closed")],
+    ids=["other-return", "nack", "closed"],
+)
+async def test_other_failures_are_not_repaired(answer: object) -> None:
+    """Only a missing destination is redeclared; everything else fails as it did."""
+    repair = Repairs()
+    outcome = await publish(repairing(Script(answer), repair), {})
+    assert outcome in {Outcome.FAILED, Outcome.REFUSED}
+    assert repair.calls == []
+
+
+async def test_the_second_try_is_the_last() -> None:
+    """Still missing after a repair: failed, no second repair, no third publish."""
+    channel = Script(Returned(312), Returned(312))
+    repair = Repairs()
+    assert await publish(repairing(channel, repair), {}) is Outcome.FAILED
+    assert len(repair.calls) == 1
+    assert len(channel.sent) == 2
+
+
+@pytest.mark.parametrize(
+    "repair", [Repairs(done=False), Repairs(error=RuntimeError("refused"))], ids=["no", "raises"]
+)
+async def test_a_repair_that_did_nothing_means_no_second_publish(repair: Repairs) -> None:
+    """Not the plugin's own destination (a work queue), or the redeclaration failed."""
+    channel = Script(Returned(312))
+    p = repairing(channel, repair)
+    assert await publish(p, {}) is Outcome.FAILED
+    assert len(channel.sent) == 1
+    assert p.repairs == 0
+
+
+async def test_repairs_are_rate_limited() -> None:
+    """Within the interval a missing destination fails without a redeclaration."""
+    channel = Script(Returned(312), Returned(312), Returned(312), Returned(312))
+    repair = Repairs()
+    p = repairing(channel, repair, interval_s=60)
+    assert await publish(p, {}) is Outcome.FAILED  # repaired, still missing
+    assert await publish(p, {}) is Outcome.FAILED  # too soon: not repaired
+    assert len(repair.calls) == 1
+    assert len(channel.sent) == 3
+
+
+async def test_after_the_interval_a_repair_runs_again() -> None:
+    """The limit is a pause, not a ban."""
+    channel = Script(Returned(312), Returned(312), Returned(312), commands.Basic.Ack())
+    repair = Repairs(done=False)
+    p = repairing(channel, repair, interval_s=0)
+    assert await publish(p, {}) is Outcome.FAILED
+    repair.done = True
+    assert await publish(p, {}) is Outcome.FAILED  # repaired; the second try failed
+    assert len(repair.calls) == 2
+
+
+async def test_a_repair_made_meanwhile_covers_a_publish_in_flight() -> None:
+    """A copy returned after another copy's repair is published again, without a repair."""
+    gate = asyncio.Event()
+
+    class Slow(Script):
+        async def basic_publish(self, body: bytes, **kwargs: Any) -> object:
+            if kwargs["properties"].message_id == "slow" and not self.sent:
+                self.sent.append({})
+                await gate.wait()
+                return Returned(312)
+            return await super().basic_publish(body, **kwargs)
+
+    channel = Slow(Returned(312), commands.Basic.Ack(), commands.Basic.Ack())
+    repair = Repairs()
+    p = repairing(channel, repair, interval_s=60)
+    slow = asyncio.create_task(
+        p.publish(
+            exchange="",
+            routing_key="q",
+            body=b"",
+            properties=commands.Basic.Properties(message_id="slow"),
+        )
+    )
+    await asyncio.sleep(0)
+    assert await publish(p, {}) is Outcome.CONFIRMED  # returned, repaired, sent again
+    gate.set()
+    assert await slow is Outcome.CONFIRMED
+    assert len(repair.calls) == 1
+    assert p.repairs == 1
