@@ -22,7 +22,7 @@ from faststream_retry import RetryMiddleware
 from faststream_retry.topology import registry_name
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
@@ -124,6 +124,17 @@ async def queue_depth(connection: AbstractRobustConnection, queue: str) -> int:
         return declared.declaration_result.message_count or 0
     finally:
         await channel.close()
+
+
+async def eventually_async(
+    condition: Callable[[], Awaitable[bool]], timeout: float = 15.0, what: str = "condition"
+) -> None:
+    """Like ``eventually``, for a condition that asks the broker (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
 
 
 async def consumers(connection: AbstractRobustConnection, queue: str, timeout: float = 10.0) -> int:

@@ -28,7 +28,16 @@ from faststream_retry import (
     TransientError,
     retry_policy,
 )
-from tests.rabbit import App, consumers, delete_declared, drain, eventually, queue_depth, unique
+from tests.rabbit import (
+    App,
+    consumers,
+    delete_declared,
+    drain,
+    eventually,
+    eventually_async,
+    queue_depth,
+    unique,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -289,10 +298,9 @@ async def _park_two(amqp: AbstractRobustConnection, url: str, prefix: str, queue
     finally:
         await first.stop()
     # No re-check consumer now: each copy ends in .retry when its tier expires.
-    deadline = asyncio.get_running_loop().time() + 15
-    while await queue_depth(amqp, f"{queue}.retry") < 2:
-        assert asyncio.get_running_loop().time() < deadline, "copies never reached .retry"
-        await asyncio.sleep(0.05)
+    await eventually_async(
+        lambda: _at_least(amqp, f"{queue}.retry", 2), what="both copies in .retry"
+    )
 
 
 async def test_waiting_messages_are_released_after_retries_are_switched_off(
@@ -371,6 +379,10 @@ async def _never_called(body: str) -> None:  # pragma: no cover - refused before
     raise AssertionError(body)
 
 
+async def _at_least(amqp: AbstractRobustConnection, queue: str, count: int) -> bool:
+    return await queue_depth(amqp, queue) >= count
+
+
 async def _waiting(
     amqp: AbstractRobustConnection, retry: RetryMiddleware, broker: Any, queue: str
 ) -> int:
@@ -409,10 +421,11 @@ async def test_a_failure_in_flight_when_its_late_subscriber_stops_makes_one_copy
         go.set()
         await asyncio.wait_for(stopping, 15)
         assert await consumers(amqp, f"{queue}.retry") == 0
-        deadline = asyncio.get_running_loop().time() + 10
-        while await _waiting(amqp, retry, broker, queue) == 0:
-            assert asyncio.get_running_loop().time() < deadline, "the copy never arrived"
-            await asyncio.sleep(0.05)
+
+        async def arrived() -> bool:
+            return await _waiting(amqp, retry, broker, queue) > 0
+
+        await eventually_async(arrived, what="the copy")
         assert await _waiting(amqp, retry, broker, queue) == 1
         assert await queue_depth(amqp, queue) == 0
 
@@ -439,10 +452,7 @@ async def test_a_late_subscribers_queue_is_in_the_registry(
         await eventually(lambda: any(e.kind == "released" for e in first.events), what="a hop")
     finally:
         await first.stop()
-    deadline = asyncio.get_running_loop().time() + 15
-    while await queue_depth(amqp, f"{late}.retry") < 1:
-        assert asyncio.get_running_loop().time() < deadline, "the copy never reached .retry"
-        await asyncio.sleep(0.05)
+    await eventually_async(lambda: _at_least(amqp, f"{late}.retry", 1), what="the copy in .retry")
     second = App(rabbit_url, prefix=prefix)
 
     @second.broker.subscriber(unique("steady"))
