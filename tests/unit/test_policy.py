@@ -168,6 +168,17 @@ class TestRetryPolicyDecorator:
         assert resolved.backoff == Fixed(3)
         assert resolved.permanent == ()  # layered, not inherited: see classify
 
+    def test_a_plain_function_carries_its_policy_and_is_not_kept(self) -> None:
+        """Only what refuses attributes is kept by identity: functions do not pile up."""
+
+        async def handler(body: str) -> None: ...
+
+        retry_policy(max_attempts=2)(handler)
+        assert all(held is not handler for held, _ in policy_module._HELD.values())
+        policy = get_handler_policy(handler)
+        assert policy is not None
+        assert policy.options == {"max_attempts": 2}
+
     def test_placed_on_something_that_refuses_attributes(self) -> None:
         """On a slotted wrapper (FastStream's, above @broker.publisher) the policy is kept."""
 
