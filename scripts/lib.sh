@@ -58,7 +58,7 @@ ensure_venv() {  # ensure_venv [DIR PYTHON]: the project and its dev tools in DI
   if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
     log "installing faststream-retry and its dev dependencies into $dir"
     "$dir/bin/python" -m pip install -q --upgrade pip >&2
-    "$dir/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
+    "$dir/bin/python" -m pip install -q -e "$ROOT[dev,test-fastapi]" >&2
     touch "$stamp"
   fi
 }

@@ -33,10 +33,10 @@ if TYPE_CHECKING:
 
     from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
-pytestmark = pytest.mark.rabbit
+pytestmark = [pytest.mark.rabbit, pytest.mark.fastapi]
 
 fastapi = pytest.importorskip(
-    "fastapi", reason="fastapi is a dev dependency (pip install -e .[dev])"
+    "fastapi", reason="fastapi comes with the test-fastapi extra (pip install -e .[test-fastapi])"
 )
 
 
