@@ -129,8 +129,12 @@ async def _send_and_settle(
 async def test_a_deleted_retry_queue_is_declared_again_before_the_copy_needs_it(
     make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
-    """The copy waits its tier, reaches the recreated ``.retry`` and is released once."""
-    app: App = make_app(default=RetryPolicy(backoff=Fixed(0.3)))
+    """The copy waits its tier, reaches the recreated ``.retry`` and is released once.
+
+    The delay outlasts noticing the deletion: aiormq 6 (Python 3.10's stack) does not
+    report a cancelled consumer, and the plugin looks for one once a second.
+    """
+    app: App = make_app(default=RetryPolicy(backoff=Fixed(2.5)))
     queue = unique("retry-gone")
     calls, processed = _first_delivery_fails(app, queue)
     await app.start()
