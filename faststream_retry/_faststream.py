@@ -65,6 +65,7 @@ __all__ = [
     "current_broker",
     "current_subscriber",
     "declared_function",
+    "drops_on_error",
     "handler_policy",
     "middlewares_of",
     "problems",
@@ -72,6 +73,7 @@ __all__ = [
     "route_of",
     "routes_of",
     "select_policy",
+    "server_named",
     "under_test_broker",
     "warn_no_subscriber",
 ]
@@ -180,6 +182,21 @@ async def select_policy(route: Route, msg: Any) -> HandlerPolicy | None:  # noqa
 def acks_first(sub: Any) -> bool:  # noqa: ANN401 - any subscriber
     """Return whether ``sub`` acks a message before its handler runs (``AckPolicy.ACK_FIRST``)."""
     return getattr(sub, "ack_policy", None) is AckPolicy.ACK_FIRST
+
+
+def drops_on_error(sub: Any) -> bool:  # noqa: ANN401 - any subscriber
+    """Whether ``sub`` lets a failed message go for good (rejects it, or acks it anyway).
+
+    ``REJECT_ON_ERROR`` (the default) rejects without requeue and ``ACK`` acks even on
+    an error; ``NACK_ON_ERROR`` requeues and ``MANUAL`` leaves it to the handler.
+    """
+    return getattr(sub, "ack_policy", None) in {AckPolicy.REJECT_ON_ERROR, AckPolicy.ACK}
+
+
+def server_named(sub: Any) -> bool:  # noqa: ANN401 - any subscriber
+    """Whether ``sub`` consumes a queue the broker names (``RabbitQueue("")``)."""
+    queue = getattr(sub, "queue", None)
+    return queue is not None and getattr(queue, "name", None) == ""
 
 
 def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - RabbitBroker

@@ -365,7 +365,9 @@ class Plugin:
             raise RetryConfigError("another RetryMiddleware is already installed on this broker")
         _faststream.check()
         if middleware not in broker.middlewares:
-            broker.add_middleware(middleware)
+            # Outermost: a failure raised anywhere in the broker's middlewares is
+            # covered too. Pass it in middlewares= to choose its place yourself.
+            broker.insert_middleware(middleware)
         # The plugin's lines go through this broker's logger unless logging is
         # configured for them (see _log).
         log.send_to(_faststream.broker_outlet(broker))
@@ -383,7 +385,9 @@ class Plugin:
             topology = runtime.replan()
             wiring.refuse_ack_first(broker, topology)
             wiring.refuse_other_instances(broker, middleware)
+            wiring.refuse_plugin_queues(broker, topology)
             wiring.refuse_other_queue_type(broker, topology)
+            wiring.warn_uncovered(broker, topology)
             await runtime.start(await broker.connect(), topology)
             await original_start()
             await runtime.start_consumers()

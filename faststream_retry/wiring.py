@@ -13,9 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry import _faststream
+from faststream_retry._log import log
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
+from faststream_retry.topology import registry_name
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from faststream.rabbit import RabbitBroker
 
     from faststream_retry.plugin import Runtime
@@ -26,8 +30,11 @@ __all__ = [
     "follow",
     "refuse_ack_first",
     "refuse_ack_first_of",
+    "refuse_on_plugin_queues",
     "refuse_other_instances",
     "refuse_other_queue_type",
+    "refuse_plugin_queues",
+    "warn_uncovered",
     "watch",
 ]
 
@@ -67,6 +74,8 @@ def follow(runtime: Runtime, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subsc
         route = _faststream.route_of(sub)
         if route is not None and route.enabled(runtime.config.default):
             refuse_ack_first_of(sub, route)  # before it consumes anything
+        if runtime.live is not None:
+            refuse_on_plugin_queues([sub], runtime.live.plan)
         # Declared before it consumes (a mismatch raises here, and it does not
         # start); its re-check consumer starts once the work queue is consumed.
         covered = await runtime.cover(sub, consume=False)
@@ -179,3 +188,50 @@ def refuse_other_queue_type(broker: RabbitBroker, topology: Plan) -> None:
             "RabbitMQ would refuse FastStream's declaration of these queues "
             "(406 PRECONDITION_FAILED):\n" + "\n".join(problems)
         )
+
+
+def refuse_plugin_queues(broker: RabbitBroker, topology: Plan) -> None:
+    """Refuse a subscriber of a ``.retry``, a tier or the registry: they are the plugin's.
+
+    A second consumer on ``<queue>.retry`` would take retry copies that then never go
+    home, and the plugin would release that consumer's own messages into ``<queue>``.
+    (``<queue>.dlq`` is yours to consume.)
+    """
+    refuse_on_plugin_queues(broker.subscribers, topology)
+
+
+def refuse_on_plugin_queues(subs: Iterable[Any], topology: Plan) -> None:
+    """Refuse those of ``subs`` that consume a queue the plugin consumes itself."""
+    ours = {r.retry_queue for r in topology.routes.values()}
+    ours |= {topology.tier(ttl) for ttl in topology.tiers.ttls_ms}
+    ours.add(registry_name(topology.options.prefix))
+    taken = sorted({q for sub in subs if (q := _faststream.queue_of(sub)) in ours})
+    if taken:
+        raise RetryConfigError(
+            f"{', '.join(map(repr, taken))}: the plugin consumes "
+            f"{'these queues' if len(taken) > 1 else 'this queue'} itself (re-check queues, "
+            "delay tiers, the registry); a subscriber of its own would take retry copies "
+            "that then never come back. Consume the work queue, or its .dlq, instead"
+        )
+
+
+def warn_uncovered(broker: RabbitBroker, topology: Plan) -> None:
+    """Say which subscribers can still lose a failed message, and how to fix each."""
+    dlqs = {r.dlq for r in topology.routes.values()}
+    for sub in broker.subscribers:
+        queue = _faststream.queue_of(sub)
+        if _faststream.server_named(sub):
+            log.warning(
+                "faststream-retry: a subscriber of a server-named queue (RabbitQueue('')) is "
+                "not covered: the broker names the queue only when it is declared. Its "
+                "failures are FastStream's (rejected). Give the queue a name to retry them"
+            )
+        elif queue in dlqs and queue not in topology.routes and _faststream.drops_on_error(sub):
+            log.warning(
+                "faststream-retry: the subscriber of %r rejects a dead letter its handler fails "
+                "on (ack policy %s), and a .dlq has no dead-letter exchange: that dead letter "
+                "would be gone. Use ack_policy=AckPolicy.MANUAL and ack when done (a failure "
+                "then leaves it in the queue), or NACK_ON_ERROR",
+                queue,
+                getattr(getattr(sub, "ack_policy", None), "name", "?"),
+            )

@@ -15,8 +15,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from faststream import AckPolicy
-from faststream.rabbit import RabbitBroker, RabbitMessage, RabbitRouter
+from faststream import AckPolicy, BaseMiddleware
+from faststream.rabbit import QueueType, RabbitBroker, RabbitMessage, RabbitQueue, RabbitRouter
 
 from faststream_retry import (
     Fixed,
@@ -578,3 +578,86 @@ async def test_another_instance_on_a_router_included_late_is_refused(
     async with _running(amqp, retry, broker):
         with pytest.raises(RetryConfigError, match="two RetryMiddleware instances"):
             broker.include_router(router)
+
+
+async def test_a_subscriber_of_a_retry_queue_is_refused(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """``<queue>.retry`` is the plugin's: a subscriber of it would steal retry copies.
+
+    Before, start advised ``declare=False``; followed, it ate retry copies for good and
+    had its own messages released into the work queue.
+    """
+    retry = _retry(unique("steal"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    queue = unique("orders")
+    broker.subscriber(queue)(_never_called)
+    broker.subscriber(f"{queue}.retry")(_never_called)
+    with pytest.raises(RetryConfigError, match=r"the plugin consumes this queue itself"):
+        await broker.start()
+    await broker.stop()
+
+
+async def test_uncovered_subscribers_are_named_at_start(
+    rabbit_url: str, amqp: AbstractRobustConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A .dlq consumer that rejects on error, and a server-named queue: a WARNING for each."""
+    retry = _retry(unique("uncovered"))
+    broker = RabbitBroker(rabbit_url, middlewares=[retry], logger=None)
+    retry.install(broker)
+    queue = unique("orders")
+    other = unique("other")
+    broker.subscriber(queue)(_never_called)
+    broker.subscriber(other)(_never_called)
+
+    @broker.subscriber(RabbitQueue(f"{queue}.dlq", durable=True, queue_type=QueueType.QUORUM))
+    @retry_policy(enabled=False)
+    async def rejecting(body: bytes) -> None: ...
+
+    @broker.subscriber(
+        RabbitQueue(f"{other}.dlq", durable=True, queue_type=QueueType.QUORUM),
+        ack_policy=AckPolicy.MANUAL,
+    )
+    @retry_policy(enabled=False)
+    async def keeping(body: bytes) -> None: ...
+
+    broker.subscriber(RabbitQueue("", exclusive=True, auto_delete=True))(_never_called)
+    caplog.set_level(logging.WARNING, "faststream_retry")
+    async with _running(amqp, retry, broker):
+        lines = [r.getMessage() for r in caplog.records]
+        assert any(f"subscriber of '{queue}.dlq' rejects a dead letter" in x for x in lines)
+        assert not any(f"'{other}.dlq'" in x for x in lines)  # MANUAL keeps it
+        assert any("server-named queue" in x for x in lines)
+
+
+async def test_install_covers_failures_of_the_brokers_other_middlewares(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """install() adds the middleware outermost: a failure in another middleware is retried.
+
+    Before, it was appended inside them: such a failure was FastStream's, rejected, lost.
+    """
+    flaky_calls: list[str] = []
+
+    class Flaky(BaseMiddleware):
+        async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+            flaky_calls.append(msg.message_id)
+            if len(flaky_calls) == 1:
+                raise ConnectionError("the feature-flag service is down")
+            return await call_next(msg)
+
+    retry = _retry(unique("outer"))
+    broker = RabbitBroker(rabbit_url, middlewares=[Flaky], logger=None)
+    retry.install(broker)
+    queue = unique("orders")
+    done: list[str] = []
+
+    @broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        done.append(body)
+
+    async with _running(amqp, retry, broker):
+        await broker.publish("m1", queue=queue, message_id="m1")
+        await eventually(lambda: done == ["m1"], what="the retried message")
+    assert flaky_calls == ["m1", "m1"]
