@@ -16,6 +16,13 @@ Every line the plugin writes goes through ``log``. Where it ends up:
 A level set on ``faststream_retry`` applies on both paths. Without one, the broker path
 drops DEBUG lines (the re-check hops), as a configured root logger at INFO would.
 
+Every line is bounded whatever the application's exception holds: its text (the
+message with its arguments) to ``LINE_LIMIT`` bytes, the traceback under it to the
+last ``TRACEBACK_LIMIT`` bytes, each frame and message cut first
+(``headers.traceback_text``). The traceback is formatted here, never by logging, so an
+exception whose formatting raises (a ``__notes__`` property, say) still gets its line;
+on the logging path it is the record's ``exc_text`` (``exc_info`` stays ``None``).
+
 This module imports no FastStream: the broker's logger comes in as an ``Outlet``
 (``_faststream.broker_outlet``), so the ``amqp`` parts and the core use it too.
 """
@@ -26,15 +33,24 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from faststream_retry.headers import exception_name, traceback_text, truncate
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     Outlet = Callable[[int, str, BaseException | None, Mapping[str, Any]], bool]
-    """Writes one line to a broker's logger; ``False`` if it could not (broker gone)."""
+    """Writes one line to a broker's logger; ``False`` if it could not (broker gone).
 
-__all__ = ["NAME", "PluginLogger", "log"]
+    ``PluginLogger`` passes no exception: the traceback is already in the line.
+    """
+
+__all__ = ["LINE_LIMIT", "NAME", "TRACEBACK_LIMIT", "PluginLogger", "log"]
 
 NAME = "faststream_retry"
+LINE_LIMIT = 4 * 1024
+"""Upper bound, in UTF-8 bytes, of a line's text (without its traceback)."""
+TRACEBACK_LIMIT = 8 * 1024
+"""Upper bound of the traceback under a line: its last 8 KiB (see ``headers.traceback_text``)."""
 
 
 class PluginLogger:
@@ -67,19 +83,33 @@ class PluginLogger:
         """Write one line, with the traceback of ``exc_info`` (``True``: the one handled)."""
         logger = self.logger
         outlet = self._outlet
-        if outlet is not None and not logger.hasHandlers():
-            if not self.isEnabledFor(level):
-                return
-            exception = sys.exc_info()[1] if exc_info is True else exc_info or None
+        to_broker = outlet is not None and not logger.hasHandlers()
+        if not (self.isEnabledFor(level) if to_broker else logger.isEnabledFor(level)):
+            return
+        exception = sys.exc_info()[1] if exc_info is True else exc_info or None
+        # Formatted here, never by logging: the application's exception runs its own
+        # code as it is formatted (a __notes__ that raises makes logging drop the line
+        # with a bare "--- Logging error ---") and may be megabytes long.
+        text, exact = _text(msg, args)
+        trace = None
+        if exception is not None:  # without its last newline, as Formatter.formatException
+            trace = traceback_text(exception, TRACEBACK_LIMIT).removesuffix("\n")
+        if to_broker and outlet is not None:
             try:
-                # Formatting can raise too (an argument whose __str__ raises): then the
-                # line goes to logging, which reports such errors without raising.
-                text = msg % args if args else msg
-                if outlet(level, text, exception, extra or {}):
+                if outlet(level, text if trace is None else f"{text}\n{trace}", None, extra or {}):
                     return
             except Exception:  # noqa: S110 - a broken outlet must not lose the line
                 pass
-        logger.log(level, msg, *args, exc_info=exc_info, extra=extra, stacklevel=2)
+            if not logger.isEnabledFor(level):
+                return
+        if not exact:  # the line as written, since the arguments do not make one
+            msg, args = text, ()
+        path, line, function = _caller()
+        record = logger.makeRecord(logger.name, level, path, line, msg, args, None, function, extra)
+        # Formatter.format appends exc_text as it would a formatted exc_info, and JSON
+        # formatters read it too: the line looks as logger.exception's would.
+        record.exc_text = trace
+        logger.handle(record)
 
     def debug(self, msg: str, *args: object, **kwargs: Any) -> None:  # noqa: ANN401
         """Write at DEBUG."""
@@ -101,6 +131,26 @@ class PluginLogger:
         """Write at ERROR with the traceback of the exception being handled."""
         kwargs.setdefault("exc_info", True)
         self.log(logging.ERROR, msg, *args, **kwargs)
+
+
+def _text(msg: str, args: tuple[object, ...]) -> tuple[str, bool]:
+    """Return the line, bounded, and whether it is exactly ``msg % args``."""
+    try:
+        text = msg % args if args else msg
+    except Exception as problem:  # an argument's __str__ or __repr__ raised
+        return truncate(
+            f"{msg} (arguments not shown: {exception_name(problem)})", LINE_LIMIT
+        ), False
+    bounded = truncate(text, LINE_LIMIT)
+    return bounded, bounded == text
+
+
+def _caller() -> tuple[str, int, str]:
+    """The plugin's code that wrote the line: the first frame outside this module."""
+    frame = sys._getframe(1)  # noqa: SLF001 - what logging.currentframe does
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
 
 
 log = PluginLogger()

@@ -19,7 +19,8 @@ hostile or buggy producer can put on the wire and never raises. Rules:
 ``retry-error``            on dead letters: ``str(exception)``, truncated; an exception
                            whose ``str()`` raises reads ``<unprintable Name: str() raised
                            Error>``
-``retry-traceback``        on dead letters: the traceback's tail, truncated
+``retry-traceback``        on dead letters: the traceback's tail, truncated (each frame
+                           and the message first, so the frames stay)
 ``retry-origin-queue``     on dead letters: the queue the message failed in (information
                            only: the plugin never routes by a header)
 =========================  ===============================================================
@@ -148,21 +149,39 @@ def error_text(exc: BaseException, limit: int = ERROR_LIMIT, problem: str | None
     return truncate(text if problem is None else f"{problem} ({text})", limit)
 
 
-def traceback_text(exc: BaseException) -> str:
-    """Return the traceback of ``exc`` as ``retry-traceback`` carries it; never raises.
+def traceback_text(exc: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
+    """Return the traceback of ``exc``, its last ``limit`` bytes at most; never raises.
 
-    ``traceback`` calls the exception's ``str()`` and reads its ``__notes__`` and its
-    chained causes; if any of that raises, the text says so after the exception's name
-    and message.
+    Each part of it (a frame, the exception's line, a note) is cut to ``ERROR_LIMIT``
+    bytes first: the tail of a traceback whose message is megabytes long still names
+    the frames. ``traceback`` calls the exception's ``str()`` and reads its
+    ``__notes__`` and its chained causes; if any of that raises, the text is the
+    exception's own frames, its name and message, and what raised.
     """
     try:
-        text = "".join(tb.format_exception(exc))
+        text = "".join(map(_part, tb.TracebackException.from_exception(exc).format()))
     except Exception as problem:  # see error_text: application code runs in here
-        return (
+        text = _frames(exc) + (
             f"{exception_name(exc)}: {error_text(exc)}\n"
-            f"(no traceback: formatting it raised {exception_name(problem)})\n"
+            f"(no full traceback: formatting it raised {exception_name(problem)})\n"
         )
-    return truncate_tail(text, TRACEBACK_LIMIT)
+    return truncate_tail(text, limit)
+
+
+def _part(text: str) -> str:
+    cut = truncate(text, ERROR_LIMIT)
+    return cut if cut.endswith("\n") else cut + "\n"
+
+
+def _frames(exc: BaseException) -> str:
+    """The frames of ``exc`` alone: no message, notes or chain, which may be what raised."""
+    try:
+        frames = tb.format_list(tb.extract_tb(exc.__traceback__))
+    except Exception:  # a property named __traceback__, a source loader that raises
+        return ""
+    if not frames:
+        return ""
+    return "Traceback (most recent call last):\n" + "".join(map(_part, frames))
 
 
 def _utf8(text: str) -> bytes:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -214,7 +213,7 @@ class Reporter:
                 event.rule,
                 event.exception,
                 event.error,
-                exc_info=_formattable(exception) if with_traceback else None,
+                exc_info=exception if with_traceback else None,
                 extra=_log_fields(event),
             )
         elif kind is EventKind.DEAD_LETTERED:
@@ -228,7 +227,7 @@ class Reporter:
                 event.max_attempts or "?",
                 event.exception,
                 event.error,
-                exc_info=_formattable(exception),
+                exc_info=exception,
                 extra=_log_fields(event),
             )
         # Hops and releases are the noisy path: never above DEBUG, and no work for the
@@ -261,23 +260,6 @@ def _log_broken(what: str, event: RetryEvent, problem: Exception) -> None:
             event.message_id,
             exc_info=problem,
         )
-
-
-def _formattable(exception: BaseException | None) -> BaseException | None:
-    """Return ``exception`` if its traceback can be formatted, else ``None``.
-
-    logging drops the whole line, with a bare "--- Logging error ---" on stderr, when
-    the traceback of ``exc_info`` raises as it is formatted (an exception whose
-    ``__notes__`` raises, say): such a line goes out without it (``retry-traceback``
-    says why).
-    """
-    if exception is None:
-        return None
-    try:
-        traceback.format_exception(exception)
-    except Exception:  # the application's exception: see the docstring
-        return None
-    return exception
 
 
 def _record_exception(span: Span, exception: BaseException, event: RetryEvent) -> None:

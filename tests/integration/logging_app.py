@@ -4,6 +4,8 @@ Run as ``python tests/integration/logging_app.py`` or ``faststream run
 tests.integration.logging_app:app``; it stops itself after its one message is
 dead-lettered. ``LOG_CONFIG`` picks the logging the user configured: none, ``basic``
 (``logging.basicConfig(level=INFO)``) or ``own`` (a handler on ``faststream_retry``).
+``HUGE=1``: the handler's error is 2 MB long and a hook fails on every event (its
+traceback chained to that error).
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ retry.install(broker)
 app = FastStream(broker)
 
 
+HUGE = os.environ.get("HUGE") == "1"
+
+
 @broker.subscriber(queue)
 async def handle(body: str) -> None:
-    raise ConnectionError(f"database down for {body}")
+    raise ConnectionError(f"database down for {body}" + ("E" * 2_000_000 if HUGE else ""))
 
 
 def stop_after_the_dead_letter(event: RetryEvent) -> None:
@@ -50,6 +55,14 @@ def stop_after_the_dead_letter(event: RetryEvent) -> None:
 
 
 retry.add_hook(stop_after_the_dead_letter)
+
+
+def broken_hook(event: RetryEvent) -> None:
+    raise RuntimeError(f"hook bug on {event.kind}")
+
+
+if HUGE:
+    retry.add_hook(broken_hook)
 
 
 @app.after_startup

@@ -69,6 +69,7 @@ async def run_app(
     log_config: str = "",
     retry_traceback: str = "first",
     cli: bool = False,
+    huge: bool = False,
 ) -> Printed:
     queue, prefix = unique("logged"), unique("logp")
     env = {
@@ -79,6 +80,7 @@ async def run_app(
         "PREFIX": prefix,
         "LOG_CONFIG": log_config,
         "RETRY_TRACEBACK": retry_traceback,
+        "HUGE": "1" if huge else "",
     }
     if cli:
         pytest.importorskip("typer", reason="faststream run needs faststream[cli] (typer)")
@@ -160,3 +162,23 @@ async def test_log_retry_traceback_chooses_which_retry_lines_carry_it(
     assert printed.count(TRACEBACK) == tracebacks, str(printed)
     assert printed.traceback_after(printed.out, "attempt=2/3") is (choice == "every")
     assert printed.traceback_after(printed.out, DEAD), str(printed)
+
+
+@pytest.mark.parametrize("log_config", ["", "basic"], ids=["broker's logger", "basicConfig"])
+async def test_a_huge_error_makes_bounded_lines(
+    rabbit_url: str, amqp: AbstractRobustConnection, log_config: str
+) -> None:
+    """A 2 MB error and a hook failing on it: every line and traceback cut, none lost.
+
+    Without the bounds each traceback repeats the 2 MB message: the retry's, the dead
+    letter's and the three failing hooks' (chained to it), about 10 MB in all.
+    """
+    printed = await run_app(rabbit_url, amqp, log_config=log_config, huge=True)
+    lines = printed.out + printed.err
+    assert max(len(s.encode()) for s in lines) < 1200, str(printed)[:20_000]
+    assert sum(len(s.encode()) + 1 for s in lines) < 64 * 1024, str(printed)[:20_000]
+    assert (printed.count(RETRY), printed.count(DEAD)) == (2, 1), str(printed)[:20_000]
+    hooks = printed.count("faststream-retry hook")  # one per event, releases included
+    assert hooks >= 3, str(printed)[:20_000]
+    assert printed.count("RuntimeError: hook bug on") == hooks, str(printed)[:20_000]
+    assert "Logging error" not in str(printed)

@@ -55,6 +55,18 @@ def raised(exc: BaseException) -> BaseException:
         return caught
 
 
+def chained(links: int) -> BaseException:
+    """An exception with ``links - 1`` causes before it: a long traceback."""
+    exc: BaseException | None = None
+    for link in range(links):
+        try:
+            raise ValueError(f"link {link}") from exc
+        except ValueError as caught:  # noqa: PERF203 - building a chain, once
+            exc = caught
+    assert exc is not None
+    return exc
+
+
 class TestExceptionName:
     def test_builtin_and_module_names(self) -> None:
         """Builtins by their name; others qualified by module."""
@@ -194,25 +206,81 @@ class TestTracebackText:
         assert text == formatted.encode(errors="backslashreplace").decode()
 
     def test_a_traceback_that_cannot_be_formatted_says_so(self) -> None:
-        """__notes__ that raises breaks traceback formatting: name, message and why."""
+        """__notes__ that raises breaks traceback formatting: frames, name, message and why."""
 
         class NotedError(Exception):
             @property
             def __notes__(self) -> list[str]:
                 raise IndexError
 
-        assert h.traceback_text(raised(NotedError("boom"))) == (
+        name = (
             "tests.unit.test_describe.TestTracebackText."
-            "test_a_traceback_that_cannot_be_formatted_says_so.<locals>.NotedError: boom\n"
-            "(no traceback: formatting it raised IndexError)\n"
+            "test_a_traceback_that_cannot_be_formatted_says_so.<locals>.NotedError"
+        )
+        text = h.traceback_text(raised(NotedError("boom")))
+        assert text.startswith('Traceback (most recent call last):\n  File "')
+        assert text.endswith(
+            f"in raised\n    raise exc\n{name}: boom\n"
+            "(no full traceback: formatting it raised IndexError)\n"
+        )
+        # Never raised: no frames, and no frame header either.
+        assert h.traceback_text(NotedError("boom")) == (
+            f"{name}: boom\n(no full traceback: formatting it raised IndexError)\n"
+        )
+
+    def test_a_cause_that_cannot_be_formatted_leaves_the_own_frames(self) -> None:
+        """A hook's failure chained to such an exception: the hook's frames still show."""
+
+        class NotedError(Exception):
+            @property
+            def __notes__(self) -> list[str]:
+                raise IndexError
+
+        try:
+            try:
+                raise NotedError("handler")
+            except NotedError:
+                raise RuntimeError("hook") from None
+        except RuntimeError as caught:
+            caught.__context__ = NotedError("handler")
+            text = h.traceback_text(caught)
+        assert "in test_a_cause_that_cannot_be_formatted_leaves_the_own_frames" in text
+        assert text.endswith(
+            "RuntimeError: hook\n(no full traceback: formatting it raised IndexError)\n"
+        )
+
+    def test_an_exception_whose_traceback_cannot_be_read_is_still_described(self) -> None:
+        """A class that makes __traceback__ a property that raises: name and message."""
+
+        class HiddenError(Exception):
+            @property
+            def __traceback__(self) -> None:  # type: ignore[override]
+                raise LookupError
+
+        assert h.traceback_text(HiddenError("h")).endswith(
+            "HiddenError: h\n(no full traceback: formatting it raised LookupError)\n"
         )
 
     def test_a_long_traceback_keeps_its_end(self) -> None:
         """The tail names the failing line: it is what is kept."""
-        text = h.traceback_text(raised(ValueError("x" * 10_000)))
+        text = h.traceback_text(chained(40))
         assert len(text.encode()) == h.TRACEBACK_LIMIT
         assert text.startswith("...")
-        assert text.endswith("x\n")
+        assert text.endswith("ValueError: link 39\n")
+        assert h.traceback_text(chained(2), 20) == "...lueError: link 1\n"
+
+    def test_a_huge_message_is_cut_before_the_tail_is_taken(self) -> None:
+        """A 2 MB message: its first ERROR_LIMIT bytes, the frames still in the text."""
+        text = h.traceback_text(raised(ValueError("E" * 2_000_000)))
+        assert text.startswith("Traceback (most recent call last):\n")
+        assert "in raised\n" in text
+        line = "ValueError: " + "E" * (h.ERROR_LIMIT - 3 - len("ValueError: ")) + "...\n"
+        assert text.endswith("raise exc\n" + line)
+        # A part exactly at the bound is kept whole.
+        fits = "E" * (h.ERROR_LIMIT - len("ValueError: \n"))
+        assert h.traceback_text(raised(ValueError(fits))).endswith(
+            f"raise exc\nValueError: {fits}\n"
+        )
 
 
 class TestFailureRecordOf:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +12,8 @@ import pytest
 from faststream.rabbit import RabbitBroker
 
 from faststream_retry import _faststream as fs
-from faststream_retry._log import NAME, PluginLogger, log
+from faststream_retry._log import LINE_LIMIT, NAME, TRACEBACK_LIMIT, PluginLogger, log
+from faststream_retry.headers import traceback_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -76,7 +79,12 @@ def test_without_configuration_lines_go_to_the_broker(unconfigured: PluginLogger
     unconfigured.error("e")
     unconfigured.debug("hidden: DEBUG needs a level set on the logger")
     assert outlet.lines == [
-        (logging.ERROR, "message m-1 from q", error, {"a": 1}),
+        (
+            logging.ERROR,
+            f"message m-1 from q\n{traceback_text(error, TRACEBACK_LIMIT)[:-1]}",
+            None,
+            {"a": 1},
+        ),
         (logging.INFO, "plain 5%", None, {}),
         (logging.WARNING, "w", None, {}),
         (logging.ERROR, "e", None, {}),
@@ -100,7 +108,137 @@ def test_exception_sends_the_exception_being_handled(unconfigured: PluginLogger)
         raise error
     except KeyError:
         unconfigured.exception("failed %s", "x")
-    assert outlet.lines == [(logging.ERROR, "failed x", error, {})]
+    trace = traceback_text(error, TRACEBACK_LIMIT).removesuffix("\n")
+    assert trace.startswith("Traceback (most recent call last):\n")
+    assert outlet.lines == [(logging.ERROR, f"failed x\n{trace}", None, {})]
+
+
+def test_the_bounds() -> None:
+    """What the README's "Logs and hooks" says: 4 KiB of text, 8 KiB of traceback."""
+    assert (LINE_LIMIT, TRACEBACK_LIMIT) == (4096, 8192)
+
+
+class HugeError(Exception):
+    """A handler's exception with a 2 MB message and a 1 MB note."""
+
+
+def huge() -> BaseException:
+    try:
+        raise HugeError("E" * 2_000_000)
+    except HugeError as caught:
+        caught.__notes__ = ["N" * 1_000_000]  # type: ignore[attr-defined]
+        try:
+            raise RuntimeError("R" * 1_000_000) from caught
+        except RuntimeError as chained:
+            return chained
+
+
+def test_a_huge_exception_makes_a_bounded_line_on_the_broker_path(
+    unconfigured: PluginLogger,
+) -> None:
+    """A poison message never floods the logs: text and traceback are cut."""
+    outlet = Outlet()
+    unconfigured.send_to(outlet)
+    unconfigured.error("failed: %s", "A" * 1_000_000, exc_info=huge())
+    ((level, text, exc, _),) = outlet.lines
+    assert (level, exc) == (logging.ERROR, None)
+    line, trace = text.split("\n", 1)
+    assert line == "failed: " + "A" * (LINE_LIMIT - 3 - len("failed: ")) + "..."
+    assert len(trace.encode()) <= TRACEBACK_LIMIT
+    assert trace == traceback_text(huge(), TRACEBACK_LIMIT)[:-1]  # as formatException
+    # Every part cut, none lost: the frames, both messages, the note, the chain.
+    assert trace.startswith("Traceback (most recent call last):\n")
+    assert "HugeError: EEE" in trace
+    assert ("\nNNN" in trace) is (sys.version_info >= (3, 11))
+    assert "direct cause" in trace
+    assert trace.endswith("RuntimeError: RRR" + "R" * (1024 - 3 - 17) + "...")
+
+
+def test_a_huge_exception_makes_a_bounded_line_on_the_logging_path(
+    unconfigured: PluginLogger,
+) -> None:
+    """The same bounds with the user's handlers: the record carries the cut text."""
+    lines = Lines()
+    unconfigured.logger.addHandler(lines)
+    unconfigured.send_to(Outlet())
+    error = huge()
+    unconfigured.error("failed: %s", "A" * 1_000_000, exc_info=error)
+    unconfigured.error("kept: %s", "whole", exc_info=error)
+    cut, whole = lines.records
+    assert (cut.msg, cut.args) == (
+        "failed: " + "A" * (LINE_LIMIT - 3 - len("failed: ")) + "...",
+        (),
+    )
+    assert (whole.msg, whole.args) == ("kept: %s", ("whole",))  # untouched when it fits
+    for record in lines.records:
+        assert record.exc_info is None
+        assert record.exc_text == traceback_text(error, TRACEBACK_LIMIT)[:-1]
+        assert len(logging.Formatter().format(record).encode()) <= LINE_LIMIT + 1 + TRACEBACK_LIMIT
+
+
+class NotedError(Exception):
+    @property
+    def __notes__(self) -> list[str]:
+        raise IndexError
+
+
+def test_an_exception_whose_traceback_raises_still_gets_its_line(
+    unconfigured: PluginLogger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """logging alone prints "--- Logging error ---" and loses the line; not so here."""
+    stream = io.StringIO()
+    unconfigured.logger.addHandler(logging.StreamHandler(stream))  # what basicConfig adds
+    try:
+        raise NotedError("noted")
+    except NotedError:
+        unconfigured.exception("hook failed")
+    outlet = Outlet()
+    unconfigured.logger.handlers.clear()
+    unconfigured.send_to(outlet)
+    unconfigured.error("dead-lettered", exc_info=NotedError("noted"))
+    why = "NotedError: noted\n(no full traceback: formatting it raised IndexError)"
+    written = stream.getvalue()
+    assert written.startswith("hook failed\nTraceback (most recent call last):\n")
+    assert written.endswith(why + "\n")
+    ((_, text, _, _),) = outlet.lines
+    assert text.startswith("dead-lettered\n")
+    assert text.endswith(why)
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_arguments_that_cannot_be_formatted_still_make_a_line(unconfigured: PluginLogger) -> None:
+    """An argument whose __str__ raises: the line says so instead of being lost."""
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise LookupError
+
+    lines = Lines()
+    unconfigured.logger.addHandler(lines)
+    unconfigured.warning("hook %s failed", Unprintable())
+    ((record),) = lines.records
+    assert record.getMessage() == "hook %s failed (arguments not shown: LookupError)"
+    outlet = Outlet()
+    unconfigured.logger.handlers.clear()
+    unconfigured.send_to(outlet)
+    unconfigured.warning("hook %s failed", Unprintable())
+    assert outlet.lines == [
+        (logging.WARNING, "hook %s failed (arguments not shown: LookupError)", None, {})
+    ]
+
+
+def test_a_record_names_the_plugin_code_that_wrote_it(unconfigured: PluginLogger) -> None:
+    """funcName and lineno are the caller's, as logger.info's would be."""
+    lines = Lines()
+    unconfigured.logger.addHandler(lines)
+    unconfigured.warning("here")
+    unconfigured.log(logging.WARNING, "and here")
+    first, second = lines.records
+    assert (first.funcName, first.pathname) == (
+        "test_a_record_names_the_plugin_code_that_wrote_it",
+        __file__,
+    )
+    assert second.lineno == first.lineno + 1
 
 
 def test_a_configured_logger_gets_the_line_and_the_broker_does_not(
@@ -159,6 +297,21 @@ def test_a_broker_that_cannot_log_falls_back_to_logging(
     unconfigured.send_to(outlet)
     unconfigured.warning("kept %s", "anyway")
     assert "kept anyway" in capsys.readouterr().err  # Python's last resort
+
+
+def test_a_fallback_line_below_the_loggers_level_is_dropped(unconfigured: PluginLogger) -> None:
+    """A broker that cannot log and no level for INFO: logging never sees the line."""
+    seen: list[logging.LogRecord] = []
+
+    def see(record: logging.LogRecord) -> bool:
+        seen.append(record)
+        return True
+
+    unconfigured.logger.addFilter(see)
+    unconfigured.send_to(Outlet(answer=False))
+    unconfigured.info("dropped")
+    unconfigured.warning("kept")
+    assert [r.getMessage() for r in seen] == ["kept"]
 
 
 def test_no_outlet_means_plain_logging(

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from faststream_retry import EventKind, Reason, RetryEvent, Rule, Verdict
+from faststream_retry import headers as h
 from faststream_retry.reporting import Copy, Reporter
 from faststream_retry.telemetry import ATTR, METRICS, Telemetry
 
@@ -132,8 +133,7 @@ async def test_dead_letters_are_error_spans_and_error_lines(
     (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
     assert line.levelname == "ERROR"
     assert "to orders.dlq: reason=exhausted attempt=2/4" in line.getMessage()
-    assert line.exc_info is not None
-    assert line.exc_info[1] is error  # the handler's traceback, whatever the retry setting
+    assert line.exc_text == h.traceback_text(error)[:-1]  # whatever the retry setting
     assert (line.queue, line.message_id) == ("orders", "m-1")  # type: ignore[attr-defined]
 
 
@@ -226,7 +226,7 @@ def test_retry_lines_carry_the_traceback_as_configured(
     reporter.report(event, error)
     (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
     assert line.levelname == "INFO"
-    assert (line.exc_info is not None) is with_traceback
+    assert (line.exc_text is not None) is with_traceback
     # FastStream's message id column wants a str, never None.
     assert line.message_id == ""  # type: ignore[attr-defined]
 
@@ -422,10 +422,10 @@ def test_warn_once_warns_once_per_key(caplog: pytest.LogCaptureFixture) -> None:
     ]
 
 
-def test_a_traceback_that_cannot_be_formatted_leaves_the_line_without_it(
-    caplog: pytest.LogCaptureFixture,
+def test_a_traceback_that_cannot_be_formatted_still_has_its_line(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """logging would drop the whole line ("--- Logging error ---"): it goes out bare instead."""
+    """logging would drop the whole line ("--- Logging error ---"): it says why instead."""
 
     class NotedError(Exception):
         @property
@@ -439,9 +439,12 @@ def test_a_traceback_that_cannot_be_formatted_leaves_the_line_without_it(
         reporter.report(event, NotedError("n"))
         reporter.report(event, ValueError("v"))
     lines = [r for r in caplog.records if r.name == "faststream_retry"]
-    assert [(r.levelname, r.exc_info is not None) for r in lines] == [
-        ("INFO", False),
+    why = "NotedError: n\n(no full traceback: formatting it raised IndexError)"
+    assert [(r.levelname, (r.exc_text or "").endswith(why)) for r in lines] == [
         ("INFO", True),
-        ("ERROR", False),
+        ("INFO", False),
         ("ERROR", True),
+        ("ERROR", False),
     ]
+    assert caplog.text.count("formatting it raised IndexError") == 2
+    assert "Logging error" not in capsys.readouterr().err
