@@ -189,3 +189,44 @@ async def test_a_lone_surrogate_in_an_error_is_escaped_on_the_dead_letter(
     assert headers["retry-error"] == "bad \\udc80 byte"
     assert [e["error"] for e in headers["retry-history"]] == ["bad \\udc80 byte"] * 2
     assert str(headers["retry-traceback"]).endswith("ValueError: bad \\udc80 byte\n")
+
+
+async def test_a_huge_error_is_dead_lettered_with_bounded_headers_and_log_lines(
+    make_app: Any, amqp: AbstractRobustConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 2 MB message: every plugin line and header is cut, the frames stay, none lost."""
+    app: App = make_app(log_retry_traceback="every")
+
+    def broken_hook(_: RetryEvent) -> None:
+        raise RuntimeError("hook bug")  # its traceback is chained to the 2 MB error
+
+    app.retry.add_hook(broken_hook)
+    queue = unique("huge")
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=2, backoff=Fixed(0.1))
+    async def handle(body: str) -> None:
+        raise ValueError("E" * 2_000_000)
+
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="huge-1")
+    (dead,) = await drain(amqp, f"{queue}.dlq", expect=1)
+    headers = headers_of(dead)
+    assert headers["retry-error"] == "E" * 1021 + "..."
+    trace = str(headers["retry-traceback"])
+    assert len(trace.encode()) <= 4096
+    assert "in handle\n" in trace
+    assert trace.endswith("ValueError: " + "E" * (1024 - 3 - 12) + "...\n")
+    await eventually(
+        lambda: any(
+            "hook" in r.getMessage() and "dead_lettered" in r.getMessage() for r in caplog.records
+        )
+    )
+    lines = [r for r in caplog.records if r.name == "faststream_retry"]
+    kinds = {r.getMessage().split(" message ")[0] for r in lines}
+    assert {"retry scheduled for", "dead-lettered"} <= kinds
+    formatter = logging.Formatter()
+    for record in lines:
+        assert len(formatter.format(record).encode()) <= 4096 + 1 + 8192
+    assert sum(r.exc_text is not None for r in lines) >= 4  # retry, dead letter, hooks
