@@ -188,7 +188,9 @@ class RetryMiddleware:
             raise_on_dead_letter: re-raise the last exception of a dead-lettered
                 message from ``publish()``, as ``TestRabbitBroker`` does for a
                 handler without the plugin, so ``pytest.raises`` tests keep
-                working. A retry that ends in success raises nothing.
+                working. A retry that ends in success raises nothing. If the
+                app's ``<queue>.dlq`` subscriber raises on the dead letter, that
+                exception is raised instead (its ``__cause__`` is the handler's).
         """
         if not isinstance(raise_on_dead_letter, bool):
             raise RetryConfigError(
@@ -387,7 +389,10 @@ class _RetryScope(BaseMiddleware):
         ``.dlq`` subscriber, if the app has one, gets the headers and properties the
         real copy would carry, so a test can assert on what an operator would find;
         without one there is nowhere to put it (``TestRabbitBroker`` refuses a
-        publish nobody consumes).
+        publish nobody consumes). If that subscriber raises, the dead letter stays
+        settled and its exception is logged at ERROR, or, under
+        ``testing(raise_on_dead_letter=True)``, raised from ``publish()`` with the
+        handler's exception as its cause.
         """
         now = h.now_ms()
         self._plugin.reporter.record(
@@ -395,14 +400,27 @@ class _RetryScope(BaseMiddleware):
         )
         await self._settle(msg, ok=True, pause_s=0)
         if any(_faststream.queue_of(sub) == route.dlq for sub in broker.subscribers):
-            await broker.publish(
-                msg.body,
-                queue=route.dlq,
-                headers=_dead_letter_headers(msg.headers, route, decision, exc, now),
-                message_id=msg.message_id,
-                correlation_id=msg.correlation_id,
-                content_type=msg.content_type or None,
-            )
+            try:
+                await broker.publish(
+                    msg.body,
+                    queue=route.dlq,
+                    headers=_dead_letter_headers(msg.headers, route, decision, exc, now),
+                    message_id=msg.message_id,
+                    correlation_id=msg.correlation_id,
+                    content_type=msg.content_type or None,
+                )
+            except Exception as failure:  # the app's .dlq handler raised on the dead letter
+                if self._plugin.raise_on_dead_letter:
+                    # A bug in the .dlq consumer must fail the test, not pass a
+                    # pytest.raises() written for the handler's exception.
+                    self._settled = False
+                    raise failure from exc
+                log.error(
+                    "the %s subscriber failed on the dead letter of message %s",
+                    route.dlq,
+                    msg.message_id,
+                    exc_info=failure,
+                )
         if self._plugin.raise_on_dead_letter:
             # Not suppressed: TestRabbitBroker raises it from publish(), as it does
             # for a handler without the plugin.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -441,3 +442,59 @@ async def test_an_invalid_retry_later_is_dead_lettered_at_once_in_test_mode() ->
     assert (dead.reason, dead.attempt, dead.rule) == ("permanent", 1, "explicit")
     assert dead.exception == "faststream_retry.errors.RetryConfigError"
     assert dead.error == "RetryLater(delay=...) must be a finite duration >= 0, got -3"
+
+
+def failing_dlq_app() -> tuple[RetryMiddleware, RabbitBroker, list[str]]:
+    """A handler that always fails and a ``.dlq`` subscriber with a bug."""
+    retry, broker = make()
+    dlq_calls: list[str] = []
+
+    @broker.subscriber("invoices")
+    @retry_policy(max_attempts=1)
+    async def invoices(body: str) -> None:
+        raise ValueError("bad invoice")
+
+    @broker.subscriber("invoices.dlq")
+    @retry_policy(enabled=False)
+    async def invoices_dlq(body: str, msg: RabbitMessage) -> None:
+        dlq_calls.append(msg.headers["retry-reason"])
+        raise RuntimeError("dlq consumer bug")
+
+    return retry, broker, dlq_calls
+
+
+async def test_a_failing_dlq_subscriber_raises_under_raise_on_dead_letter() -> None:
+    """Its exception comes out of publish(), the handler's as its cause: never swallowed."""
+    retry, broker, dlq_calls = failing_dlq_app()
+    async with TestRabbitBroker(broker):
+        with (
+            retry.testing(raise_on_dead_letter=True) as recorder,
+            pytest.raises(RuntimeError, match="dlq consumer bug") as raised,
+        ):
+            await broker.publish("x", queue="invoices", message_id="i-1")
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert str(raised.value.__cause__) == "bad invoice"
+    assert dlq_calls == ["exhausted"]
+    assert len(recorder.dead_letters) == 1
+
+
+async def test_a_failing_dlq_subscriber_is_logged_without_raise_on_dead_letter(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without the flag publish() raises nothing, and an ERROR line names the .dlq failure."""
+    retry, broker, dlq_calls = failing_dlq_app()
+    caplog.set_level(logging.ERROR, logger="faststream_retry")
+    async with TestRabbitBroker(broker):
+        with retry.testing() as recorder:
+            await broker.publish("x", queue="invoices", message_id="i-2")
+    assert dlq_calls == ["exhausted"]
+    assert len(recorder.dead_letters) == 1
+    (line,) = [
+        r for r in caplog.records if r.name == "faststream_retry" and "subscriber failed" in r.msg
+    ]
+    assert line.levelname == "ERROR"
+    assert (
+        line.getMessage() == "the invoices.dlq subscriber failed on the dead letter of message i-2"
+    )
+    assert line.exc_text is not None
+    assert line.exc_text.endswith("RuntimeError: dlq consumer bug")
