@@ -38,6 +38,7 @@ __all__ = [
     "declare_late_route",
     "declare_retry_queue",
     "declare_topology",
+    "mismatch_text",
     "owns",
     "parse_mismatch",
     "parse_refusal",
@@ -196,28 +197,32 @@ def _show(value: str) -> str:
     return "unset" if value == "none" else repr(value)
 
 
-def _advice(mismatch: Mismatch, prefix: str) -> str:
-    migrate = _migration(mismatch, prefix)
-    fits = mismatch.fits
-    if fits is None:
-        return f"To migrate: {migrate}"
-    why = (
-        'the plugin\'s default before "quorum"; it dead-letters at most once'
-        if fits == "classic"
-        else "not the default"
-    )
+def _names(names: list[str]) -> str:
+    return ", ".join(repr(name) for name in names)
+
+
+def _fits(fits: str, them: str) -> str:
+    """What queues that are what ``queue_type=fits`` declares are, and how to keep them."""
+    if fits == "quorum":
+        return (
+            f'what the default queue_type="quorum" declares. To keep {them}: drop '
+            'queue_type="classic" (or pass queue_type="quorum")'
+        )
     return (
-        f'It is the queue queue_type="{fits}" declares ({why}). Either keep {fits} '
-        f'queues: pass RetryMiddleware(queue_type="{fits}"), for every queue the plugin '
-        f"declares; or to migrate: {migrate}"
+        f'what queue_type="{fits}" declares (the plugin\'s default before "quorum"; it '
+        f'dead-letters at most once). To keep {them}: pass RetryMiddleware(queue_type="{fits}")'
     )
 
 
-def _migration(mismatch: Mismatch, prefix: str) -> str:
-    if mismatch.name.startswith(f"{prefix}.delay."):
+def _is_tier(mismatch: Mismatch, prefix: str) -> bool:
+    return mismatch.kind == "queue" and mismatch.name.startswith(f"{prefix}.delay.")
+
+
+def _migration(*, tier: bool, prefix: str) -> str:
+    if tier:
         return (
             "a tier holds a message for one tier period only: stop the services that use "
-            f"prefix {prefix!r}, wait until the queue is empty, delete it (rabbitmqctl "
+            f"prefix {prefix!r}, wait until the tier is empty, delete it (rabbitmqctl "
             "delete_queue) and start again; or choose a new prefix=, whose tiers are new "
             "queues, and let the old tiers drain into their .retry queues"
         )
@@ -226,6 +231,50 @@ def _migration(mismatch: Mismatch, prefix: str) -> str:
         "temporary queue (the shovel plugin, or a script), delete it, start the service "
         "so the plugin declares it again, then move the messages back"
     )
+
+
+_MISMATCH_HEAD = (
+    "faststream-retry cannot use queues that exist with other arguments "
+    "(RabbitMQ would refuse with 406 PRECONDITION_FAILED):"
+)
+
+
+def mismatch_text(mismatches: list[Mismatch], prefix: str) -> str:
+    """Say what differs and what to do, once for each group of objects the same holds for.
+
+    A service upgraded without changing its options finds every tier with the same
+    difference: one line names them all, not one paragraph per tier.
+    """
+    differences: dict[tuple[str, str, str, str], list[str]] = {}
+    for m in mismatches:
+        differences.setdefault((m.kind, m.argument, m.current, m.wanted), []).append(m.name)
+    lines = [_MISMATCH_HEAD]
+    for (kind, argument, current, wanted), names in differences.items():
+        lines.append(
+            f"- {kind if len(names) == 1 else kind + 's'} {_names(names)}: argument "
+            f"{argument!r} is {_show(current)} on the broker, the plugin declares {_show(wanted)}"
+        )
+    fitting: dict[str, list[str]] = {}
+    for m in mismatches:
+        if m.fits is not None:
+            fitting.setdefault(m.fits, []).append(m.name)
+    for fits, names in fitting.items():
+        one = len(names) == 1
+        if len(names) == len(mismatches):
+            which = "It is" if one else "All of them are"
+        else:
+            which = f"{_names(names)} {'is' if one else 'are'}"
+        lines.append(
+            f"{which} {_fits(fits, 'it' if one else 'them')}, for every queue the plugin declares."
+        )
+    lines.append(f"To migrate{' instead' if fitting else ''}, for each queue:")
+    tiers = [m.name for m in mismatches if _is_tier(m, prefix)]
+    if tiers:
+        lines.append(f"- the tiers ({prefix}.delay.*): {_migration(tier=True, prefix=prefix)}")
+    others = [m.name for m in mismatches if not _is_tier(m, prefix)]
+    if others:
+        lines.append(f"- {_names(others)}: {_migration(tier=False, prefix=prefix)}")
+    return "\n".join(lines)
 
 
 async def check_broker(connection: AbstractRobustConnection, plan: Plan) -> tuple[int, int] | None:
@@ -265,15 +314,7 @@ async def check_broker(connection: AbstractRobustConnection, plan: Plan) -> tupl
 
 
 def _mismatch_error(mismatches: list[Mismatch], prefix: str) -> RetryTopologyError:
-    lines = [
-        f"- {m.kind} {m.name!r}: argument {m.argument!r} is {_show(m.current)} on the "
-        f"broker, the plugin declares {_show(m.wanted)}. {_advice(m, prefix)}"
-        for m in mismatches
-    ]
-    return RetryTopologyError(
-        "faststream-retry cannot use queues that exist with other arguments "
-        "(RabbitMQ would refuse with 406 PRECONDITION_FAILED):\n" + "\n".join(lines)
-    )
+    return RetryTopologyError(mismatch_text(mismatches, prefix))
 
 
 async def declare_late_route(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -14,8 +15,8 @@ from faststream_retry import RetryPolicy, RetryTopologyError
 from faststream_retry.amqp.declare import (
     Mismatch,
     Refusal,
-    _advice,
     check_broker,
+    mismatch_text,
     owns,
     parse_mismatch,
     parse_refusal,
@@ -189,41 +190,114 @@ async def test_classic_on_a_3_9_broker_is_accepted() -> None:
     ]
 
 
+HEAD = (
+    "faststream-retry cannot use queues that exist with other arguments "
+    "(RabbitMQ would refuse with 406 PRECONDITION_FAILED):"
+)
+QUEUE_MIGRATION = (
+    "it may hold messages: stop the services that consume it, move its messages to a "
+    "temporary queue (the shovel plugin, or a script), delete it, start the service so the "
+    "plugin declares it again, then move the messages back"
+)
+TIER_MIGRATION = (
+    "a tier holds a message for one tier period only: stop the services that use prefix "
+    "'retry', wait until the tier is empty, delete it (rabbitmqctl delete_queue) and "
+    "start again; or choose a new prefix=, whose tiers are new queues, and let the old "
+    "tiers drain into their .retry queues"
+)
+
+
 def test_a_queue_of_the_old_classic_default_names_both_fixes() -> None:
     """It matches what queue_type="classic" declares: keep classic, or migrate."""
     found = Mismatch("queue", "orders.dlq", "x-queue-type", "quorum", "none", fits="classic")
-    assert _advice(found, "retry") == (
-        'It is the queue queue_type="classic" declares (the plugin\'s default before '
-        '"quorum"; it dead-letters at most once). Either keep classic queues: pass '
-        'RetryMiddleware(queue_type="classic"), for every queue the plugin declares; or to '
-        "migrate: it may hold messages: stop the services that consume it, move its messages "
-        "to a temporary queue (the shovel plugin, or a script), delete it, start the service "
-        "so the plugin declares it again, then move the messages back"
+    assert mismatch_text([found], "retry").splitlines() == [
+        HEAD,
+        (
+            "- queue 'orders.dlq': argument 'x-queue-type' is unset on the broker, the plugin "
+            "declares 'quorum'"
+        ),
+        (
+            'It is what queue_type="classic" declares (the plugin\'s default before "quorum"; it '
+            'dead-letters at most once). To keep it: pass RetryMiddleware(queue_type="classic"), '
+            "for every queue the plugin declares."
+        ),
+        "To migrate instead, for each queue:",
+        f"- 'orders.dlq': {QUEUE_MIGRATION}",
+    ]
+
+
+def test_quorum_queues_where_classic_is_asked_for_say_quorum_is_the_default() -> None:
+    """The tryout's case: tiers, a .retry and a .dlq; one line per difference, not per queue."""
+    tiers = [
+        Mismatch(
+            "queue",
+            f"retry.delay.{100 * 2**k}",
+            "x-dead-letter-strategy",
+            "none",
+            "at-least-once",
+            fits="quorum",
+        )
+        for k in range(3)
+    ]
+    others = [
+        Mismatch("queue", "q.retry", "x-dead-letter-exchange", "none", "", fits="quorum"),
+        Mismatch("queue", "q.dlq", "x-queue-type", "classic", "quorum", fits="quorum"),
+    ]
+    assert mismatch_text(tiers + others, "retry").splitlines() == [
+        HEAD,
+        (
+            "- queues 'retry.delay.100', 'retry.delay.200', 'retry.delay.400': argument "
+            "'x-dead-letter-strategy' is 'at-least-once' on the broker, the plugin declares unset"
+        ),
+        (
+            "- queue 'q.retry': argument 'x-dead-letter-exchange' is '' on the broker, the plugin "
+            "declares unset"
+        ),
+        (
+            "- queue 'q.dlq': argument 'x-queue-type' is 'quorum' on the broker, the plugin "
+            "declares 'classic'"
+        ),
+        (
+            'All of them are what the default queue_type="quorum" declares. To keep them: drop '
+            'queue_type="classic" (or pass queue_type="quorum"), for every queue the plugin '
+            "declares."
+        ),
+        "To migrate instead, for each queue:",
+        f"- the tiers (retry.delay.*): {TIER_MIGRATION}",
+        f"- 'q.retry', 'q.dlq': {QUEUE_MIGRATION}",
+    ]
+
+
+def test_some_queues_fitting_the_other_type_are_named() -> None:
+    """Not all of them fit: those that do are named, one or several."""
+    one = Mismatch("queue", "a.dlq", "x-queue-type", "quorum", "classic", fits="classic")
+    two = Mismatch("queue", "b.dlq", "x-queue-type", "quorum", "classic", fits="classic")
+    other = Mismatch("queue", "c.dlq", "x-max-length", "none", "5")
+    lines = mismatch_text([one, other], "p").splitlines()
+    assert lines[3].startswith("'a.dlq' is what queue_type=\"classic\" declares")
+    assert "To keep it: pass" in lines[3]
+    lines = mismatch_text([one, two, other], "p").splitlines()
+    assert lines[1] == (
+        "- queues 'a.dlq', 'b.dlq': argument 'x-queue-type' is 'classic' on the broker, "
+        "the plugin declares 'quorum'"
     )
-
-
-def test_a_quorum_queue_where_classic_is_asked_for_names_both_fixes() -> None:
-    found = Mismatch("queue", "retry.delay.100", "x-queue-type", "classic", "quorum", "quorum")
-    text = _advice(found, "retry")
-    assert text.startswith(
-        'It is the queue queue_type="quorum" declares (not the default). Either keep quorum '
-        'queues: pass RetryMiddleware(queue_type="quorum"), for every'
-    )
-    assert text.endswith("or to migrate: " + _advice_tier())
-
-
-def _advice_tier() -> str:
-    return (
-        "a tier holds a message for one tier period only: stop the services that use prefix "
-        "'retry', wait until the queue is empty, delete it (rabbitmqctl delete_queue) and "
-        "start again; or choose a new prefix=, whose tiers are new queues, and let the old "
-        "tiers drain into their .retry queues"
-    )
+    assert lines[3].startswith("'a.dlq', 'b.dlq' are what queue_type=\"classic\" declares")
+    assert "To keep them: pass" in lines[3]
+    assert lines[4] == "To migrate instead, for each queue:"
 
 
 def test_a_queue_no_queue_type_declares_gets_the_migration_only() -> None:
-    found = Mismatch("queue", "q.dlq", "x-max-length", "5", "none")
-    assert _advice(found, "retry").startswith("To migrate: it may hold messages")
+    tier = Mismatch("queue", "p.delay.100", "x-max-length", "5", "none")
+    assert mismatch_text([tier], "p").splitlines()[2:] == [
+        "To migrate, for each queue:",
+        "- the tiers (p.delay.*): " + TIER_MIGRATION.replace("'retry'", "'p'"),
+    ]
+    dlq = Mismatch("queue", "p.dlq", "x-max-length", "5", "none")
+    assert mismatch_text([dlq], "p").endswith(
+        "To migrate, for each queue:\n- 'p.dlq': " + QUEUE_MIGRATION
+    )
+    # A queue of another prefix's shape is not one of this plugin's tiers.
+    assert "- 'q.delay.100': " in mismatch_text([replace(tier, name="q.delay.100")], "p")
 
 
 async def test_a_mismatched_queue_is_tried_with_the_other_queue_types_arguments() -> None:
@@ -263,10 +337,9 @@ async def test_a_mismatched_queue_is_tried_with_the_other_queue_types_arguments(
     with pytest.raises(RetryTopologyError) as caught:
         await check_broker(connection, topology)
     text = str(caught.value)
-    assert "- queue 'q.retry': argument 'x-dead-letter-exchange' is unset" in text
-    assert 'It is the queue queue_type="classic" declares' in text
-    assert "- queue 'q.dlq': argument 'x-dead-letter-exchange' is unset" in text
-    assert text.count("It is the queue") == 1
+    assert "- queues 'q.retry', 'q.dlq': argument 'x-dead-letter-exchange' is unset" in text
+    assert "\n'q.retry' is what queue_type=\"classic\" declares" in text
+    assert text.count("what queue_type") == 1
     # The tier fits its own declaration: never tried with the other type's arguments.
     assert [name for name, _ in declared] == ["p.delay.100", "q.retry", "q.retry", "q.dlq", "q.dlq"]
     assert declared[2] == ("q.retry", {"x-queue-type": "classic"})
