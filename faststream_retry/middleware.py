@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import random
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -83,7 +84,8 @@ class RetryMiddleware:
             ``"first"`` (a message's first failure only: it says what went wrong,
             and the next failures of an outage repeat it), ``"every"`` or ``"never"``.
             A dead letter is always logged at ERROR with its traceback.
-        hooks: callables that receive every ``RetryEvent``.
+        hooks: callables that receive every ``RetryEvent``, called synchronously
+            (an ``async def`` hook is refused: it would never run).
         tracer_provider: OpenTelemetry tracer provider for the plugin's spans
             (default: the global one; with no SDK configured no span is made).
         meter_provider: OpenTelemetry meter provider (default: the global one).
@@ -121,6 +123,8 @@ class RetryMiddleware:
         )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")
+        for hook in hooks:
+            _refuse_async(hook)
         self._hooks: list[RetryHook] = list(hooks)
         reporter = Reporter(
             Telemetry(tracer_provider, meter_provider),
@@ -161,6 +165,7 @@ class RetryMiddleware:
         """Start calling ``hook`` with every ``RetryEvent``."""
         if not callable(hook):
             raise RetryConfigError("add_hook takes a callable that accepts a RetryEvent")
+        _refuse_async(hook)
         self._hooks.append(hook)
 
     def remove_hook(self, hook: RetryHook) -> None:
@@ -207,6 +212,17 @@ class RetryMiddleware:
     def __call__(self, msg: Any, /, *, context: ContextRepo) -> _RetryScope:  # noqa: ANN401
         """Build the per-message scope (FastStream calls this for every message)."""
         return _RetryScope(msg, context=context, plugin=self._plugin)
+
+
+def _refuse_async(hook: object) -> None:
+    """Refuse a hook that would return a coroutine, never awaited: it would never run."""
+    call = getattr(hook, "__call__", None)  # noqa: B004 - an instance's async __call__ too
+    if any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f) for f in (hook, call)):
+        raise RetryConfigError(
+            f"hook {hook!r} is async: hooks are called synchronously, so it would never run. "
+            "Pass a plain function; for async work, start a task from it, e.g. "
+            "asyncio.get_running_loop().create_task(work(event))"
+        )
 
 
 class _RetryScope(BaseMiddleware):

@@ -133,6 +133,7 @@ class RecheckConsumer:
     async def handle(self, route: Route, message: AbstractIncomingMessage) -> None:
         """Release ``message`` if it is due, else send it round a tier; then settle it."""
         ok = False
+        outcomes: list[Outcome] = []
         try:
             now = h.now_ms()
             incoming = message.headers
@@ -154,7 +155,6 @@ class RecheckConsumer:
                 event, copy = self._hop(route, message, attempt, now, due=due, tier_ms=step.tier_ms)
             else:
                 event, copy = self._invalid(route, message, attempt, now, due)
-            outcomes: list[Outcome] = []
 
             async def send(copy: Copy) -> bool:
                 outcome = await self._publisher.deliver(message, copy)
@@ -173,6 +173,13 @@ class RecheckConsumer:
                 ok = await self._reporter.publish(event, copy, send, incoming=incoming)
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
+        except BaseException:
+            # KeyboardInterrupt, SystemExit or an application's own BaseException from a
+            # hook or a log handler, after the copy was confirmed: it goes on, but this
+            # delivery is settled first as the copy says, or the broker would deliver
+            # it again later, a duplicate of the copy.
+            await settle(message, ok=Outcome.CONFIRMED in outcomes, pause_s=0)
+            raise
         await settle(message, ok=ok, pause_s=self._pause_s)
 
     def _wait_again(

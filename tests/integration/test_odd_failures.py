@@ -230,3 +230,44 @@ async def test_a_huge_error_is_dead_lettered_with_bounded_headers_and_log_lines(
     for record in lines:
         assert len(formatter.format(record).encode()) <= 4096 + 1 + 8192
     assert sum(r.exc_text is not None for r in lines) >= 4  # retry, dead letter, hooks
+
+
+class HookStopError(BaseException):
+    """An application's own BaseException, raised by a hook."""
+
+
+async def test_a_hook_raising_a_base_exception_on_release_leaves_no_duplicate(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """The release is confirmed, then a hook raises: the .retry delivery is acked all the same.
+
+    Left unacked, the broker would deliver it again when the channel closes: a second
+    copy of a message already released.
+    """
+    app: App = make_app()
+    stopped: list[str | None] = []
+
+    def hook(event: RetryEvent) -> None:
+        if event.kind is EventKind.RELEASED and not stopped:
+            stopped.append(event.message_id)
+            raise HookStopError("hook stop")
+
+    app.retry.add_hook(hook)
+    queue = unique("hookstop")
+    calls: Counter[str] = Counter()
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=3, backoff=Fixed(0.1))
+    async def handle(body: str, message: RabbitMessage) -> None:
+        calls[message.message_id] += 1
+        if calls[message.message_id] == 1:
+            raise ConnectionError("once")
+
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="b-1")
+    await eventually(lambda: calls["b-1"] == 2, what="the released call")
+    assert stopped == ["b-1"]
+    await app.stop()  # an unacked .retry delivery goes back to the queue here
+    assert await queue_depth(amqp, f"{queue}.retry") == 0
+    assert await app.waiting(amqp, queue) == 0
+    assert calls == {"b-1": 2}

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from unittest.mock import AsyncMock
 
 import pytest
 
-from faststream_retry import Fixed, RetryConfigError, RetryMiddleware, RetryPolicy
+from faststream_retry import Fixed, RetryConfigError, RetryEvent, RetryMiddleware, RetryPolicy
 from faststream_retry.config import RETRY_TRACEBACKS, RetryConfig, traceback_on_retry
 from faststream_retry.topology import TopologyOptions
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 STOCK: dict[str, Any] = {
     "prefix": "retry",
@@ -162,3 +167,50 @@ def test_quorum_is_the_default_queue_type() -> None:
     default = inspect.signature(RetryMiddleware).parameters["queue_type"].default
     assert default == "quorum"
     assert build(queue_type=default).topology.queue_type == "quorum"
+
+
+async def _async_hook(event: RetryEvent) -> None:
+    """What the tryout passed: accepted before, never run (a "never awaited" warning only)."""
+
+
+async def _async_generator_hook(event: RetryEvent) -> AsyncIterator[None]:
+    yield
+
+
+class _AsyncCallable:
+    async def __call__(self, event: RetryEvent) -> None:
+        """An instance whose __call__ is async."""
+
+
+class _PlainCallable:
+    def __call__(self, event: RetryEvent) -> None:
+        """A plain callable instance: fine."""
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        _async_hook,
+        _async_generator_hook,
+        _AsyncCallable(),
+        functools.partial(_async_hook),
+        AsyncMock(),
+    ],
+    ids=["async def", "async generator", "async __call__", "partial", "AsyncMock"],
+)
+def test_an_async_hook_is_refused_with_the_fix(hook: Any) -> None:
+    """Hooks are called synchronously: an async one is refused in hooks= and add_hook."""
+    fix = r"hooks are called synchronously, so it would never run\. Pass a plain function; "
+    with pytest.raises(RetryConfigError, match=r"is async: " + fix) as caught:
+        RetryMiddleware(hooks=[hook])
+    assert "create_task(work(event))" in str(caught.value)
+    retry = RetryMiddleware()
+    with pytest.raises(RetryConfigError, match=fix):
+        retry.add_hook(hook)
+
+
+@pytest.mark.parametrize(
+    "hook", [print, _PlainCallable(), functools.partial(print), lambda event: None]
+)
+def test_plain_hooks_are_taken(hook: Any) -> None:
+    RetryMiddleware(hooks=[hook]).add_hook(hook)
