@@ -21,6 +21,12 @@ private name                                              what the plugin reads 
 ``SubscriberUsecase.ack_policy``                          refusing ``AckPolicy.ACK_FIRST``
 ``BrokerUsecase.config.logger`` (``LoggerState``:         the broker's logger, which the
 ``.log(...)``, ``.logger`` falsy until set up)            plugin's lines go through (``_log``)
+``LoggerState.logger.logger`` (the ``logging.Logger``     its level, which the plugin's lines
+in ``RealLoggerObject``)                                  follow (``--log-level DEBUG`` shows
+                                                          the re-check hops); read if there:
+                                                          without it, INFO and up (not checked
+                                                          at start: only DEBUG lines depend on
+                                                          it, and a unit test pins it)
 ``BrokerUsecase.config.producer``                         whether TestRabbitBroker is active
 ``faststream.rabbit.testing.FakeProducer``                (test mode)
 context key ``"handler_"``                                the subscriber a message came to
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import weakref
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -47,7 +54,7 @@ from faststream_retry.policy import get_handler_policy
 from faststream_retry.topology import Handler, Route
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from faststream._internal.context import ContextRepo
     from faststream.rabbit import RabbitBroker
@@ -60,6 +67,7 @@ __all__ = [
     "SUBSCRIBER_KEY",
     "Sample",
     "acks_first",
+    "broker_level",
     "broker_outlet",
     "check",
     "current_broker",
@@ -225,6 +233,24 @@ def broker_outlet(broker: Any) -> Outlet:  # noqa: ANN401 - a RabbitBroker
         return True
 
     return write
+
+
+def broker_level(broker: Any) -> Callable[[], int | None]:  # noqa: ANN401 - a RabbitBroker
+    """Return a reader of the level of ``broker``'s own logger.
+
+    That is FastStream's default logger or the ``logging.Logger`` passed as ``logger=``,
+    whose level ``faststream run --log-level`` and ``RabbitBroker(log_level=...)`` set.
+    ``None`` until the broker has set its logger up, once the broker is gone, and for
+    a silenced broker or a logger that is not a ``logging.Logger``.
+    """
+    ref = weakref.ref(broker)
+
+    def level() -> int | None:
+        state = getattr(getattr(ref(), "config", None), "logger", None)
+        logger = getattr(getattr(state, "logger", None), "logger", None)
+        return logger.getEffectiveLevel() if isinstance(logger, logging.Logger) else None
+
+    return level
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ Every line the plugin writes goes through ``log``. Where it ends up:
   Python's last-resort handler never prints a bare line.
 
 A level set on ``faststream_retry`` applies on both paths. Without one, the broker path
-drops DEBUG lines (the re-check hops), as a configured root logger at INFO would.
+follows the broker logger's level (``faststream run --log-level DEBUG`` shows the
+re-check hops), INFO until that logger is set up.
 
 Every line is bounded whatever the application's exception holds: its text (the
 message with its arguments) to ``LINE_LIMIT`` bytes, the traceback under it to the
@@ -60,17 +61,24 @@ class PluginLogger:
         """Write to ``logger`` (``faststream_retry``) when logging is configured for it."""
         self.logger = logging.getLogger(NAME) if logger is None else logger
         self._outlet: Outlet | None = None
+        self._outlet_level: Callable[[], int | None] | None = None
 
-    def send_to(self, outlet: Outlet | None) -> None:
-        """Use ``outlet`` (a broker's logger) while ``name`` has no handler of its own."""
+    def send_to(self, outlet: Outlet | None, level: Callable[[], int | None] | None = None) -> None:
+        """Use ``outlet`` (a broker's logger) while ``name`` has no handler of its own.
+
+        ``level`` reads that logger's level (``None``: not known yet), which the lines
+        follow unless a level is set on ``name``.
+        """
         self._outlet = outlet
+        self._outlet_level = level
 
     def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging.Logger's name
         """Return whether a line at ``level`` would be written anywhere."""
         logger = self.logger
         if logger.level != logging.NOTSET or logger.hasHandlers() or self._outlet is None:
             return logger.isEnabledFor(level)
-        return level >= logging.INFO
+        known = None if self._outlet_level is None else self._outlet_level()
+        return level >= (logging.INFO if known is None else known)
 
     def log(
         self,

@@ -370,7 +370,7 @@ class Plugin:
             broker.insert_middleware(middleware)
         # The plugin's lines go through this broker's logger unless logging is
         # configured for them (see _log).
-        log.send_to(_faststream.broker_outlet(broker))
+        log.send_to(_faststream.broker_outlet(broker), _faststream.broker_level(broker))
         original_start = broker.start
         original_stop = broker.stop
         runtime = self.runtime(broker)

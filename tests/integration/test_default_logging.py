@@ -70,6 +70,7 @@ async def run_app(
     retry_traceback: str = "first",
     cli: bool = False,
     huge: bool = False,
+    cli_options: tuple[str, ...] = (),
 ) -> Printed:
     queue, prefix = unique("logged"), unique("logp")
     env = {
@@ -84,7 +85,14 @@ async def run_app(
     }
     if cli:
         pytest.importorskip("typer", reason="faststream run needs faststream[cli] (typer)")
-        command = [sys.executable, "-m", "faststream", "run", "tests.integration.logging_app:app"]
+        command = [
+            sys.executable,
+            "-m",
+            "faststream",
+            "run",
+            "tests.integration.logging_app:app",
+            *cli_options,
+        ]
     else:
         command = [sys.executable, str(ROOT / "tests" / "integration" / "logging_app.py")]
     try:
@@ -182,3 +190,15 @@ async def test_a_huge_error_makes_bounded_lines(
     assert hooks >= 3, str(printed)[:20_000]
     assert printed.count("RuntimeError: hook bug on") == hooks, str(printed)[:20_000]
     assert "Logging error" not in str(printed)
+
+
+async def test_faststream_run_log_level_debug_shows_the_re_check_steps(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """The broker's logger at DEBUG: the plugin's DEBUG lines (releases, hops) show there too."""
+    printed = await run_app(rabbit_url, amqp, cli=True, cli_options=("--log-level", "DEBUG"))
+    released = [s for s in printed.out if "re-check released message order-1" in s]
+    assert len(released) == 2, str(printed)
+    assert all(re.match(rf"^{STAMP} DEBUG ", s) for s in released), str(printed)
+    default = await run_app(rabbit_url, amqp, cli=True)
+    assert default.count("re-check") == 0, str(default)

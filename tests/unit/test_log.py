@@ -347,6 +347,56 @@ def test_the_broker_outlet_writes_to_faststreams_logger_once_it_is_set_up() -> N
     assert record.exc_info[1] is error
 
 
+def test_the_broker_path_follows_the_broker_loggers_level(unconfigured: PluginLogger) -> None:
+    """``faststream run --log-level DEBUG`` shows the hops; WARNING hides the retry lines."""
+    outlet = Outlet()
+    broker_level: list[int | None] = [None]
+    unconfigured.send_to(outlet, lambda: broker_level[0])
+    unconfigured.debug("not yet: the broker's logger is not set up")
+    unconfigured.info("INFO while the level is not known")
+    broker_level[0] = logging.DEBUG
+    unconfigured.debug("hop")
+    broker_level[0] = logging.WARNING
+    unconfigured.info("hidden")
+    unconfigured.warning("shown")
+    unconfigured.logger.setLevel(logging.INFO)  # a level on faststream_retry wins
+    unconfigured.info("mine")
+    assert [text for _, text, _, _ in outlet.lines] == [
+        "INFO while the level is not known",
+        "hop",
+        "shown",
+        "mine",
+    ]
+
+
+def test_broker_level_reads_the_level_of_the_brokers_logger() -> None:
+    """None until set up; then the logger's, as the CLI sets it; None when silenced or gone.
+
+    Not checked at start (only DEBUG lines depend on it): this pins it instead.
+    """
+    mine = logging.getLogger(f"mine.{uuid.uuid4().hex}")
+    mine.setLevel(logging.DEBUG)
+    broker = RabbitBroker(logger=mine)
+    level = fs.broker_level(broker)
+    assert level() is None
+    broker._setup_logger()
+    assert level() == logging.DEBUG
+    default = RabbitBroker()
+    default._setup_logger()
+    default_level = fs.broker_level(default)
+    assert default_level() == logging.INFO
+    default.config.logger.set_level(logging.DEBUG)  # what faststream run --log-level does
+    assert default_level() == logging.DEBUG
+    default.config.logger.set_level(logging.INFO)  # FastStream's loggers are shared
+    silenced = RabbitBroker(logger=None)
+    silenced._setup_logger()
+    assert fs.broker_level(silenced)() is None
+    unset = RabbitBroker()
+    unset_level = fs.broker_level(unset)
+    del unset
+    assert unset_level() is None  # gone
+
+
 def test_a_silenced_broker_silences_the_plugin_too() -> None:
     """``RabbitBroker(logger=None)``: written nowhere, and not handed to logging either."""
     broker = RabbitBroker(logger=None)
