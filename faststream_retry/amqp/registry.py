@@ -86,7 +86,11 @@ async def survey(
         registry = await channel.declare_queue(
             name,
             durable=True,
-            arguments={"x-queue-type": plan.options.queue_type},
+            # Classic whatever queue_type says: every start reads the records and hands
+            # them back by closing the channel, and on a quorum queue each hand-back is a
+            # delivery; RabbitMQ 4's default delivery limit (20) would drop them. A lost
+            # record costs only this warning.
+            arguments={"x-queue-type": "classic"},
             timeout=RPC_TIMEOUT_S,
         )
         known: set[str] = set()
