@@ -79,7 +79,7 @@ case "${1:-}" in
   stop) stop ;;
   kill) kill_node "${2:?which node}" ;;
   rebalance) rebalance ;;
-  leaders) ctl_of 1 list_queues --no-table-headers name leader ;;
+  leaders) ctl_of 1 list_queues --no-table-headers name leader | awk 'NF == 2' ;;  # classic queues have no leader
   queues) ctl_of 1 list_queues name leader messages_ready messages_unacknowledged consumers ;;
   *) die "usage: cluster.sh start | stop | kill N | rebalance | leaders | queues" ;;
 esac
