@@ -170,16 +170,19 @@ class DeadLetterWatch:
             await self.connection.close()
 
 
-async def wait_settled(tally: Tally, timeout: float, what: str) -> float:
+async def wait_settled(tally: Tally, timeout: float, what: str, *, may_lose: int = 0) -> float:
     """Wait until every id is processed or dead-lettered; return the seconds it took.
 
-    Fails with the missing ids on timeout. Duplicates still on their way are counted
-    afterwards, exactly, by ``count_late``.
+    Fails with the missing ids on timeout, unless no more than ``may_lose`` are missing
+    (a documented limit of a non-default setup; the report shows them as lost).
+    Duplicates still on their way are counted afterwards, exactly, by ``count_late``.
     """
     started = time.monotonic()
     while tally.lost:
         if time.monotonic() - started > timeout:
             missing = sorted(tally.lost)
+            if len(missing) <= may_lose:
+                break
             pytest.fail(f"{what}: {len(missing)} ids neither processed nor dead: {missing[:10]}")
         await asyncio.sleep(0.1)
     return time.monotonic() - started
@@ -250,16 +253,27 @@ def dump_tasks() -> None:
             awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
 
 
-def check_outcomes(workload: Workload, tally: Tally, watch: DeadLetterWatch | None = None) -> None:
-    """sent = processed + dead-lettered, each id where its handler sent it, none lost."""
-    assert tally.lost == set()
+def check_outcomes(
+    workload: Workload,
+    tally: Tally,
+    watch: DeadLetterWatch | None = None,
+    *,
+    may_lose: int = 0,
+) -> None:
+    """sent = processed + dead-lettered + lost, each id where its handler sent it.
+
+    ``lost`` must be empty, or no larger than ``may_lose`` where a documented limit
+    allows it (classic queues across broker restarts).
+    """
+    lost = tally.lost
+    assert len(lost) <= may_lose, f"lost: {sorted(lost)[:10]}"
     why = watch.why if watch is not None else {}
     unexpected = sorted(set(tally.dead) - workload.expected_dead())
     assert not unexpected, (
         f"dead-lettered, but meant to succeed: {[(i, why.get(i)) for i in unexpected]}"
     )
-    assert set(tally.dead) == workload.expected_dead()
-    assert set(tally.processed) == set(workload.ids) - workload.expected_dead()
+    assert set(tally.dead) == workload.expected_dead() - lost
+    assert set(tally.processed) == set(workload.ids) - workload.expected_dead() - lost
     assert set(tally.processed) & set(tally.dead) == set()
 
 
