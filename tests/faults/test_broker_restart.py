@@ -60,7 +60,7 @@ async def test_broker_restarts_lose_nothing(
     (seen here: 1 of 2,000 in 1 of 9 runs). See docs/guarantees.md.
     """
     # Classic queues dead-letter at most once: across a restart one can lose a message
-    # that expires out of a tier (1 of 2,000 in about 1 run of 20, in CI). That is the
+    # that expires out of a tier (1 of 2,000, in 1 run of 20 and then in 2 of 3). That is the
     # documented limit of queue_type="classic" and why quorum is the default; the row
     # shows it. More than that would be a bug of the plugin's.
     may_lose = 2 if queue_type == "classic" else 0
