@@ -249,6 +249,30 @@ class TestTracebackText:
             "RuntimeError: hook\n(no full traceback: formatting it raised IndexError)\n"
         )
 
+    def test_the_fallback_shows_every_frame_as_the_traceback_module_does(self) -> None:
+        """Frames one after another, exactly as ``traceback.format_list`` writes them."""
+
+        class NotedError(Exception):
+            @property
+            def __notes__(self) -> list[str]:
+                raise IndexError
+
+        def inner() -> None:
+            raise NotedError("deep")
+
+        try:
+            inner()
+        except NotedError as caught:
+            exc = caught
+        frames = traceback.format_list(traceback.extract_tb(exc.__traceback__))
+        assert len(frames) == 2
+        assert h.traceback_text(exc) == (
+            "Traceback (most recent call last):\n"
+            + "".join(frames)
+            + f"{h.exception_name(exc)}: deep\n"
+            + "(no full traceback: formatting it raised IndexError)\n"
+        )
+
     def test_an_exception_whose_traceback_cannot_be_read_is_still_described(self) -> None:
         """A class that makes __traceback__ a property that raises: name and message."""
 
