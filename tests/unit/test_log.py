@@ -149,7 +149,7 @@ def test_a_huge_exception_makes_a_bounded_line_on_the_broker_path(
     # Every part cut, none lost: the frames, both messages, the note, the chain.
     assert trace.startswith("Traceback (most recent call last):\n")
     assert "HugeError: EEE" in trace
-    assert ("\nNNN" in trace) is (sys.version_info >= (3, 11))
+    assert "\nNNN" in trace or sys.version_info < (3, 11)  # notes: printed from 3.11
     assert "direct cause" in trace
     assert trace.endswith("RuntimeError: RRR" + "R" * (1024 - 3 - 17) + "...")
 
