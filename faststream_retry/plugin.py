@@ -32,9 +32,10 @@ from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.recheck import RecheckConsumer
 from faststream_retry.amqp.registry import record, retry_queues_in_use, survey
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.topology import Plan, Route, plan, retry_queue_name
+from faststream_retry.topology import Plan, Route, merge_routes, plan, retry_queue_name
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from types import TracebackType
 
     from aio_pika.abc import AbstractChannel, AbstractRobustConnection
@@ -252,7 +253,9 @@ class Runtime:
         channel error) or the broker cancels a re-check consumer, they are opened
         again, the topology is declared again and the consumers restart.
         """
-        topology = await self._keep_releasing(connection, topology)
+        # The broker's subscribers, retries on or off: read once for both looks below.
+        routes = merge_routes(_faststream.routes_of(self.broker))
+        topology = await self._keep_releasing(connection, topology, routes)
         version = await check_broker(connection, topology)
         for level, text in work_queue_findings(
             topology.routes.values(), self.config.default, version
@@ -261,7 +264,7 @@ class Runtime:
         live = Live(topology, connection, self.config, self.reporter)
         await live.open()
         self.live = live
-        await self._report_stranded(connection, topology)
+        await self._report_stranded(connection, topology, routes)
         tiers = topology.tiers
         log.info(
             "faststream-retry: tick %d ms, %d tiers up to %d ms, %d queues covered: %s",
@@ -272,24 +275,23 @@ class Runtime:
             ", ".join(sorted(topology.routes)) or "none",
         )
 
-    async def _keep_releasing(self, connection: AbstractRobustConnection, topology: Plan) -> Plan:
+    async def _keep_releasing(
+        self, connection: AbstractRobustConnection, topology: Plan, routes: Mapping[str, Route]
+    ) -> Plan:
         """Add the queues with retries off whose ``.retry`` exists: their messages still go home.
 
         Messages that waited when the app last ran with retries on would otherwise
         stay in ``<queue>.retry`` for ever. Failures of these queues are still left to
         FastStream: the handlers' policies say no.
         """
-        routes = _faststream.routes_of(self.broker)
-        off = sorted({r.queue for r in routes} - set(topology.routes))
+        off = sorted(set(routes) - set(topology.routes))
         try:
             in_use = await retry_queues_in_use(connection, off)
         except Exception as exc:  # a diagnosis must not stop the service
             log.warning("faststream-retry: could not look for existing .retry queues: %r", exc)
             in_use = []
         for queue in in_use:
-            handlers = tuple(h for r in routes if r.queue == queue for h in r.handlers)
-            arguments = next(r.arguments for r in routes if r.queue == queue)
-            topology = topology.with_route(Route(queue, handlers, arguments))
+            topology = topology.with_route(routes[queue])
             log.info(
                 "faststream-retry: retries are off for %r, but %r exists: its waiting "
                 "messages are still released to %r",
@@ -300,11 +302,12 @@ class Runtime:
         self._plan = topology
         return topology
 
-    async def _report_stranded(self, connection: AbstractRobustConnection, topology: Plan) -> None:
+    async def _report_stranded(
+        self, connection: AbstractRobustConnection, topology: Plan, routes: Mapping[str, Route]
+    ) -> None:
         """Warn of ``.retry`` queues with messages that no subscriber of this app releases."""
-        owned = {r.queue for r in _faststream.routes_of(self.broker)}
         try:
-            stranded = await survey(connection, topology, owned)
+            stranded = await survey(connection, topology, routes)
         except Exception as exc:  # a diagnosis must not stop the service
             log.warning("faststream-retry: could not look for stranded .retry queues: %r", exc)
             return

@@ -24,6 +24,7 @@ __all__ = [
     "Route",
     "TopologyOptions",
     "dlq_name",
+    "merge_routes",
     "plan",
     "queue_specs",
     "registry_name",
@@ -162,13 +163,8 @@ class Plan:
         return tuple(self.tier(ttl) for ttl in self.tiers.ttls_ms)
 
 
-def plan(routes: Iterable[Route], default: RetryPolicy, options: TopologyOptions) -> Plan:
-    """Plan the topology for ``routes``.
-
-    Routes of the same queue (several subscribers of one queue) are merged. Queues
-    whose every handler has retries switched off are left out. The tick is the GCD of
-    every delay the default and the handlers' policies name (see ``compute_tick_ms``).
-    """
+def merge_routes(routes: Iterable[Route]) -> dict[str, Route]:
+    """Return one route per queue: several subscribers of one queue, their handlers joined."""
     merged: dict[str, Route] = {}
     for route in routes:
         known = merged.get(route.queue)
@@ -177,7 +173,17 @@ def plan(routes: Iterable[Route], default: RetryPolicy, options: TopologyOptions
             if known is None
             else Route(route.queue, known.handlers + route.handlers, known.arguments)
         )
-    covered = {q: r for q, r in merged.items() if r.enabled(default)}
+    return merged
+
+
+def plan(routes: Iterable[Route], default: RetryPolicy, options: TopologyOptions) -> Plan:
+    """Plan the topology for ``routes``.
+
+    Routes of the same queue (several subscribers of one queue) are merged. Queues
+    whose every handler has retries switched off are left out. The tick is the GCD of
+    every delay the default and the handlers' policies name (see ``compute_tick_ms``).
+    """
+    covered = {q: r for q, r in merge_routes(routes).items() if r.enabled(default)}
     delays = list(default.backoff.named_delays_ms())
     for route in covered.values():
         for policy in route.policies(default):
