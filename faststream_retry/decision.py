@@ -136,10 +136,15 @@ class Release:
 
 @dataclass(frozen=True, slots=True)
 class Hop:
-    """Not due yet: round the tier with TTL ``tier_ms`` again."""
+    """Not due yet: round the tier with TTL ``tier_ms`` again.
+
+    ``last``: that tier covers the rest of the wait, so the copy is addressed to the
+    work queue and the broker delivers it there on expiry (no further re-check).
+    """
 
     tier_ms: int
     remaining_ms: int
+    last: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,11 +160,12 @@ def recheck_step(due_ms: int | None, now_ms: int, tiers: Tiers) -> Release | Hop
     A missing or unreadable due time means due now. A due time beyond ``max_delay``
     plus one tick can never be legitimate: capping it without rewriting the header
     would send it round the tiers for ever, so it is ``Invalid``. Otherwise the
-    message waits in the largest tier that fits, and is never released early.
+    message waits in the tier ``Tiers.wait`` picks, and is never released early.
     """
     if due_ms is None or due_ms <= now_ms:
         return Release(None if due_ms is None else now_ms - due_ms)
     remaining = due_ms - now_ms
     if remaining > tiers.max_delay_ms + tiers.tick_ms:
         return Invalid(remaining)
-    return Hop(tiers.pick(remaining), remaining)
+    wait = tiers.wait(remaining)
+    return Hop(wait.tier_ms, remaining, last=wait.last)

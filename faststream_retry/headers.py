@@ -65,6 +65,7 @@ __all__ = [
     "dead_letter_headers",
     "error_text",
     "exception_name",
+    "expired_from",
     "now_ms",
     "read_attempt",
     "read_due",
@@ -237,6 +238,22 @@ def read_due(headers: Mapping[str, Any] | None) -> int | None:
         except (OverflowError, OSError, ValueError):
             return None
     return _int(value, _MAX_DUE)
+
+
+def expired_from(headers: Mapping[str, Any] | None) -> str | None:
+    """Return the queue the message last expired out of, per RabbitMQ's ``x-death``.
+
+    ``None`` when the newest death record is missing, unreadable or not an expiry.
+    Only reporting reads it (a release the broker made from a tier): it routes nothing,
+    so a forged record can at worst add a line to the metrics.
+    """
+    deaths = headers.get("x-death") if headers else None
+    if not isinstance(deaths, (list, tuple)) or not deaths:
+        return None
+    newest = deaths[0]  # RabbitMQ puts the most recent death first
+    if not isinstance(newest, Mapping) or _text(newest.get("reason")) != "expired":
+        return None
+    return _text(newest.get("queue")) or None
 
 
 def _read_history(headers: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -252,12 +252,56 @@ class _RetryScope(BaseMiddleware):
             # Another scope of this message (the same middleware on a router and on
             # the broker, say) owns its failure: one decision, one copy.
             return await call_next(msg)
+        if h.DUE in msg.headers:
+            try:
+                self._report_arrival(msg)
+            except BaseException:
+                # An application's own BaseException from a hook or a log handler,
+                # before the handler ran: it goes on, but the message goes back to
+                # its queue first (FastStream would reject it: lost without a DLX).
+                with contextlib.suppress(Exception):
+                    await msg.nack()
+                raise
         try:
             return await call_next(msg)
         except IgnoredException:
             raise  # FastStream's own Ack/Nack/RejectMessage: the handler decided
         except Exception as exc:
             return await self._on_failure(call_next, msg, exc)
+
+    def _report_arrival(self, msg: StreamMessage[Any]) -> None:
+        """Report a release the broker made: the copy expired out of its last tier into this queue.
+
+        Copies the re-check consumer released are reported there; these come back
+        with RabbitMQ's ``x-death`` of a tier instead, and their lateness is what the
+        handler sees. A redelivery was reported on its first delivery. Never raises.
+        """
+        try:
+            raw = msg.raw_message
+            broker = _faststream.current_broker(self.context)
+            live = None if broker is None else self._plugin.runtime(broker).live
+            if live is None or raw.redelivered:
+                return
+            if h.expired_from(msg.headers) not in live.plan.exchanges:
+                return
+            sub = _faststream.current_subscriber(self.context)
+            queue = _faststream.queue_of(sub) if sub is not None else None
+            if queue is None:
+                return
+            now, due = h.now_ms(), h.read_due(msg.headers)
+            event = RetryEvent(
+                EventKind.RELEASED,
+                queue,
+                msg.message_id,
+                h.read_attempt(msg.headers),
+                now,
+                due_ms=due,
+                lateness_ms=None if due is None else now - due,
+            )
+            headers = msg.headers
+            self._plugin.reporter.record(event, incoming=headers, onward=headers)
+        except Exception:  # reporting never decides a message's fate
+            log.exception("faststream-retry could not report the arrival of %s", msg.message_id)
 
     async def _on_failure(  # noqa: C901 - one linear procedure, in the order it happens
         self,
@@ -374,11 +418,15 @@ class _RetryScope(BaseMiddleware):
         now = h.now_ms()
         tier_ms = None
         if decision.action is Action.RETRY_LATER:
-            tier_ms = live.plan.tiers.pick(decision.delay_ms)
+            wait = live.plan.tiers.wait(decision.delay_ms)
+            tier_ms = wait.tier_ms
             headers = h.retry_headers(
                 raw.headers, _failure(decision, exc, now), now + decision.delay_ms
             )
-            copy = Copy(live.plan.tier(tier_ms), route.retry_queue, headers)
+            # A wait that is one tier goes from it straight back to the work queue,
+            # addressed by the routing key; a longer one passes the re-check step.
+            home = route.queue if wait.last else route.retry_queue
+            copy = Copy(live.plan.tier(tier_ms), home, headers)
         else:
             headers = _dead_letter_headers(raw.headers, route, decision, exc, now)
             copy = Copy("", route.dlq, headers)

@@ -125,11 +125,19 @@ class Reporter:
         *,
         incoming: Mapping[str, Any] | None,
         exception: Exception | None = None,
+        onward: dict[str, Any] | None = None,
     ) -> None:
-        """Report a step that publishes nothing (an in-process retry, test mode); never raises."""
-        if event.immediate:  # the span is only a record: no copy carries it on
+        """Report a step that publishes nothing; never raises.
+
+        An in-process retry, test mode, or a release the broker made (a copy that
+        expired out of its last tier into its work queue). ``onward`` gets the
+        span's context: the delivery's own headers for a release, so the handler's
+        call and its next retry continue the trace from it.
+        """
+        if event.immediate or event.kind is EventKind.RELEASED:
             attributes = _span_attributes(event, None, None)
-            with self._step(event, incoming, {}, attributes) as span:
+            carrier = onward if onward is not None else {}
+            with self._step(event, incoming, carrier, attributes) as span:
                 if span is not None and exception is not None:
                     _record_exception(span, exception, event)
         self.report(event, exception)

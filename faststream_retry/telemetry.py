@@ -21,6 +21,7 @@ With no SDK configured, no span is made and headers travel unchanged.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCod
 __all__ = ["ATTR", "METRICS", "Telemetry"]
 
 TRACER_NAME = "faststream_retry"
+
+_LOOK_AGAIN_S = 1.0
 
 
 class ATTR:
@@ -98,7 +101,8 @@ class Telemetry:
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
         """Use the given providers, or the global ones (set later is fine)."""
-        self._explicit_tracing = tracer_provider is not None
+        self._tracing = tracer_provider is not None
+        self._look_again_at = 0.0
         self.tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
         meter = metrics.get_meter(TRACER_NAME, meter_provider=meter_provider)
         self.scheduled = meter.create_counter(
@@ -122,10 +126,19 @@ class Telemetry:
 
     @property
     def tracing(self) -> bool:
-        """Return whether spans would be recorded (an SDK provider is configured)."""
-        return self._explicit_tracing or not isinstance(
-            trace.get_tracer_provider(), ProxyTracerProvider
-        )
+        """Return whether spans would be recorded (an SDK provider is configured).
+
+        The global provider can be set once, at any time: once it is, the answer
+        stays yes. Until then it is looked up at most once a second, because the
+        lookup reads the environment (a cost on every failure of a busy consumer).
+        """
+        if self._tracing:
+            return True
+        now = time.monotonic()
+        if now >= self._look_again_at:
+            self._look_again_at = now + _LOOK_AGAIN_S
+            self._tracing = not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+        return self._tracing
 
     @staticmethod
     def parent(headers: Mapping[str, Any] | None, *, prefer_current: bool) -> otel_context.Context:

@@ -2,9 +2,11 @@
 
 A delay tier is a queue whose queue-wide TTL is ``tick * 2**k``; messages in it all
 expire after the same time, so RabbitMQ's head-first expiry never holds a short wait
-behind a long one. The re-check step sends a waiting message through the largest tier
-that fits the time it still has to wait, so a delay D costs about log2(D / tick) + 1
-hops instead of D / tick.
+behind a long one. A wait that is exactly one tier (on the tick grid) is that tier's
+last: the message enters it addressed to its work queue and the broker delivers it
+there when it expires. A longer wait goes through the largest tier that fits and comes
+back to the re-check step, so a delay D costs at most about log2(D / tick) + 1 hops
+instead of D / tick.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from faststream_retry.errors import RetryConfigError
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["MIN_TICK_MS", "Tiers", "checked_tick_ms", "compute_tick_ms"]
+__all__ = ["MIN_TICK_MS", "Tiers", "Wait", "checked_tick_ms", "compute_tick_ms"]
 
 MIN_TICK_MS = 100
 """The floor of the tick: below it the re-check loop would spin (jitter, odd factors)."""
@@ -47,6 +49,19 @@ def compute_tick_ms(delays_ms: Iterable[int], explicit_ms: int | None = None) ->
     if not positive:
         return 1000
     return max(MIN_TICK_MS, reduce(math.gcd, positive))
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The tier a waiting message goes into next.
+
+    ``last``: the tier's TTL covers the whole remaining wait, so the message is
+    addressed to its work queue and the broker delivers it there on expiry.
+    Otherwise it comes back to the re-check step when the TTL expires.
+    """
+
+    tier_ms: int
+    last: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +110,16 @@ class Tiers:
                 break
             best = ttl
         return best
+
+    def wait(self, remaining_ms: int) -> Wait:
+        """Return the tier for a message that must still wait ``remaining_ms``.
+
+        The wait is rounded up to the tick grid first: the time a hop takes never
+        costs an extra pass (29.98 s left after a hop is 30 s: 16 + 8 + 4 + 2, not
+        16 + 8 + 4 + 1 + 1). A rounded wait that is a tier's TTL is the last tier;
+        the message arrives no earlier than ``remaining_ms`` from now, never early.
+        """
+        rounded = -(-max(remaining_ms, 1) // self.tick_ms) * self.tick_ms
+        if rounded in self.ttls_ms:
+            return Wait(rounded, last=True)
+        return Wait(self.pick(rounded), last=False)

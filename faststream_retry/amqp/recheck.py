@@ -1,4 +1,8 @@
-"""The re-check consumer: the busy-wait step every waiting message passes after each tier.
+"""The re-check consumer: the step a long wait passes between its tiers.
+
+A wait that is one tier never comes here (its copy goes from the tier straight to the
+work queue); a longer one comes back after each tier but the last, and is sent round the
+next, or released when it is due.
 
 It is written on aio-pika directly because every hop of every waiting message passes it.
 The destination comes from the queue the message was consumed from, never from a header,
@@ -152,7 +156,9 @@ class RecheckConsumer:
                 )
                 copy = Copy("", route.queue, h.carry_over(incoming))
             elif isinstance(step, Hop):
-                event, copy = self._hop(route, message, attempt, now, due=due, tier_ms=step.tier_ms)
+                event, copy = self._hop(
+                    route, message, attempt, now, due=due, tier_ms=step.tier_ms, last=step.last
+                )
             else:
                 event, copy = self._invalid(route, message, attempt, now, due)
 
@@ -211,8 +217,13 @@ class RecheckConsumer:
         *,
         due: int | None,
         tier_ms: int,
+        last: bool = False,
     ) -> tuple[RetryEvent, Copy]:
-        """Return the event and the copy that send ``message`` round the tier ``tier_ms``."""
+        """Return the event and the copy that send ``message`` round the tier ``tier_ms``.
+
+        The last tier's copy is addressed to the work queue itself: the broker
+        delivers it there on expiry. Any other comes back to ``<queue>.retry``.
+        """
         event = RetryEvent(
             EventKind.HOP,
             route.queue,
@@ -222,9 +233,8 @@ class RecheckConsumer:
             delay_ms=tier_ms,
             due_ms=due,
         )
-        return event, Copy(
-            self._plan.tier(tier_ms), route.retry_queue, h.carry_over(message.headers)
-        )
+        home = route.queue if last else route.retry_queue
+        return event, Copy(self._plan.tier(tier_ms), home, h.carry_over(message.headers))
 
     def _invalid(
         self,

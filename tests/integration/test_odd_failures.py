@@ -236,19 +236,20 @@ class HookStopError(BaseException):
     """An application's own BaseException, raised by a hook."""
 
 
-async def test_a_hook_raising_a_base_exception_on_release_leaves_no_duplicate(
+async def test_a_hook_raising_a_base_exception_on_a_hop_leaves_no_duplicate(
     make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
-    """The release is confirmed, then a hook raises: the .retry delivery is acked all the same.
+    """The re-check hop is confirmed, then a hook raises: the .retry delivery is acked all the same.
 
     Left unacked, the broker would deliver it again when the channel closes: a second
-    copy of a message already released.
+    copy of a message already sent on. (300 ms on a 100 ms tick is two tiers, 200 + 100,
+    so the copy passes the re-check step once.)
     """
     app: App = make_app()
     stopped: list[str | None] = []
 
     def hook(event: RetryEvent) -> None:
-        if event.kind is EventKind.RELEASED and not stopped:
+        if event.kind is EventKind.HOP and not stopped:
             stopped.append(event.message_id)
             raise HookStopError("hook stop")
 
@@ -257,7 +258,7 @@ async def test_a_hook_raising_a_base_exception_on_release_leaves_no_duplicate(
     calls: Counter[str] = Counter()
 
     @app.broker.subscriber(queue)
-    @retry_policy(max_attempts=3, backoff=Fixed(0.1))
+    @retry_policy(max_attempts=3, backoff=Fixed(0.3))
     async def handle(body: str, message: RabbitMessage) -> None:
         calls[message.message_id] += 1
         if calls[message.message_id] == 1:
@@ -269,5 +270,44 @@ async def test_a_hook_raising_a_base_exception_on_release_leaves_no_duplicate(
     assert stopped == ["b-1"]
     await app.stop()  # an unacked .retry delivery goes back to the queue here
     assert await queue_depth(amqp, f"{queue}.retry") == 0
+    assert await app.waiting(amqp, queue) == 0
+    assert calls == {"b-1": 2}
+
+
+async def test_a_hook_raising_a_base_exception_on_arrival_hands_the_message_back(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A copy back from its last tier, and a hook raises on its release: requeued, not lost.
+
+    The release is reported before the handler runs. An application's own
+    BaseException there goes on, but the message is handed back to its queue first
+    (FastStream would reject it: with no DLX, gone); its redelivery is not reported
+    again, so it is handled exactly once more.
+    """
+    app: App = make_app()
+    stopped: list[str | None] = []
+
+    def hook(event: RetryEvent) -> None:
+        if event.kind is EventKind.RELEASED and not stopped:
+            stopped.append(event.message_id)
+            raise HookStopError("hook stop")
+
+    app.retry.add_hook(hook)
+    queue = unique("hookarrive")
+    calls: Counter[str] = Counter()
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=3, backoff=Fixed(0.1))
+    async def handle(body: str, message: RabbitMessage) -> None:
+        calls[message.message_id] += 1
+        if calls[message.message_id] == 1:
+            raise ConnectionError("once")
+
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="b-1")
+    await eventually(lambda: calls["b-1"] == 2, what="the call after the release")
+    assert stopped == ["b-1"]
+    await app.stop()
+    assert await queue_depth(amqp, queue) == 0
     assert await app.waiting(amqp, queue) == 0
     assert calls == {"b-1": 2}

@@ -65,7 +65,11 @@ async def test_retried_then_succeeded_is_one_trace(
     exporter: InMemorySpanExporter,
     with_faststream_telemetry: bool,
 ) -> None:
-    """Two transient failures then success: one trace, scheduled -> release -> next attempt."""
+    """Two transient failures then success: one trace, scheduled -> release -> next attempt.
+
+    The copy goes from its tier straight back to the work queue: the release span is
+    made where it arrives, and the next attempt continues from it.
+    """
     outer = (
         (RabbitTelemetryMiddleware(tracer_provider=provider),) if with_faststream_telemetry else ()
     )
@@ -117,15 +121,18 @@ async def test_retried_then_succeeded_is_one_trace(
         process = [s for s in spans if s.name.endswith(" process")]
         assert len(process) == 3
         last_process = max(process, key=lambda s: s.start_time or 0)
-        assert chain(spans, last_process)[-7:] == [
+        # FastStream's process span starts before the plugin sees the delivery, so
+        # it continues the scheduled span; the release, reported as the copy arrives
+        # from its last tier, is that scheduled span's other child.
+        assert chain(spans, last_process)[-5:] == [
             process[0].name,
             f"{queue} retry scheduled",
-            f"{queue} retry release",
             process[0].name,
             f"{queue} retry scheduled",
-            f"{queue} retry release",
             process[0].name,
         ]
+        for span in released:
+            assert chain(spans, span)[-2:] == [f"{queue} retry scheduled", span.name]
     else:
         assert chain(spans, last_release) == [
             f"{queue} retry scheduled",

@@ -279,9 +279,14 @@ async def test_a_subscriber_started_after_the_broker_is_covered(
         assert await consumers(amqp, f"{queue}.retry") == 0
 
 
+# 1.5 s on a 100 ms tick is several tiers: each copy waits 800 ms in the first, then
+# passes .retry; an app stopped within those 800 ms leaves it there.
+PARKING = RetryPolicy(max_attempts=50, backoff=Fixed(1.5))
+
+
 async def _park_two(amqp: AbstractRobustConnection, url: str, prefix: str, queue: str) -> None:
     """Run an app whose handler keeps failing, then stop it: two copies wait in ``.retry``."""
-    first = App(url, prefix=prefix, default=RetryPolicy(max_attempts=50, backoff=Fixed(0.2)))
+    first = App(url, prefix=prefix, default=PARKING)
 
     @first.broker.subscriber(queue)
     async def failing(body: str) -> None:
@@ -292,8 +297,8 @@ async def _park_two(amqp: AbstractRobustConnection, url: str, prefix: str, queue
         await first.broker.publish("m1", queue=queue, message_id="m1")
         await first.broker.publish("m2", queue=queue, message_id="m2")
         await eventually(
-            lambda: {e.message_id for e in first.events if e.kind == "released"} >= {"m1", "m2"},
-            what="both messages to have been round a tier",
+            lambda: {e.message_id for e in first.events if e.kind == "scheduled"} >= {"m1", "m2"},
+            what="both messages in their first tier",
         )
     finally:
         await first.stop()
@@ -422,12 +427,14 @@ async def test_a_failure_in_flight_when_its_late_subscriber_stops_makes_one_copy
         await asyncio.wait_for(stopping, 15)
         assert await consumers(amqp, f"{queue}.retry") == 0
 
-        async def arrived() -> bool:
-            return await _waiting(amqp, retry, broker, queue) > 0
+        # The copy waits out its tier and comes home to the queue, which nothing
+        # consumes now: exactly one there, none left waiting.
+        async def home() -> bool:
+            return await queue_depth(amqp, queue) > 0
 
-        await eventually_async(arrived, what="the copy")
-        assert await _waiting(amqp, retry, broker, queue) == 1
-        assert await queue_depth(amqp, queue) == 0
+        await eventually_async(home, what="the copy")
+        assert await queue_depth(amqp, queue) == 1
+        assert await _waiting(amqp, retry, broker, queue) == 0
 
 
 async def test_a_late_subscribers_queue_is_in_the_registry(
@@ -435,7 +442,7 @@ async def test_a_late_subscribers_queue_is_in_the_registry(
 ) -> None:
     """A late subscriber's .retry left with messages is named at the next start without it."""
     prefix, late = unique("late-reg"), unique("late-reg")
-    first = App(rabbit_url, prefix=prefix, default=RetryPolicy(max_attempts=50, backoff=Fixed(0.2)))
+    first = App(rabbit_url, prefix=prefix, default=PARKING)
 
     @first.broker.subscriber(unique("steady"))
     async def steady(body: str) -> None: ...
@@ -449,7 +456,7 @@ async def test_a_late_subscribers_queue_is_in_the_registry(
         sub(failing)
         await sub.start()
         await first.broker.publish("m1", queue=late)
-        await eventually(lambda: any(e.kind == "released" for e in first.events), what="a hop")
+        await eventually(lambda: any(e.kind == "scheduled" for e in first.events), what="a copy")
     finally:
         await first.stop()
     await eventually_async(lambda: _at_least(amqp, f"{late}.retry", 1), what="the copy in .retry")

@@ -9,6 +9,7 @@ import time
 from importlib.metadata import version
 from typing import Any
 
+import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 from pamqp.decode import field_table as decode_table
@@ -113,6 +114,8 @@ class TestHostile:
         _, decoded = decode_table(wire)
         attempt = h.read_attempt(decoded)
         assert 0 <= attempt < 2**31
+        expired = h.expired_from(decoded)
+        assert expired is None or (isinstance(expired, str) and expired)
         due = h.read_due(decoded)
         assert due is None or 0 <= due < 2**63
         for headers, written in (
@@ -132,6 +135,50 @@ class TestHostile:
             dropped = set(headers) - set(sent)
             assert not dropped & written
             assert not dropped or PAMQP_MAJOR < 4
+
+
+class TestExpiredFrom:
+    """Which queue a delivery expired out of: how the middleware knows a tier released it."""
+
+    def test_the_newest_death_record_names_the_queue(self) -> None:
+        """RabbitMQ lists the most recent death first; an expiry names its queue."""
+        deaths = [
+            {"queue": "retry.delay.1000", "reason": "expired", "count": 1},
+            {"queue": "orders", "reason": "rejected", "count": 1},
+        ]
+        assert h.expired_from({"x-death": deaths}) == "retry.delay.1000"
+        assert h.expired_from({"x-death": tuple(deaths)}) == "retry.delay.1000"
+
+    def test_bytes_are_read_as_text(self) -> None:
+        """The wire may carry either spelling of a string."""
+        death = {"queue": b"retry.delay.1000", "reason": b"expired"}
+        assert h.expired_from({"x-death": [death]}) == "retry.delay.1000"
+
+    @pytest.mark.parametrize(
+        "headers",
+        [
+            None,
+            {},
+            {"x-death": []},
+            {"x-death": "retry.delay.1000"},
+            {"x-death": [{"queue": "orders", "reason": "rejected"}]},
+            {
+                "x-death": [
+                    {"queue": "orders", "reason": "rejected"},
+                    {"queue": "t", "reason": "expired"},
+                ]
+            },
+            {"x-death": [{"queue": "", "reason": "expired"}]},
+            {"x-death": [{"queue": 7, "reason": "expired"}]},
+            {"x-death": [{"reason": "expired"}]},
+            {"x-death": ["expired"]},
+        ],
+    )
+    def test_anything_but_a_newest_expiry_with_a_queue_is_none(
+        self, headers: dict[str, Any] | None
+    ) -> None:
+        """Missing, garbled, another reason, or an older expiry only: not released by a tier."""
+        assert h.expired_from(headers) is None
 
 
 class TestRepair:

@@ -25,7 +25,7 @@ from faststream_retry.classify import BUILTIN_PERMANENT_NAMES, Classification, V
 from faststream_retry.decision import Action, Decision, Hop, Invalid, Release, decide, recheck_step
 from faststream_retry.events import Reason, Rule
 from faststream_retry.policy import HandlerPolicy
-from faststream_retry.tiers import MIN_TICK_MS, Tiers, compute_tick_ms
+from faststream_retry.tiers import MIN_TICK_MS, Tiers, Wait, compute_tick_ms
 from faststream_retry.topology import dlq_name, tier_name
 
 
@@ -92,6 +92,48 @@ class TestTiers:
         assert tiers.pick(8000) == 8000
         assert tiers.pick(999) == 1000
         assert tiers.pick(10**9) == 32_000
+
+    def test_a_wait_that_is_a_tier_is_the_last_one(self) -> None:
+        """1 s, 2 s, 4 s go straight home from their tier; 3 s and 30 s take the largest fit."""
+        tiers = Tiers.build(1000, 60_000)
+        assert tiers.wait(1000) == Wait(1000, last=True)
+        assert tiers.wait(2000) == Wait(2000, last=True)
+        assert tiers.wait(3000) == Wait(2000, last=False)
+        assert tiers.wait(30_000) == Wait(16_000, last=False)
+        assert tiers.wait(60_000) == Wait(32_000, last=False)
+        assert tiers.wait(1) == Wait(1000, last=True)
+        assert tiers.wait(0) == Wait(1000, last=True)
+
+    def test_hop_lag_costs_no_extra_pass(self) -> None:
+        """30 s with a few ms lost on each hop: 16 + 8 + 4 + 2, not 16 + 8 + 4 + 1 + 1."""
+        tiers = Tiers.build(1000, 60_000)
+        remaining, passes = 30_000, []
+        while True:
+            wait = tiers.wait(remaining)
+            passes.append(wait.tier_ms)
+            if wait.last:
+                break
+            remaining -= wait.tier_ms + 20  # each hop is 20 ms late
+        assert passes == [16_000, 8_000, 4_000, 2_000]
+
+    @given(
+        tick=st.integers(min_value=MIN_TICK_MS, max_value=5_000),
+        ticks=st.integers(min_value=1, max_value=10_000),
+        remaining=st.integers(min_value=-10, max_value=10**9),
+    )
+    def test_a_wait_is_never_early_and_the_last_tier_covers_it(
+        self, tick: int, ticks: int, remaining: int
+    ) -> None:
+        """The last tier covers the wait by less than a tick; any other comes back before due."""
+        tiers = Tiers.build(tick, ticks * tick)
+        wait = tiers.wait(remaining)
+        assert wait.tier_ms in tiers.ttls_ms
+        if wait.last:
+            assert wait.tier_ms >= remaining
+            assert wait.tier_ms - tick < max(remaining, 1)
+        else:
+            assert wait.tier_ms < remaining
+            assert wait.tier_ms == tiers.ttls_ms[-1] or wait.tier_ms * 2 > remaining
 
     @given(st.integers(min_value=1, max_value=86_400), st.integers(min_value=1, max_value=10_000))
     def test_decomposition_is_exact_and_logarithmic(self, ticks: int, tick_ms: int) -> None:
@@ -225,11 +267,30 @@ class TestRecheckStep:
         assert recheck_step(due, 5_000, self.TIERS) == Release(lateness)
 
     @pytest.mark.parametrize(
-        ("remaining", "tier"), [(1, 100), (100, 100), (399, 200), (400, 400), (1_100, 800)]
+        ("remaining", "tier", "last"),
+        [
+            (1, 100, True),
+            (100, 100, True),
+            (101, 200, True),
+            (301, 400, True),
+            (399, 400, True),
+            (400, 400, True),
+            (401, 400, False),
+            (501, 400, False),
+            (700, 400, False),
+            (701, 800, True),
+            (801, 800, False),
+            (1_100, 800, False),
+        ],
     )
-    def test_not_due_waits_in_the_largest_tier_that_fits(self, remaining: int, tier: int) -> None:
-        """Never released early: even 1 ms short waits out the base tier."""
-        assert recheck_step(5_000 + remaining, 5_000, self.TIERS) == Hop(tier, remaining)
+    def test_not_due_waits_in_the_tier_its_wait_rounds_to(
+        self, remaining: int, tier: int, last: bool
+    ) -> None:
+        """Rounded up to the grid: a wait that is a tier goes home from it, else the largest fits.
+
+        Never released early: even 1 ms short waits out the base tier.
+        """
+        assert recheck_step(5_000 + remaining, 5_000, self.TIERS) == Hop(tier, remaining, last)
 
     def test_beyond_max_delay_and_a_tick_is_invalid(self) -> None:
         """max_delay + one tick is the last legitimate wait; one ms more is a forged header."""
