@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import sys
 import time
 import uuid
@@ -35,7 +36,15 @@ if TYPE_CHECKING:
 
     from faststream_retry.reporting import Copy
 
-__all__ = ["REPAIR_INTERVAL_S", "Outcome", "Publisher", "copy_properties", "encodable_headers"]
+__all__ = [
+    "QUIET_INTERVAL_S",
+    "REPAIR_INTERVAL_S",
+    "Outcome",
+    "Publisher",
+    "Throttle",
+    "copy_properties",
+    "encodable_headers",
+]
 
 REPAIR_INTERVAL_S = 5.0
 """At most one redeclaration per this many seconds, whatever fails how often."""
@@ -44,6 +53,42 @@ NO_ROUTE = 312
 """The reply code of a mandatory publish that reached no queue."""
 
 _T = TypeVar("_T")
+
+QUIET_INTERVAL_S = 10.0
+"""A destination that keeps refusing copies gets one line per outcome this often."""
+
+
+class Throttle:
+    """At most one line per key and interval; the next line says how many were held back.
+
+    A work queue at its length limit refuses every release, and a broker that is away
+    fails every copy: one line each would flood the log with what one line says.
+    """
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """Let one line per key through every ``interval_s`` seconds of ``clock``."""
+        self._interval_s = interval_s
+        self._clock = clock
+        self._open_at: dict[object, float] = {}
+        self._held: dict[object, int] = {}
+
+    def log(self, level: int, key: object, msg: str, *args: object) -> None:
+        """Log ``msg`` at ``level`` unless a line of ``key`` went out less than the interval ago."""
+        now = self._clock()
+        if now < self._open_at.get(key, 0.0):
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        if len(self._open_at) > _THROTTLE_KEYS:  # bounded: keys come from queue names
+            self._open_at.clear()
+        self._open_at[key] = now + self._interval_s
+        held = self._held.pop(key, 0)
+        if held:
+            msg += " (and %d more like it in the last %.0f s)"
+            args = (*args, held, self._interval_s)
+        log.log(level, msg, *args)
+
+
+_THROTTLE_KEYS = 1000
 
 
 class Outcome(enum.Enum):
@@ -81,6 +126,7 @@ class Publisher:
         self._repair_interval_s = repair_interval_s
         self._repair_lock = asyncio.Lock()
         self._repaired_at: float | None = None
+        self._quiet = Throttle(QUIET_INTERVAL_S)
         self.repairs = 0
         """How many times ``repair`` declared a missing destination again."""
         # aiormq matches a basic.return to its publish by message_id; two publishes
@@ -162,7 +208,9 @@ class Publisher:
                 ),
             )
         except (AMQPError, ConnectionError, asyncio.TimeoutError) as exc:
-            log.warning(
+            self._quiet.log(
+                logging.WARNING,
+                (exchange, routing_key, "not confirmed"),
                 "publish of message %s to %r/%r not confirmed: %s",
                 properties.message_id,
                 exchange,
@@ -190,7 +238,7 @@ class Publisher:
             )
             properties.headers = kept
             return await self._publish(exchange, routing_key, body, properties)
-        outcome = _outcome_of(result, properties.message_id, exchange, routing_key)
+        outcome = _outcome_of(result, properties.message_id, exchange, routing_key, self._quiet)
         frame = getattr(result, "delivery", None)
         return outcome, getattr(frame, "reply_code", None) == NO_ROUTE
 
@@ -241,12 +289,16 @@ def _describe(exc: BaseException) -> str:
     return repr(exc)
 
 
-def _outcome_of(result: object, message_id: str | None, exchange: str, routing_key: str) -> Outcome:
+def _outcome_of(
+    result: object, message_id: str | None, exchange: str, routing_key: str, quiet: Throttle
+) -> Outcome:
     """Read the broker's answer to a publish that went out."""
     if isinstance(result, commands.Basic.Ack):
         return Outcome.CONFIRMED
     if isinstance(result, commands.Basic.Nack):
-        log.warning(
+        quiet.log(
+            logging.WARNING,
+            (exchange, routing_key, "refused"),
             "publish of message %s to %r/%r refused by the broker (nack)",
             message_id,
             exchange,
@@ -255,7 +307,9 @@ def _outcome_of(result: object, message_id: str | None, exchange: str, routing_k
         return Outcome.REFUSED
     # A returned message's repr carries its body: log the broker's reason only.
     frame = getattr(result, "delivery", None)
-    log.error(
+    quiet.log(
+        logging.ERROR,
+        (exchange, routing_key, "returned"),
         "publish of message %s to %r/%r was returned by the broker: %s %s",
         message_id,
         exchange,

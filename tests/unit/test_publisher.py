@@ -17,7 +17,7 @@ from aiormq.exceptions import ChannelInvalidStateError, ChannelNotFoundEntity, D
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
-from faststream_retry.amqp.publisher import Outcome, Publisher
+from faststream_retry.amqp.publisher import Outcome, Publisher, Throttle
 
 
 class Channel:
@@ -247,3 +247,30 @@ async def test_a_repair_made_meanwhile_covers_a_publish_in_flight() -> None:
     assert await slow is Outcome.CONFIRMED
     assert len(repair.calls) == 1
     assert p.repairs == 1
+
+
+def test_a_destination_that_keeps_failing_gets_one_line_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Lines of one key within the interval are held; the next line counts them; keys apart."""
+    now = [100.0]
+    quiet = Throttle(10.0, clock=lambda: now[0])
+    caplog.set_level(logging.DEBUG, "faststream_retry")
+    for n in range(5):
+        quiet.log(logging.WARNING, ("", "q", "refused"), "refused %s", n)
+    quiet.log(logging.ERROR, ("", "q", "returned"), "returned %s", 0)
+    quiet.log(logging.WARNING, ("", "other", "refused"), "refused elsewhere %s", 0)
+    now[0] = 109.9
+    quiet.log(logging.WARNING, ("", "q", "refused"), "refused %s", 5)
+    now[0] = 110.0
+    quiet.log(logging.WARNING, ("", "q", "refused"), "refused %s", 6)
+    quiet.log(logging.WARNING, ("", "q", "refused"), "refused %s", 7)
+    now[0] = 120.0
+    quiet.log(logging.WARNING, ("", "q", "refused"), "refused %s", 8)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "refused 0"),
+        (logging.ERROR, "returned 0"),
+        (logging.WARNING, "refused elsewhere 0"),
+        (logging.WARNING, "refused 6 (and 5 more like it in the last 10 s)"),
+        (logging.WARNING, "refused 8 (and 1 more like it in the last 10 s)"),
+    ]
