@@ -101,7 +101,7 @@ class PluginLogger:
         text, exact = _text(msg, args)
         trace = None
         if exception is not None:  # without its last newline, as Formatter.formatException
-            trace = traceback_text(exception, TRACEBACK_LIMIT).removesuffix("\n")
+            trace = _traceback(exception).removesuffix("\n")
         if to_broker and outlet is not None:
             try:
                 if outlet(level, text if trace is None else f"{text}\n{trace}", None, extra or {}):
@@ -139,6 +139,49 @@ class PluginLogger:
         """Write at ERROR with the traceback of the exception being handled."""
         kwargs.setdefault("exc_info", True)
         self.log(logging.ERROR, msg, *args, **kwargs)
+
+
+_SEEN_LIMIT = 256
+_seen: dict[tuple[object, ...], str] = {}
+
+
+def _traceback(exception: BaseException) -> str:
+    """Return ``traceback_text(exception)``, formatted once per kind of failure.
+
+    A burst of messages failing the same way (every one's first failure, in an outage)
+    raises the same exception from the same place: formatting each traceback again
+    was a fifth of the consumer's CPU. An exception without a chain or notes is
+    written in full by its type, its frames (code and instruction) and its message,
+    so one with the same three gets the same text.
+    """
+    key = _kind(exception)
+    if key is None:
+        return traceback_text(exception, TRACEBACK_LIMIT)
+    text = _seen.get(key)
+    if text is None:
+        if len(_seen) >= _SEEN_LIMIT:
+            _seen.clear()
+        text = _seen[key] = traceback_text(exception, TRACEBACK_LIMIT)
+    return text
+
+
+def _kind(exception: BaseException) -> tuple[object, ...] | None:
+    """Return what decides ``exception``'s traceback text, or ``None`` if more does."""
+    try:
+        if (
+            exception.__cause__ is not None
+            or exception.__context__ is not None
+            or getattr(exception, "__notes__", None) is not None
+        ):
+            return None
+        frames = []
+        trace = exception.__traceback__
+        while trace is not None:
+            frames.append((trace.tb_frame.f_code, trace.tb_lasti))
+            trace = trace.tb_next
+        return (type(exception), tuple(frames), str.__str__(str(exception)))
+    except Exception:  # the application's exception runs its own code here
+        return None
 
 
 def _text(msg: str, args: tuple[object, ...]) -> tuple[str, bool]:

@@ -12,6 +12,7 @@ import pytest
 from faststream.rabbit import RabbitBroker
 
 from faststream_retry import _faststream as fs
+from faststream_retry import _log
 from faststream_retry._log import LINE_LIMIT, NAME, TRACEBACK_LIMIT, PluginLogger, log
 from faststream_retry.headers import traceback_text
 
@@ -410,3 +411,40 @@ def test_a_collected_broker_is_not_kept_alive() -> None:
     outlet = fs.broker_outlet(broker)
     del broker
     assert outlet(logging.INFO, "x", None, {}) is False
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:
+        return caught
+
+
+def _fail_at_one_place(message: str) -> BaseException:
+    return _raised(ConnectionError(message))
+
+
+def test_a_burst_of_one_failure_reuses_its_traceback_text_exactly() -> None:
+    """Same type, frames and message: the text is formatted once and equals a fresh format."""
+    first, second = _fail_at_one_place("db down"), _fail_at_one_place("db down")
+    text = _log._traceback(first)
+    assert text == traceback_text(first, TRACEBACK_LIMIT)
+    assert _log._traceback(second) is text
+
+
+def test_what_the_text_shows_keeps_tracebacks_apart() -> None:
+    """Another message, another place, a chain or notes: each gets its own text."""
+    base = _fail_at_one_place("db down")
+    other_message = _fail_at_one_place("db still down")
+    try:
+        raise ConnectionError("db down")
+    except ConnectionError as caught:  # raised here: another frame than _raised's
+        other_place = caught
+    chained = _raised(ConnectionError("db down"))
+    chained.__cause__ = ValueError("the cause")
+    noted = _fail_at_one_place("db down")
+    noted.__notes__ = ["a note"]  # add_note() is 3.11's; 3.10's traceback prints none
+    for exc in (base, other_message, other_place, chained, noted):
+        assert _log._traceback(exc) == traceback_text(exc, TRACEBACK_LIMIT)
+    texts = [_log._traceback(e) for e in (base, other_message, other_place, chained)]
+    assert len(set(texts)) == 4
