@@ -1,0 +1,181 @@
+"""The last tier delivers straight to the work queue, on a real RabbitMQ.
+
+A wait that is one tier on the tick grid enters that tier addressed to the work queue:
+the broker dead-letters it home when the TTL expires, with no re-check hop. A longer wait
+passes ``<queue>.retry`` until its last tier. Never early either way, on classic and
+quorum tiers, into classic and quorum work queues.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from faststream.rabbit import RabbitMessage, RabbitQueue
+
+from faststream_retry import Fixed, RetryPolicy
+from faststream_retry.events import EventKind
+from faststream_retry.topology import tier_name
+from tests.rabbit import App, drain, eventually, on_time, queue_depth, script_broker_ctl, unique
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractRobustConnection
+
+pytestmark = pytest.mark.rabbit
+
+N = 20
+
+
+class Calls:
+    """Each message's handler calls: when, and the queue its delivery last expired out of."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        self.expired_from: dict[str, list[Any]] = {}
+
+    def record(self, msg: RabbitMessage) -> int:
+        mid = msg.message_id or ""
+        self.times.setdefault(mid, []).append(time.time())
+        deaths = msg.headers.get("x-death") or [{}]
+        self.expired_from.setdefault(mid, []).append(
+            (deaths[0].get("queue"), deaths[0].get("reason"))
+        )
+        return len(self.times[mid])
+
+    def gaps_ms(self) -> list[float]:
+        return [(t[1] - t[0]) * 1000 for t in self.times.values()]
+
+
+@pytest.mark.parametrize("tiers", ["quorum", "classic"])
+@pytest.mark.parametrize("work_queue", ["classic", "quorum"])
+async def test_a_wait_of_one_tier_comes_home_from_it_never_early(
+    make_app: Any, amqp: AbstractRobustConnection, tiers: str, work_queue: str
+) -> None:
+    """Fixed(0.5 s) on a 0.5 s tick: each copy expires out of the tier into its queue.
+
+    No re-check hop, no message through ``.retry``; the release is reported as the copy
+    arrives, with its lateness. Quorum tiers dead-letter at least once, into a classic
+    work queue too.
+    """
+    app: App = make_app(tick=0.5, queue_type=tiers, default=RetryPolicy(backoff=Fixed(0.5)))
+    queue = unique("home")
+    calls = Calls()
+
+    @app.broker.subscriber(RabbitQueue(queue, durable=True, arguments={"x-queue-type": work_queue}))
+    async def handle(body: str, msg: RabbitMessage) -> None:
+        if calls.record(msg) == 1:
+            raise ConnectionError("down")
+
+    await app.start()
+    for i in range(N):
+        await app.broker.publish("x", queue=queue, message_id=f"m{i}")
+    await eventually(
+        lambda: sum(len(t) for t in calls.times.values()) == 2 * N, what="2 calls each"
+    )
+    await eventually(
+        lambda: sum(e.kind is EventKind.RELEASED for e in app.events) == N, what="N releases"
+    )
+    tier = tier_name(app.prefix, 500)
+    assert all(seen[1] == (tier, "expired") for seen in calls.expired_from.values())
+    assert all(gap >= 500 for gap in calls.gaps_ms()), calls.gaps_ms()
+    released = [e for e in app.events if e.kind is EventKind.RELEASED]
+    assert all(e.lateness_ms is not None and on_time(e.lateness_ms, 500) for e in released)
+    assert not [e for e in app.events if e.kind is EventKind.HOP]
+    await app.stop()
+    assert await app.waiting(amqp, queue) == 0
+    assert await queue_depth(amqp, queue) == 0
+    assert await drain(amqp, f"{queue}.dlq", expect=0) == []
+
+
+@pytest.mark.parametrize("tiers", ["quorum", "classic"])
+async def test_a_longer_wait_passes_the_re_check_until_its_last_tier(
+    make_app: Any, tiers: str
+) -> None:
+    """300 ms on a 100 ms tick: 200 ms, one re-check hop, then home from the 100 ms tier."""
+    app: App = make_app(queue_type=tiers, default=RetryPolicy(backoff=Fixed(0.3)))
+    queue = unique("longer")
+    calls = Calls()
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str, msg: RabbitMessage) -> None:
+        if calls.record(msg) == 1:
+            raise ConnectionError("down")
+
+    await app.start()
+    for i in range(N):
+        await app.broker.publish("x", queue=queue, message_id=f"m{i}")
+    await eventually(
+        lambda: sum(len(t) for t in calls.times.values()) == 2 * N, what="2 calls each"
+    )
+    await eventually(
+        lambda: sum(e.kind is EventKind.RELEASED for e in app.events) == N, what="N releases"
+    )
+    assert all(gap >= 300 for gap in calls.gaps_ms()), calls.gaps_ms()
+    hops = [e for e in app.events if e.kind is EventKind.HOP]
+    # One hop each, into the last tier; under load a copy may reach .retry already due
+    # and be released from there instead (a release, no hop).
+    assert len(hops) <= N
+    assert all(e.delay_ms == 100 for e in hops)
+    last = tier_name(app.prefix, 100)
+    came_home = [seen[1] for seen in calls.expired_from.values()]
+    assert sum(seen == (last, "expired") for seen in came_home) == len(hops)
+
+
+async def test_a_refused_copy_never_acks_the_original(
+    rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """The tier nacks the copy (at its length limit): the original is requeued, not acked.
+
+    Confirms pipeline, but a delivery is acked only on its own copy's ``Basic.Ack``:
+    every refused copy leaves its original in the work queue, redelivered after the pause,
+    and nothing is reported scheduled. Once the tier takes copies again, each message is
+    retried and processed exactly once more.
+    """
+    script_ctl = script_broker_ctl(rabbit_url)
+    if script_ctl is None:
+        pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
+
+    def ctl(*args: str) -> None:
+        subprocess.run([str(script_ctl), "-q", *args], check=True, capture_output=True)
+
+    # Classic tiers: a quorum queue takes a publish while it is under its limit, so
+    # max-length 0 would not refuse every copy.
+    app: App = make_app(queue_type="classic", default=RetryPolicy(backoff=Fixed(0.1)))
+    queue = unique("refused-copy")
+    calls = Calls()
+    redelivered: set[str] = set()
+    refusing = True
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str, msg: RabbitMessage) -> None:
+        if msg.raw_message.redelivered:
+            redelivered.add(msg.message_id or "")
+        calls.record(msg)
+        if refusing or msg.headers.get("retry-attempt") is None:
+            raise ConnectionError("down")
+
+    await app.start()
+    tier = tier_name(app.prefix, 100)
+    policy = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    ctl("set_policy", tier, f"^{tier}$", policy, "--apply-to", "queues")
+    try:
+        for i in range(5):
+            await app.broker.publish("x", queue=queue, message_id=f"m{i}")
+        await eventually(lambda: len(redelivered) == 5, what="every original redelivered")
+        assert not [e for e in app.events if e.kind is EventKind.SCHEDULED]
+        assert await app.waiting(amqp, queue) == 0
+    finally:
+        ctl("clear_policy", tier)
+    refusing = False
+    await eventually(
+        lambda: all(seen[-1] == (tier, "expired") for seen in calls.expired_from.values()),
+        what="each message retried once the tier takes copies",
+    )
+    await app.stop()
+    assert sorted(calls.times) == [f"m{i}" for i in range(5)]
+    assert await queue_depth(amqp, queue) == 0
+    assert await app.waiting(amqp, queue) == 0
+    assert await drain(amqp, f"{queue}.dlq", expect=0) == []
