@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry import headers as h
 from faststream_retry._log import log
+from faststream_retry.amqp.acks import AckRuns
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S
 from faststream_retry.amqp.declare import declare_retry_queue
 from faststream_retry.amqp.publisher import Outcome
@@ -55,6 +57,7 @@ class RecheckConsumer:
         self._consumers: dict[str, tuple[AbstractQueue, ConsumerTag]] = {}
         self._channel: AbstractChannel | None = None
         self._pending: set[asyncio.Task[Any]] = set()
+        self._acks: weakref.WeakKeyDictionary[Any, AckRuns] = weakref.WeakKeyDictionary()
         self._consuming = asyncio.Lock()
 
     @property
@@ -120,6 +123,11 @@ class RecheckConsumer:
         self._consumers.clear()
         if self._pending:
             await asyncio.wait(self._pending, timeout=wait_s)
+        # Acks still on their way: a channel closed before them would have the broker
+        # deliver those messages again, duplicates of copies already confirmed.
+        for runs in list(self._acks.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(runs.drain(), wait_s)
 
     def _callback(self, route: Route) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
         async def on_message(message: AbstractIncomingMessage) -> None:
@@ -185,8 +193,22 @@ class RecheckConsumer:
             # delivery is settled first as the copy says, or the broker would deliver
             # it again later, a duplicate of the copy.
             await settle(message, ok=Outcome.CONFIRMED in outcomes, pause_s=0)
+            self._runs(message).settled(message)
             raise
-        await settle(message, ok=ok, pause_s=self._pause_s)
+        if ok:
+            # Acked with the other deliveries confirmed in this turn, in one frame.
+            self._runs(message).ack(message)
+            return
+        await settle(message, ok=False, pause_s=self._pause_s)
+        self._runs(message).settled(message)
+
+    def _runs(self, message: AbstractIncomingMessage) -> AckRuns:
+        """Return the ack runs of the channel ``message`` came on."""
+        channel = message.channel
+        runs = self._acks.get(channel)
+        if runs is None:
+            runs = self._acks[channel] = AckRuns(channel)
+        return runs
 
     def _wait_again(
         self, step: Release, outcomes: list[Outcome], message: AbstractIncomingMessage
