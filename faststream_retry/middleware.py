@@ -27,6 +27,7 @@ from faststream_retry.config import RetryConfig
 from faststream_retry.decision import Action, Decision, decide
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.events import EventKind, Reason, RetryEvent, RetryHook
+from faststream_retry.outage import DEFAULT_HOLD_MS
 from faststream_retry.plugin import Plugin, Runtime
 from faststream_retry.policy import RetryPolicy, effective_policy
 from faststream_retry.reporting import Copy, Reporter
@@ -84,6 +85,17 @@ class RetryMiddleware:
             ``"first"`` (a message's first failure only: it says what went wrong,
             and the next failures of an outage repeat it), ``"every"`` or ``"never"``.
             A dead letter is always logged at ERROR with its traceback.
+        outage_after: consecutive transient failures on one work queue that switch it
+            into outage mode: its messages are held (unacked, as many as the
+            subscriber's prefetch lets in) and one per ``outage_probe`` goes on as a
+            probe; the first success ends the mode. A success resets the count, a
+            permanent failure leaves it. ``None`` (the default): off. Each process
+            decides alone. Set a prefetch on the subscriber's channel with it.
+        outage_probe: the interval between probes in outage mode (at least 100 ms).
+            ``None``: the tick.
+        outage_hold: how long a message may wait in outage mode before it is
+            requeued (a quorum work queue counts that as a delivery). Keep it below
+            RabbitMQ's ``consumer_timeout`` (30 min by default).
         hooks: callables that receive every ``RetryEvent``, called synchronously
             (an ``async def`` hook is refused: it would never run).
         tracer_provider: OpenTelemetry tracer provider for the plugin's spans
@@ -104,6 +116,9 @@ class RetryMiddleware:
         publish_failure_pause: timedelta | float = timedelta(seconds=1),
         publish_timeout: timedelta | float = timedelta(seconds=30),
         log_retry_traceback: str = "first",
+        outage_after: int | None = None,
+        outage_probe: timedelta | float | None = None,
+        outage_hold: timedelta | float = timedelta(milliseconds=DEFAULT_HOLD_MS),
         hooks: Sequence[RetryHook] = (),
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -120,6 +135,9 @@ class RetryMiddleware:
             publish_failure_pause=publish_failure_pause,
             publish_timeout=publish_timeout,
             log_retry_traceback=log_retry_traceback,
+            outage_after=outage_after,
+            outage_probe=outage_probe,
+            outage_hold=outage_hold,
         )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")
