@@ -27,6 +27,7 @@ from faststream_retry.config import RetryConfig
 from faststream_retry.decision import Action, Decision, decide
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.events import EventKind, Reason, RetryEvent, RetryHook
+from faststream_retry.gate import Requeue, gate_of
 from faststream_retry.outage import DEFAULT_HOLD_MS
 from faststream_retry.plugin import Plugin, Runtime
 from faststream_retry.policy import RetryPolicy, effective_policy
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
+    from faststream_retry.gate import Gate
     from faststream_retry.plugin import Live
     from faststream_retry.policy import HandlerPolicy
     from faststream_retry.topology import Route
@@ -247,7 +249,7 @@ class _RetryScope(BaseMiddleware):
     """The per-message part: does nothing on success and carries a failure through."""
 
     # One of these is built for every message: no per-instance __dict__.
-    __slots__ = ("_plugin", "_settled")
+    __slots__ = ("_gate", "_plugin", "_settled")
 
     def __init__(
         self,
@@ -260,6 +262,7 @@ class _RetryScope(BaseMiddleware):
         super().__init__(msg, context=context)
         self._plugin = plugin
         self._settled = False
+        self._gate: Gate | None = None
 
     async def consume_scope(
         self,
@@ -270,12 +273,43 @@ class _RetryScope(BaseMiddleware):
             # Another scope of this message (the same middleware on a router and on
             # the broker, say) owns its failure: one decision, one copy.
             return await call_next(msg)
+        if self._plugin.config.outage is not None:
+            return await self._through_gate(call_next, msg)
+        return await self._handle(call_next, msg)
+
+    async def _handle(
+        self,
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+        msg: StreamMessage[Any],
+    ) -> Any:  # noqa: ANN401 - the handler's result
         try:
             return await call_next(msg)
         except IgnoredException:
             raise  # FastStream's own Ack/Nack/RejectMessage: the handler decided
         except Exception as exc:
             return await self._on_failure(call_next, msg, exc)
+
+    async def _through_gate(
+        self,
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+        msg: StreamMessage[Any],
+    ) -> Any:  # noqa: ANN401 - the handler's result
+        """Outage mode (``outage_after``): wait at the queue's gate, then handle the message."""
+        gate = self._gate = await gate_of(self._plugin, self.context, msg)
+        if gate is None:
+            return await self._handle(call_next, msg)
+        try:
+            probe = await gate.enter()
+        except Requeue:
+            # Held too long, or the broker stops: back to its queue, handler not called.
+            await self._requeue_after_pause(msg, 0)
+            raise
+        try:
+            result = await self._handle(call_next, msg)
+            gate.succeeded(msg.message_id)
+        finally:
+            gate.leave(probe)
+        return result
 
     async def _on_failure(  # noqa: C901 - one linear procedure, in the order it happens
         self,
@@ -310,6 +344,8 @@ class _RetryScope(BaseMiddleware):
                 log.exception("retry decision failed for message %s", msg.message_id)
                 await self._requeue_after_pause(msg, config.pause_s)
                 raise exc from None
+            if self._gate is not None:  # outage mode counts every failed call
+                self._gate.failed(decision, msg.message_id, exc)
             _warn_if_capped(reporter, route, handler, decision, topology.tiers.max_delay_ms)
             immediate = decision.action is Action.RETRY_NOW
             if not immediate and not (testing and decision.action is Action.RETRY_LATER):
