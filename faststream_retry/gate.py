@@ -110,6 +110,10 @@ class Gate:
         try:
             return await asyncio.wait_for(waiter, self._hold_s)
         except asyncio.TimeoutError:
+            if waiter.done() and not waiter.cancelled():
+                # The gate answered as the hold ran out (Python 3.12's wait_for then
+                # raises anyway): a slot given must be taken, or no probe comes again.
+                return self._answer(waiter)
             self._discard(waiter)
             self._reporter.count_requeued(self.queue)
             raise Requeue(f"held for {self._hold_s:g} s (outage_hold)") from None
@@ -122,6 +126,13 @@ class Gate:
                 self.leave(probe=True)
             else:
                 self._discard(waiter)
+            raise
+
+    def _answer(self, waiter: asyncio.Future[bool]) -> bool:
+        try:
+            return waiter.result()
+        except Requeue:
+            self._reporter.count_requeued(self.queue)
             raise
 
     def leave(self, probe: bool) -> None:

@@ -320,3 +320,42 @@ async def test_outages_close_every_gate() -> None:
     results = await asyncio.gather(*waiters, return_exceptions=True)
     assert all(isinstance(r, Requeue) for r in results)
     assert [e.kind for e in events].count(EventKind.OUTAGE_ENDED) == 2
+
+
+async def test_a_slot_given_as_the_hold_runs_out_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.12's wait_for raises TimeoutError when the hold runs out in the same tick as
+    the gate's answer: the answer wins, or the probe slot would stay taken for ever."""
+    harness = Harness(probe_ms=5_000, hold_ms=100)
+    gate = harness.gate
+    harness.switch_on()
+
+    async def answered_then_timed_out(waiter: asyncio.Future[bool], timeout: float) -> bool:
+        gate.outage._next_probe_ms = 0
+        gate._wake()  # the slot goes to this waiter...
+        assert waiter.result() is True
+        raise asyncio.TimeoutError  # ...and the hold runs out at the same moment
+
+    monkeypatch.setattr(asyncio, "wait_for", answered_then_timed_out)
+    assert await gate.enter() is True, "it is the probe"
+    assert gate.outage.probing
+    assert harness.counts().get(METRICS.OUTAGE_REQUEUED) is None
+    gate.leave(True)
+    assert not gate.outage.probing
+
+
+async def test_a_requeue_given_as_the_hold_runs_out_is_a_requeue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker stops in the same tick as the hold runs out: requeued, counted once."""
+    harness = Harness(probe_ms=5_000, hold_ms=100)
+    gate = harness.gate
+    harness.switch_on()
+
+    async def closed_then_timed_out(waiter: asyncio.Future[bool], timeout: float) -> bool:
+        gate.close()
+        raise asyncio.TimeoutError
+
+    monkeypatch.setattr(asyncio, "wait_for", closed_then_timed_out)
+    with pytest.raises(Requeue, match="the broker stops"):
+        await gate.enter()
+    assert harness.counts()[METRICS.OUTAGE_REQUEUED] == 1
