@@ -1,7 +1,8 @@
 """What the middleware costs a handler that succeeds: every message pays this.
 
 A FastStream subscriber that just returns, consuming N prefilled messages, without and
-with RetryMiddleware installed (same broker, same run, interleaved rounds, median).
+with RetryMiddleware installed, and with its outage mode on (each message then passes
+its queue's gate) (same broker, same run, interleaved rounds, median).
 
     python -m bench.success_path [N] [ROUNDS]      (RABBITMQ_URL, default 127.0.0.1:5673)
 """
@@ -30,7 +31,12 @@ class NoopMiddleware(BaseMiddleware):
 
 
 async def consume(
-    connection: AbstractRobustConnection, n: int, *, with_retry: bool, noop: bool = False
+    connection: AbstractRobustConnection,
+    n: int,
+    *,
+    with_retry: bool,
+    noop: bool = False,
+    outage: bool = False,
 ) -> float:
     queue = f"bench-ok-{uuid.uuid4().hex[:6]}"
     await fill(connection, queue, n, {})
@@ -40,7 +46,11 @@ async def consume(
         default_channel=Channel(prefetch_count=PREFETCH),
         middlewares=[NoopMiddleware] if noop else [],
     )
-    retry = RetryMiddleware(prefix=f"bench-{uuid.uuid4().hex[:6]}") if with_retry else None
+    retry = (
+        RetryMiddleware(prefix=f"bench-{uuid.uuid4().hex[:6]}", outage_after=20 if outage else None)
+        if with_retry
+        else None
+    )
     if retry is not None:
         retry.install(broker)
     done = 0
@@ -67,6 +77,7 @@ async def main(n: int, rounds: int) -> None:
         "bare FastStream subscriber": {"with_retry": False},
         "with a no-op BaseMiddleware": {"with_retry": False, "noop": True},
         "with RetryMiddleware": {"with_retry": True},
+        "with RetryMiddleware(outage_after=20)": {"with_retry": True, "outage": True},
     }
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(rounds):

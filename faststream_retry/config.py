@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from faststream_retry.errors import RetryConfigError
+from faststream_retry.outage import OutageOptions
 from faststream_retry.policy import RetryPolicy, to_ms
 from faststream_retry.tiers import Tiers, checked_tick_ms
 from faststream_retry.topology import TopologyOptions
@@ -29,6 +30,8 @@ class RetryConfig:
     pause_s: float
     publish_timeout_s: float
     log_retry_traceback: str
+    outage: OutageOptions | None = None
+    """Outage mode's options; ``None``: off."""
 
     @classmethod
     def build(  # one argument per option; their defaults live on RetryMiddleware
@@ -44,6 +47,9 @@ class RetryConfig:
         publish_failure_pause: timedelta | float,
         publish_timeout: timedelta | float,
         log_retry_traceback: str,
+        outage_after: int | None,
+        outage_probe: timedelta | float | None,
+        outage_hold: timedelta | float,
     ) -> RetryConfig:
         """Validate every option (see ``RetryMiddleware``), naming the one that is wrong."""
         if default is None:
@@ -77,6 +83,7 @@ class RetryConfig:
             pause_s=to_ms(publish_failure_pause, "publish_failure_pause") / 1000,
             publish_timeout_s=max(to_ms(publish_timeout, "publish_timeout") / 1000, 0.001),
             log_retry_traceback=log_retry_traceback,
+            outage=OutageOptions.build(outage_after, outage_probe, outage_hold),
         )
 
 

@@ -41,6 +41,10 @@ class EventKind(Word):
     """The re-check consumer republished a due message to its queue."""
     DEAD_LETTERED = "dead_lettered"
     """The message was published to ``<queue>.dlq``."""
+    OUTAGE_STARTED = "outage_started"
+    """The queue went into outage mode (``RetryMiddleware(outage_after=...)``)."""
+    OUTAGE_ENDED = "outage_ended"
+    """The queue left outage mode: a handler call succeeded, or its broker stopped."""
 
 
 class Reason(Word):
@@ -80,6 +84,14 @@ class RetryEvent:
     (``RELEASED``); ``reason`` says why a message was ``DEAD_LETTERED``; ``rule`` is
     the classification rule that decided and ``classification`` its verdict (both
     only when a handler failed).
+
+    ``OUTAGE_STARTED`` and ``OUTAGE_ENDED`` are about the queue, not one message:
+    ``message_id`` names the message whose failure switched the queue into outage
+    mode (with that failure's ``attempt``, ``exception`` and ``error``), or whose
+    success ended it (``attempt`` 0; ``None`` when the broker stopped). ``failures``
+    is the consecutive transient failures that switched it, or those during it;
+    ``delay_ms`` the probe interval; ``probes`` and ``duration_ms`` say what the
+    outage took.
     """
 
     kind: EventKind
@@ -97,6 +109,9 @@ class RetryEvent:
     rule: Rule | None = None
     immediate: bool = False
     classification: Verdict | None = None
+    failures: int | None = None
+    probes: int | None = None
+    duration_ms: int | None = None
 
 
 RetryHook = Callable[[RetryEvent], None]

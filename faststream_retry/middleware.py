@@ -27,6 +27,8 @@ from faststream_retry.config import RetryConfig
 from faststream_retry.decision import Action, Decision, decide
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.events import EventKind, Reason, RetryEvent, RetryHook
+from faststream_retry.gate import Requeue, gate_of
+from faststream_retry.outage import DEFAULT_HOLD_MS
 from faststream_retry.plugin import Plugin, Runtime
 from faststream_retry.policy import RetryPolicy, effective_policy
 from faststream_retry.reporting import Copy, Reporter
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
+    from faststream_retry.gate import Gate
     from faststream_retry.plugin import Live
     from faststream_retry.policy import HandlerPolicy
     from faststream_retry.topology import Route
@@ -84,6 +87,17 @@ class RetryMiddleware:
             ``"first"`` (a message's first failure only: it says what went wrong,
             and the next failures of an outage repeat it), ``"every"`` or ``"never"``.
             A dead letter is always logged at ERROR with its traceback.
+        outage_after: consecutive transient failures on one work queue that switch it
+            into outage mode: its messages are held (unacked, as many as the
+            subscriber's prefetch lets in) and one per ``outage_probe`` goes on as a
+            probe; the first success ends the mode. A success resets the count, a
+            permanent failure leaves it. ``None`` (the default): off. Each process
+            decides alone. Set a prefetch on the subscriber's channel with it.
+        outage_probe: the interval between probes in outage mode (at least 100 ms).
+            ``None``: the tick.
+        outage_hold: how long a message may wait in outage mode before it is
+            requeued (a quorum work queue counts that as a delivery). Keep it below
+            RabbitMQ's ``consumer_timeout`` (30 min by default).
         hooks: callables that receive every ``RetryEvent``, called synchronously
             (an ``async def`` hook is refused: it would never run).
         tracer_provider: OpenTelemetry tracer provider for the plugin's spans
@@ -104,6 +118,9 @@ class RetryMiddleware:
         publish_failure_pause: timedelta | float = timedelta(seconds=1),
         publish_timeout: timedelta | float = timedelta(seconds=30),
         log_retry_traceback: str = "first",
+        outage_after: int | None = None,
+        outage_probe: timedelta | float | None = None,
+        outage_hold: timedelta | float = timedelta(milliseconds=DEFAULT_HOLD_MS),
         hooks: Sequence[RetryHook] = (),
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -120,6 +137,9 @@ class RetryMiddleware:
             publish_failure_pause=publish_failure_pause,
             publish_timeout=publish_timeout,
             log_retry_traceback=log_retry_traceback,
+            outage_after=outage_after,
+            outage_probe=outage_probe,
+            outage_hold=outage_hold,
         )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")
@@ -229,7 +249,7 @@ class _RetryScope(BaseMiddleware):
     """The per-message part: does nothing on success and carries a failure through."""
 
     # One of these is built for every message: no per-instance __dict__.
-    __slots__ = ("_plugin", "_settled")
+    __slots__ = ("_gate", "_plugin", "_settled")
 
     def __init__(
         self,
@@ -242,6 +262,7 @@ class _RetryScope(BaseMiddleware):
         super().__init__(msg, context=context)
         self._plugin = plugin
         self._settled = False
+        self._gate: Gate | None = None
 
     async def consume_scope(
         self,
@@ -262,6 +283,15 @@ class _RetryScope(BaseMiddleware):
                 with contextlib.suppress(Exception):
                     await msg.nack()
                 raise
+        if self._plugin.config.outage is not None:
+            return await self._through_gate(call_next, msg)
+        return await self._handle(call_next, msg)
+
+    async def _handle(
+        self,
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+        msg: StreamMessage[Any],
+    ) -> Any:  # noqa: ANN401 - the handler's result
         try:
             return await call_next(msg)
         except IgnoredException:
@@ -303,6 +333,28 @@ class _RetryScope(BaseMiddleware):
         except Exception:  # reporting never decides a message's fate
             log.exception("faststream-retry could not report the arrival of %s", msg.message_id)
 
+    async def _through_gate(
+        self,
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+        msg: StreamMessage[Any],
+    ) -> Any:  # noqa: ANN401 - the handler's result
+        """Outage mode (``outage_after``): wait at the queue's gate, then handle the message."""
+        gate = self._gate = await gate_of(self._plugin, self.context, msg)
+        if gate is None:
+            return await self._handle(call_next, msg)
+        try:
+            probe = await gate.enter()
+        except Requeue:
+            # Held too long, or the broker stops: back to its queue, handler not called.
+            await self._requeue_after_pause(msg, 0)
+            raise
+        try:
+            result = await self._handle(call_next, msg)
+            gate.succeeded(msg.message_id)
+        finally:
+            gate.leave(probe)
+        return result
+
     async def _on_failure(  # noqa: C901 - one linear procedure, in the order it happens
         self,
         call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
@@ -336,6 +388,8 @@ class _RetryScope(BaseMiddleware):
                 log.exception("retry decision failed for message %s", msg.message_id)
                 await self._requeue_after_pause(msg, config.pause_s)
                 raise exc from None
+            if self._gate is not None:  # outage mode counts every failed call
+                self._gate.failed(decision, msg.message_id, exc)
             _warn_if_capped(reporter, route, handler, decision, topology.tiers.max_delay_ms)
             immediate = decision.action is Action.RETRY_NOW
             if not immediate and not (testing and decision.action is Action.RETRY_LATER):

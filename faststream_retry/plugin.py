@@ -32,6 +32,7 @@ from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.recheck import RecheckConsumer
 from faststream_retry.amqp.registry import record, retry_queues_in_use, survey
 from faststream_retry.errors import RetryConfigError
+from faststream_retry.gate import Outages
 from faststream_retry.topology import Plan, Route, merge_routes, plan, retry_queue_name
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class Live:
             self.channels.underlay_for_publish, config.publish_timeout_s, repair=self._repair
         )
         self.recheck = RecheckConsumer(topology, self.publisher, reporter, pause_s=config.pause_s)
+        self.outages = Outages.of(config.outage, topology.tiers.tick_ms, reporter)
+        """Outage mode's gates (``None``: off); probes come once a tick unless told."""
         self.connection = connection
         self._wait_s = config.publish_timeout_s
         self._consuming = False
@@ -123,7 +126,13 @@ class Live:
             await self._consume(channel)
 
     async def stop_consumers(self) -> None:
-        """Stop the re-check consumers and let their in-flight hops finish."""
+        """Stop the re-check consumers and let their in-flight hops finish.
+
+        Messages held in outage mode are requeued first: the broker's graceful stop
+        would otherwise wait for them.
+        """
+        if self.outages is not None:
+            self.outages.close()
         self._consuming = False
         self.channels.forget_consumers()
         await self.recheck.stop(self._wait_s)

@@ -1,6 +1,7 @@
 """One reporting path: every step feeds its span, the metrics, the log and the hooks.
 
-A step is a retry scheduled, a re-check hop, a release or a dead letter. The middleware
+A step is a retry scheduled, a re-check hop, a release or a dead letter; a queue going
+into outage mode and out of it takes the same path (``Reporter.outage``). The middleware
 and the re-check consumer describe it as a ``RetryEvent`` plus the copy it publishes, and
 ``Reporter.publish`` does the rest, the same way for both: the copy is published inside
 the step's span (whose context it carries on), the span is marked failed when the copy
@@ -182,6 +183,51 @@ class Reporter:
         if self.hooks:  # events go nowhere when nobody listens
             _guarded("hand to the hooks", event, emit, self.hooks, event)
 
+    def outage(
+        self,
+        event: RetryEvent,
+        span: Span | None = None,
+        *,
+        after: int = 0,
+    ) -> Span | None:
+        """Report a queue going into outage mode (``OUTAGE_STARTED``) or out of it; never raises.
+
+        Going in starts the outage's span (a trace of its own, linked from the span of
+        the failure that switched it; ``after`` is the ``outage_after`` option),
+        returned to be passed back when it ends. Coming out ends that span.
+        Both are counted, logged and handed to the hooks as every step is.
+        """
+        if event.kind is EventKind.OUTAGE_STARTED:
+            try:
+                span = self.telemetry.start_outage(
+                    f"{event.queue} outage", _outage_start_attributes(event, after)
+                )
+                if span is not None and event.exception is not None:
+                    span.add_event(
+                        "exception",
+                        {
+                            ATTR.EXCEPTION_TYPE: event.exception,
+                            ATTR.EXCEPTION_MESSAGE: event.error or "",
+                        },
+                    )
+            except Exception as problem:  # a broken tracer: no span, same outage
+                _log_broken("start the span of", event, problem)
+        elif span is not None:
+            _guarded("end the span of", event, _end_outage_span, span, event)
+            span = None
+        self.report(event)
+        return span
+
+    def count_probe(self, queue: str) -> None:
+        """Count a message let through as a probe; never raises."""
+        with contextlib.suppress(Exception):  # a broken meter must not hold the gate
+            self.telemetry.outage_probes.add(1, {ATTR.QUEUE: queue})
+
+    def count_requeued(self, queue: str) -> None:
+        """Count a held message requeued; never raises."""
+        with contextlib.suppress(Exception):  # a broken meter must not keep the message
+            self.telemetry.outage_requeued.add(1, {ATTR.QUEUE: queue})
+
     def warn_once(self, key: object, message: str, *args: object) -> None:
         """Log ``message`` at WARNING the first time ``key`` comes; never raises."""
         if key in self._warned:
@@ -205,6 +251,12 @@ class Reporter:
             telemetry.released.add(1, labels)
             if event.lateness_ms is not None:
                 telemetry.lateness.record(event.lateness_ms, labels)
+        elif kind is EventKind.OUTAGE_STARTED:
+            telemetry.outage_entered.add(1, labels)
+            telemetry.outage_active.add(1, labels)
+        elif kind is EventKind.OUTAGE_ENDED:
+            telemetry.outage_active.add(-1, labels)
+            telemetry.outage_duration.record(event.duration_ms or 0, labels)
 
     def _log(self, event: RetryEvent, exception: BaseException | None) -> None:
         kind = event.kind
@@ -238,6 +290,39 @@ class Reporter:
                 exc_info=exception,
                 extra=_log_fields(event),
             )
+        elif kind is EventKind.OUTAGE_STARTED:
+            log.warning(
+                "faststream-retry: %s is in outage mode after %d consecutive transient "
+                "failures (last: %s: %s); taking one message per %s until one succeeds",
+                event.queue,
+                event.failures or 0,
+                event.exception,
+                event.error,
+                _duration(event.delay_ms or 0),
+                extra=_outage_log_fields(event),
+            )
+        elif kind is EventKind.OUTAGE_ENDED:
+            # WARNING like the line that began it: whoever saw that one sees this one.
+            if event.message_id is None:
+                log.warning(
+                    "faststream-retry: %s was in outage mode for %s when its consumer "
+                    "stopped (%d probes); the messages it held were requeued",
+                    event.queue,
+                    _duration(event.duration_ms or 0),
+                    event.probes or 0,
+                    extra=_outage_log_fields(event),
+                )
+            else:
+                log.warning(
+                    "faststream-retry: %s left outage mode after %s: message %s succeeded "
+                    "(%d probes, %d transient failures meanwhile); full speed again",
+                    event.queue,
+                    _duration(event.duration_ms or 0),
+                    event.message_id,
+                    event.probes or 0,
+                    event.failures or 0,
+                    extra=_outage_log_fields(event),
+                )
         # Hops and releases are the noisy path: never above DEBUG, and no work for the
         # line unless DEBUG is on.
         elif log.isEnabledFor(logging.DEBUG):
@@ -249,6 +334,37 @@ class Reporter:
                 event.due_ms,
                 extra=_log_fields(event),
             )
+
+
+def _duration(ms: int) -> str:
+    """Return ``ms`` as a log line says it: ``250 ms``, ``1 s``, ``1.5 s``, ``12 min 5 s``."""
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:g} s"
+    minutes, rest = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+
+
+def _outage_start_attributes(event: RetryEvent, after: int) -> dict[str, Any]:
+    return {
+        ATTR.QUEUE: event.queue,
+        ATTR.OUTAGE_AFTER: after,
+        ATTR.OUTAGE_PROBE_MS: event.delay_ms or 0,
+        ATTR.MESSAGE_ID: event.message_id or "",
+    }
+
+
+def _end_outage_span(span: Span, event: RetryEvent) -> None:
+    span.set_attributes(
+        {
+            ATTR.OUTAGE_FAILURES: event.failures or 0,
+            ATTR.OUTAGE_PROBE_COUNT: event.probes or 0,
+            ATTR.OUTAGE_DURATION_MS: event.duration_ms or 0,
+            ATTR.OUTAGE_END: "stopped" if event.message_id is None else "success",
+        }
+    )
+    span.end()
 
 
 def _guarded(what: str, event: RetryEvent, call: Callable[..., object], *args: object) -> None:
@@ -350,3 +466,14 @@ def _log_fields(event: RetryEvent) -> dict[str, Any]:
             "rule": None if event.rule is None else str(event.rule),
         },
     }
+
+
+def _outage_log_fields(event: RetryEvent) -> dict[str, Any]:
+    """``_log_fields`` plus what an outage line says: failures, probes, duration."""
+    fields = _log_fields(event)
+    fields["retry"] |= {
+        "failures": event.failures,
+        "probes": event.probes,
+        "duration_ms": event.duration_ms,
+    }
+    return fields

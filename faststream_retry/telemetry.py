@@ -8,6 +8,9 @@ Span names follow the messaging convention ``<destination> <operation>``:
 ``<queue> retry hop``           the re-check consumer sent a message round a tier again
 ``<queue> retry release``       the re-check consumer republished a due message
 ``<queue> dead-letter``         the message went to ``<queue>.dlq`` (status ERROR)
+``<queue> outage``              (INTERNAL, a trace of its own) the queue was in outage mode:
+                                from the failure that switched it to the success that ended
+                                it (``faststream_retry.outage.*`` attributes)
 ==============================  =========================================================
 
 Each span's context is injected into the copy it publishes (``traceparent``), and the next
@@ -59,6 +62,14 @@ class ATTR:
     REASON = "faststream_retry.reason"
     DLQ = "faststream_retry.dlq"
     IMMEDIATE = "faststream_retry.immediate"
+    OUTAGE_AFTER = "faststream_retry.outage.after"
+    OUTAGE_PROBE_MS = "faststream_retry.outage.probe_ms"
+    OUTAGE_FAILURES = "faststream_retry.outage.failures"
+    OUTAGE_PROBE_COUNT = "faststream_retry.outage.probe_count"
+    OUTAGE_DURATION_MS = "faststream_retry.outage.duration_ms"
+    OUTAGE_END = "faststream_retry.outage.end"
+    EXCEPTION_TYPE = "exception.type"
+    EXCEPTION_MESSAGE = "exception.message"
 
 
 class METRICS:
@@ -76,6 +87,16 @@ class METRICS:
     """Histogram, ms: release time minus due time."""
     PLANNED_DELAY = "faststream_retry.planned_delay"
     """Histogram, ms: the delay each scheduled retry was given."""
+    OUTAGE_ACTIVE = "faststream_retry.outage.active"
+    """Up-down counter: 1 while the queue is in outage mode in this process, else 0."""
+    OUTAGE_ENTERED = "faststream_retry.outage.entered"
+    """Counter: times the queue went into outage mode."""
+    OUTAGE_PROBES = "faststream_retry.outage.probes"
+    """Counter: messages let through as probes while in outage mode."""
+    OUTAGE_REQUEUED = "faststream_retry.outage.requeued"
+    """Counter: held messages requeued (held for ``outage_hold``, or the broker stopping)."""
+    OUTAGE_DURATION = "faststream_retry.outage.duration"
+    """Histogram, ms: how long each outage mode lasted."""
 
 
 class _HeaderGetter(Getter[Mapping[str, Any]]):
@@ -122,6 +143,21 @@ class Telemetry:
         )
         self.planned_delay = meter.create_histogram(
             METRICS.PLANNED_DELAY, unit="ms", description="Delay of each scheduled retry"
+        )
+        self.outage_active = meter.create_up_down_counter(
+            METRICS.OUTAGE_ACTIVE, unit="{queue}", description="Queues in outage mode"
+        )
+        self.outage_entered = meter.create_counter(
+            METRICS.OUTAGE_ENTERED, unit="{outage}", description="Outage modes entered"
+        )
+        self.outage_probes = meter.create_counter(
+            METRICS.OUTAGE_PROBES, unit="{message}", description="Probes in outage mode"
+        )
+        self.outage_requeued = meter.create_counter(
+            METRICS.OUTAGE_REQUEUED, unit="{message}", description="Held messages requeued"
+        )
+        self.outage_duration = meter.create_histogram(
+            METRICS.OUTAGE_DURATION, unit="ms", description="Duration of each outage mode"
         )
 
     @property
@@ -184,6 +220,25 @@ class Telemetry:
         ) as span:
             propagate.inject(outgoing)
             yield span
+
+    def start_outage(self, name: str, attributes: Mapping[str, Any]) -> trace.Span | None:
+        """Start the span of an outage, a trace of its own; ``None`` with tracing off.
+
+        It outlives any one message, so it is not made current. It links the current
+        span, when there is one: that of the failure that switched the queue.
+        """
+        if not self.tracing:
+            return None
+        current = trace.get_current_span().get_span_context()
+        return self.tracer.start_span(
+            name,
+            context=otel_context.Context(),
+            kind=SpanKind.INTERNAL,
+            attributes={ATTR.SYSTEM: "rabbitmq", **attributes},
+            links=[trace.Link(current)] if current.is_valid else None,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
 
     @staticmethod
     def fail(span: trace.Span, description: str) -> None:

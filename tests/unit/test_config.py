@@ -12,6 +12,7 @@ import pytest
 
 from faststream_retry import Fixed, RetryConfigError, RetryEvent, RetryMiddleware, RetryPolicy
 from faststream_retry.config import RETRY_TRACEBACKS, RetryConfig, traceback_on_retry
+from faststream_retry.outage import OutageOptions
 from faststream_retry.topology import TopologyOptions
 
 if TYPE_CHECKING:
@@ -27,6 +28,9 @@ STOCK: dict[str, Any] = {
     "publish_failure_pause": 1,
     "publish_timeout": 10,
     "log_retry_traceback": "first",
+    "outage_after": None,
+    "outage_probe": None,
+    "outage_hold": timedelta(minutes=5),
 }
 
 
@@ -54,6 +58,9 @@ def test_every_option_is_carried_in_the_plugins_units() -> None:
         publish_failure_pause=timedelta(milliseconds=250),
         publish_timeout=2.5,
         log_retry_traceback="every",
+        outage_after=20,
+        outage_probe=0.5,
+        outage_hold=timedelta(minutes=2),
     )
     assert config == RetryConfig(
         default=default,
@@ -64,6 +71,7 @@ def test_every_option_is_carried_in_the_plugins_units() -> None:
         pause_s=0.25,
         publish_timeout_s=2.5,
         log_retry_traceback="every",
+        outage=OutageOptions(after=20, probe_ms=500, hold_ms=120_000),
     )
 
 
@@ -72,6 +80,7 @@ def test_stock_values() -> None:
     config = build()
     assert config.default == RetryPolicy()
     assert config.topology == TopologyOptions("retry", 86_400_000, "classic", 20, None)
+    assert config.outage is None
 
 
 def test_a_zero_publish_timeout_still_waits_a_millisecond() -> None:

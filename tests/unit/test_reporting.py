@@ -448,3 +448,168 @@ def test_a_traceback_that_cannot_be_formatted_still_has_its_line(
     ]
     assert caplog.text.count("formatting it raised IndexError") == 2
     assert "Logging error" not in capsys.readouterr().err
+
+
+def outage_started() -> RetryEvent:
+    return RetryEvent(
+        EventKind.OUTAGE_STARTED,
+        "orders",
+        "m-9",
+        3,
+        1_000,
+        delay_ms=1_000,
+        exception="ConnectionError",
+        error="database down",
+        failures=20,
+    )
+
+
+def outage_ended(message_id: str | None = "m-42") -> RetryEvent:
+    return RetryEvent(
+        EventKind.OUTAGE_ENDED,
+        "orders",
+        message_id,
+        0,
+        605_000,
+        delay_ms=1_000,
+        failures=598,
+        probes=599,
+        duration_ms=604_000,
+    )
+
+
+def test_an_outage_is_one_span_two_warnings_two_events_and_its_metrics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Start and end of outage mode: the span spans it, each end is a WARNING and an event,
+    the gauge goes up and down, and the failures are not counted a second time."""
+    harness = Harness()
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    span = harness.reporter.outage(outage_started(), after=20)
+    assert span is not None
+    assert harness.spans.get_finished_spans() == ()
+    assert harness.counts() == {METRICS.OUTAGE_ENTERED: 1, METRICS.OUTAGE_ACTIVE: 1}
+    assert harness.reporter.outage(outage_ended(), span) is None
+    (finished,) = harness.spans.get_finished_spans()
+    assert finished.name == "orders outage"
+    assert finished.attributes is not None
+    assert dict(finished.attributes) == {
+        ATTR.SYSTEM: "rabbitmq",
+        ATTR.QUEUE: "orders",
+        ATTR.OUTAGE_AFTER: 20,
+        ATTR.OUTAGE_PROBE_MS: 1_000,
+        ATTR.MESSAGE_ID: "m-9",
+        ATTR.OUTAGE_FAILURES: 598,
+        ATTR.OUTAGE_PROBE_COUNT: 599,
+        ATTR.OUTAGE_DURATION_MS: 604_000,
+        ATTR.OUTAGE_END: "success",
+    }
+    (exception,) = finished.events
+    assert exception.name == "exception"
+    assert dict(exception.attributes or {}) == {
+        ATTR.EXCEPTION_TYPE: "ConnectionError",
+        ATTR.EXCEPTION_MESSAGE: "database down",
+    }
+    assert harness.counts() == {
+        METRICS.OUTAGE_ENTERED: 1,
+        METRICS.OUTAGE_ACTIVE: 0,
+        METRICS.OUTAGE_DURATION: 1,
+    }
+    assert [e.kind for e in harness.events] == [EventKind.OUTAGE_STARTED, EventKind.OUTAGE_ENDED]
+    lines = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert [r.levelname for r in lines] == ["WARNING", "WARNING"]
+    assert [r.getMessage() for r in lines] == [
+        (
+            "faststream-retry: orders is in outage mode after 20 consecutive transient failures "
+            "(last: ConnectionError: database down); taking one message per 1 s until one succeeds"
+        ),
+        (
+            "faststream-retry: orders left outage mode after 10 min 4 s: message m-42 succeeded "
+            "(599 probes, 598 transient failures meanwhile); full speed again"
+        ),
+    ]
+    assert lines[1].retry == {  # type: ignore[attr-defined]
+        "event": "outage_ended",
+        "queue": "orders",
+        "message_id": "m-42",
+        "attempt": 0,
+        "max_attempts": 0,
+        "delay_ms": 1_000,
+        "reason": None,
+        "exception": None,
+        "rule": None,
+        "failures": 598,
+        "probes": 599,
+        "duration_ms": 604_000,
+    }
+
+
+def test_an_outage_cut_short_by_a_stop_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """No message ended it (``message_id`` None): the line and the span say the consumer stopped."""
+    harness = Harness()
+    span = harness.reporter.outage(outage_started(), after=20)
+    caplog.clear()
+    harness.reporter.outage(outage_ended(None), span)
+    (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert line.getMessage() == (
+        "faststream-retry: orders was in outage mode for 10 min 4 s when its consumer stopped "
+        "(599 probes); the messages it held were requeued"
+    )
+    (finished,) = harness.spans.get_finished_spans()
+    assert (finished.attributes or {})[ATTR.OUTAGE_END] == "stopped"
+
+
+def test_a_broken_tracer_costs_an_outage_its_span_only(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The span cannot start: logged; the outage is still counted, logged and hooked."""
+    harness = Harness()
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("tracer down")
+
+    monkeypatch.setattr(harness.reporter.telemetry, "start_outage", broken)
+    assert harness.reporter.outage(outage_started(), after=20) is None
+    assert [e.kind for e in harness.events] == [EventKind.OUTAGE_STARTED]
+    assert harness.counts()[METRICS.OUTAGE_ACTIVE] == 1
+    assert any(
+        r.getMessage()
+        == "faststream-retry could not start the span of outage_started of message m-9"
+        for r in caplog.records
+    )
+    harness.reporter.outage(outage_ended(), None)
+    assert harness.counts()[METRICS.OUTAGE_ACTIVE] == 0
+
+
+def test_a_broken_meter_never_disturbs_a_probe_or_a_requeue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counting a probe or a requeue never raises into the gate."""
+    harness = Harness()
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("meter down")
+
+    monkeypatch.setattr(harness.reporter.telemetry.outage_probes, "add", broken)
+    monkeypatch.setattr(harness.reporter.telemetry.outage_requeued, "add", broken)
+    harness.reporter.count_probe("orders")
+    harness.reporter.count_requeued("orders")
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "0 ms"),
+        (999, "999 ms"),
+        (1_000, "1 s"),
+        (1_500, "1.5 s"),
+        (59_999, "59.999 s"),
+        (60_000, "1 min"),
+        (605_000, "10 min 5 s"),
+    ],
+)
+def test_durations_in_outage_lines(ms: int, text: str) -> None:
+    """Short ones in ms, then seconds, then minutes and seconds."""
+    from faststream_retry.reporting import _duration  # noqa: PLC0415
+
+    assert _duration(ms) == text

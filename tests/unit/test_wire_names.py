@@ -40,7 +40,14 @@ def test_public_exceptions_keep_their_module(cls: type[BaseException], module: s
 def test_metric_and_event_values() -> None:
     """Label values of the metrics and the values hooks receive."""
     assert [v.value for v in Verdict] == ["transient", "permanent"]
-    assert [k.value for k in EventKind] == ["scheduled", "hop", "released", "dead_lettered"]
+    assert [k.value for k in EventKind] == [
+        "scheduled",
+        "hop",
+        "released",
+        "dead_lettered",
+        "outage_started",
+        "outage_ended",
+    ]
 
 
 def test_exception_header_values() -> None:

@@ -1,0 +1,306 @@
+"""Outage mode, carried out: a gate per work queue that holds its messages (asyncio).
+
+``outage.Outage`` decides; a ``Gate`` does what it says for one work queue of one broker.
+The middleware's per-message scope passes each message through ``Gate.enter`` before the
+handler runs:
+
+- in normal mode, straight through;
+- in outage mode the message waits, unacked, in a first-come line. Once per probe
+  interval the first in line goes on as the probe, one probe at a time. A success (the
+  probe's, or that of a call already running when the mode began) ends the mode and lets
+  the whole line go at once. A message that waited ``outage_hold`` is requeued
+  (``Requeue``), and so is every waiting one when the broker stops.
+
+Nothing here talks to the broker: the scope acks, nacks and publishes as before. The
+state lives in this process only; several processes consuming one queue each keep their
+own streak and gate and decide alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from faststream_retry import _faststream
+from faststream_retry import headers as h
+from faststream_retry.events import EventKind, RetryEvent
+from faststream_retry.outage import Outage, OutageOptions
+
+if TYPE_CHECKING:
+    from faststream._internal.context import ContextRepo
+    from faststream.message import StreamMessage
+    from opentelemetry.trace import Span
+
+    from faststream_retry.decision import Decision
+    from faststream_retry.plugin import Plugin
+    from faststream_retry.reporting import Reporter
+
+__all__ = ["Gate", "Outages", "Requeue", "gate_of"]
+
+
+class Requeue(Exception):  # noqa: N818 - what the scope does with the message, not an error
+    """The held message goes back to its queue: it waited ``outage_hold``, or the broker stops."""
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Gate:
+    """Holds the messages of one work queue while it is in outage mode."""
+
+    __slots__ = (
+        "_closed",
+        "_hold_s",
+        "_line",
+        "_reporter",
+        "_span",
+        "_timer",
+        "after",
+        "outage",
+        "queue",
+    )
+
+    def __init__(
+        self, queue: str, outage: Outage, *, hold_ms: int, after: int, reporter: Reporter
+    ) -> None:
+        """Hold ``queue``'s messages as ``outage`` says, each at most ``hold_ms``."""
+        self.queue = queue
+        self.outage = outage
+        self.after = after
+        self._hold_s = hold_ms / 1000
+        self._reporter = reporter
+        self._line: collections.deque[asyncio.Future[bool]] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._span: Span | None = None
+        self._closed = False
+
+    @property
+    def active(self) -> bool:
+        """Return whether the queue is in outage mode."""
+        return self.outage.active
+
+    @property
+    def waiting(self) -> int:
+        """Return how many messages wait at the gate."""
+        return sum(not waiter.done() for waiter in self._line)
+
+    async def enter(self) -> bool:
+        """Wait while the queue is in outage mode; ``True``: the caller goes on as the probe.
+
+        A caller that gets ``True`` must call ``leave(True)`` once its handler call is
+        over, whatever the outcome.
+
+        Raises:
+            Requeue: the message waited ``outage_hold``, or the broker stops: hand it
+                back to its queue without calling the handler.
+        """
+        outage = self.outage
+        if not outage.active or self._closed:
+            return False
+        if not self._line and outage.take_probe(_now_ms()):
+            self._reporter.count_probe(self.queue)
+            return True
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._line.append(waiter)
+        self._schedule()
+        try:
+            return await asyncio.wait_for(waiter, self._hold_s)
+        except asyncio.TimeoutError:
+            if waiter.done() and not waiter.cancelled():
+                # The gate answered as the hold ran out (Python 3.12's wait_for then
+                # raises anyway): a slot given must be taken, or no probe comes again.
+                return self._answer(waiter)
+            self._discard(waiter)
+            self._reporter.count_requeued(self.queue)
+            raise Requeue(f"held for {self._hold_s:g} s (outage_hold)") from None
+        except Requeue:
+            self._reporter.count_requeued(self.queue)
+            raise
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                # Cancelled just after it was made the probe: free the slot for the next.
+                self.leave(probe=True)
+            else:
+                self._discard(waiter)
+            raise
+
+    def _answer(self, waiter: asyncio.Future[bool]) -> bool:
+        try:
+            return waiter.result()
+        except Requeue:
+            self._reporter.count_requeued(self.queue)
+            raise
+
+    def leave(self, probe: bool) -> None:
+        """A call let through is over; a probe's end makes the next probe due an interval on."""
+        if probe:
+            self.outage.probe_done(_now_ms())
+            self._schedule()
+
+    def failed(self, decision: Decision, message_id: str | None, exc: BaseException) -> None:
+        """Count a failed handler call; report it if it switches the queue into outage mode."""
+        if self._closed:
+            return
+        entered = self.outage.failed(decision.classification.verdict, _now_ms())
+        if entered is None:
+            return
+        event = RetryEvent(
+            kind=EventKind.OUTAGE_STARTED,
+            queue=self.queue,
+            message_id=message_id,
+            attempt=decision.attempt,
+            at_ms=h.now_ms(),
+            max_attempts=decision.max_attempts,
+            delay_ms=self.outage.probe_ms,
+            exception=h.exception_name(exc),
+            error=h.error_text(exc, h.HISTORY_ERROR_LIMIT, decision.problem),
+            failures=entered.failures,
+        )
+        self._span = self._reporter.outage(event, after=self.after)
+
+    def succeeded(self, message_id: str | None) -> None:
+        """Count a successful handler call; if it ends outage mode, let the line go."""
+        if self._closed:
+            return
+        left = self.outage.succeeded(_now_ms())
+        if left is None:
+            return
+        self._cancel_timer()
+        line, self._line = self._line, collections.deque()
+        for waiter in line:
+            if not waiter.done():
+                waiter.set_result(False)
+        self._report_end(message_id, left.duration_ms, left.probes, left.failures)
+
+    def close(self) -> None:
+        """The broker stops: requeue every waiting message; nothing is held from now on."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel_timer()
+        line, self._line = self._line, collections.deque()
+        for waiter in line:
+            if not waiter.done():
+                waiter.set_exception(Requeue("the broker stops"))
+        left = self.outage.stopped(_now_ms())
+        if left is not None:
+            self._report_end(None, left.duration_ms, left.probes, left.failures)
+
+    def _report_end(
+        self, message_id: str | None, duration_ms: int, probes: int, failures: int
+    ) -> None:
+        event = RetryEvent(
+            kind=EventKind.OUTAGE_ENDED,
+            queue=self.queue,
+            message_id=message_id,
+            attempt=0,
+            at_ms=h.now_ms(),
+            delay_ms=self.outage.probe_ms,
+            failures=failures,
+            probes=probes,
+            duration_ms=duration_ms,
+        )
+        span, self._span = self._span, None
+        self._reporter.outage(event, span)
+
+    def _schedule(self) -> None:
+        """Wake the line when the probe slot is due (one timer at a time)."""
+        if self._timer is not None or not self._line:
+            return  # with nobody waiting, the next to come takes a due slot itself
+        wait_ms = self.outage.until_probe_ms(_now_ms())
+        if wait_ms is None:
+            return  # a probe runs: its end schedules the next
+        self._timer = asyncio.get_running_loop().call_later(wait_ms / 1000, self._wake)
+
+    def _wake(self) -> None:
+        """Make the first live waiter the probe, if the slot is due (else wait on)."""
+        self._timer = None
+        line = self._line
+        while line and line[0].done():  # timed out or cancelled
+            line.popleft()
+        if line and self.outage.take_probe(_now_ms()):
+            line.popleft().set_result(True)
+            self._reporter.count_probe(self.queue)
+        self._schedule()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _discard(self, waiter: asyncio.Future[bool]) -> None:
+        # Waiters time out in the order they came, so this one is near the front.
+        with contextlib.suppress(ValueError):
+            self._line.remove(waiter)
+
+
+class Outages:
+    """The gates of one broker's work queues, made as their messages come."""
+
+    def __init__(self, options: OutageOptions, probe_ms: int, reporter: Reporter) -> None:
+        """Probe every ``probe_ms`` (the option, or the tick) in every queue's outage mode."""
+        self.options = options
+        self.probe_ms = probe_ms
+        self._reporter = reporter
+        self._gates: dict[str, Gate] = {}
+
+    @classmethod
+    def of(cls, options: OutageOptions | None, tick_ms: int, reporter: Reporter) -> Outages | None:
+        """Return the gates for ``options``; ``None`` when outage mode is off."""
+        if options is None:
+            return None
+        probe_ms = options.probe_ms if options.probe_ms is not None else tick_ms
+        return cls(options, probe_ms, reporter)
+
+    def gate(self, queue: str) -> Gate:
+        """Return ``queue``'s gate."""
+        gate = self._gates.get(queue)
+        if gate is None:
+            options = self.options
+            gate = self._gates[queue] = Gate(
+                queue,
+                Outage(options.after, self.probe_ms),
+                hold_ms=options.hold_ms,
+                after=options.after,
+                reporter=self._reporter,
+            )
+        return gate
+
+    def close(self) -> None:
+        """Requeue every held message, of every queue (the broker stops)."""
+        for gate in self._gates.values():
+            gate.close()
+
+
+async def gate_of(plugin: Plugin, context: ContextRepo, msg: StreamMessage[Any]) -> Gate | None:
+    """Return the gate ``msg`` passes; ``None``: it passes none.
+
+    None for a broker the plugin has not started (test mode under ``TestRabbitBroker``:
+    no gate there), a message without its subscriber, a queue the plugin does not
+    cover, and a handler with ``enabled=False`` (its messages are left alone, and its
+    outcomes do not count).
+    """
+    broker = _faststream.current_broker(context)
+    sub = _faststream.current_subscriber(context)
+    if broker is None or sub is None:
+        return None
+    live = plugin.runtime(broker).live
+    outages = None if live is None else live.outages
+    queue = _faststream.queue_of(sub)
+    if outages is None or live is None or queue is None:
+        return None
+    route = live.plan.route(queue)
+    if route is None:
+        return None
+    handler = await _faststream.select_policy(route, msg)
+    default = plugin.config.default
+    # effective_policy(handler, default).enabled, without building a policy per message.
+    if not (
+        default.enabled if handler is None else handler.options.get("enabled", default.enabled)
+    ):
+        return None
+    return outages.gate(queue)
