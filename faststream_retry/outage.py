@@ -146,9 +146,10 @@ class Outage:
         """Consecutive transient failures (since the last success)."""
         self._since_ms: int | None = None
         self._probes = 0
-        self._failures = 0
         self._probing = False
-        self._next_probe_ms = 0
+        # Read only in outage mode; entering it sets them.
+        self._failures: int
+        self._next_probe_ms: int
 
     @property
     def active(self) -> bool:

@@ -107,6 +107,21 @@ class TestCounting:
 
 
 class TestProbes:
+    def test_a_new_queue_has_no_probe_and_none_running(self) -> None:
+        """Normal mode from the start: no probe counted, none running, none to wait for."""
+        outage = Outage(after=3, probe_ms=100)
+        assert (outage.active, outage.probing, outage.probes) == (False, False, 0)
+        assert outage.until_probe_ms(0) is None
+        assert outage.take_probe(10**9) is False
+
+    def test_leaving_frees_the_probe_slot_and_its_count(self) -> None:
+        """A success during a probe: out of the mode, no probe running, the count back to 0."""
+        outage = Outage(after=1, probe_ms=100)
+        outage.failed(Verdict.TRANSIENT, 0)
+        assert outage.take_probe(100)
+        outage.succeeded(150)
+        assert (outage.active, outage.probing, outage.probes) == (False, False, 0)
+
     def test_the_first_probe_is_due_one_interval_after_the_switch(self) -> None:
         """Entered at 1000 with a 500 ms interval: not at 1499, at 1500."""
         outage = Outage(after=1, probe_ms=500)

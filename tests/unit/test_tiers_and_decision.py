@@ -103,6 +103,10 @@ class TestTiers:
         assert tiers.wait(60_000) == Wait(32_000, last=False)
         assert tiers.wait(1) == Wait(1000, last=True)
         assert tiers.wait(0) == Wait(1000, last=True)
+        # Due now or past due: one tick, the base tier's, even on a 1 ms grid.
+        fine = Tiers.build(1, 8)
+        assert [fine.wait(ms) for ms in (-5, 0, 1)] == [Wait(1, last=True)] * 3
+        assert fine.wait(3) == Wait(2, last=False)
 
     def test_hop_lag_costs_no_extra_pass(self) -> None:
         """30 s with a few ms lost on each hop: 16 + 8 + 4 + 2, not 16 + 8 + 4 + 1 + 1."""
