@@ -75,6 +75,8 @@ class PluginLogger:
     def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging.Logger's name
         """Return whether a line at ``level`` would be written anywhere."""
         logger = self.logger
+        if logger.manager.disable >= level:  # logging.disable() silences both paths
+            return False
         if logger.level != logging.NOTSET or logger.hasHandlers() or self._outlet is None:
             return logger.isEnabledFor(level)
         known = None if self._outlet_level is None else self._outlet_level()

@@ -290,6 +290,21 @@ def test_is_enabled_for(unconfigured: PluginLogger) -> None:
     assert not unconfigured.isEnabledFor(logging.INFO)  # root's WARNING rules now
 
 
+def test_logging_disable_silences_the_broker_path_too(unconfigured: PluginLogger) -> None:
+    """logging.disable(WARNING): nothing up to WARNING is formatted or sent to the broker."""
+    outlet = Outlet()
+    unconfigured.send_to(outlet)
+    logging.disable(logging.WARNING)
+    try:
+        assert not unconfigured.isEnabledFor(logging.WARNING)
+        assert unconfigured.isEnabledFor(logging.ERROR)
+        unconfigured.warning("dropped")
+        unconfigured.error("kept")
+    finally:
+        logging.disable(logging.NOTSET)
+    assert [line[1] for line in outlet.lines] == ["kept"]
+
+
 @pytest.mark.parametrize("outlet", [Outlet(answer=False), Outlet(fail=True)])
 def test_a_broker_that_cannot_log_falls_back_to_logging(
     unconfigured: PluginLogger, outlet: Outlet, capsys: pytest.CaptureFixture[str]
