@@ -17,16 +17,16 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
 from faststream_retry._log import log
+from faststream_retry.amqp.deadlines import Deadlines
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -51,8 +51,6 @@ REPAIR_INTERVAL_S = 5.0
 
 NO_ROUTE = 312
 """The reply code of a mandatory publish that reached no queue."""
-
-_T = TypeVar("_T")
 
 QUIET_INTERVAL_S = 10.0
 """A destination that keeps refusing copies gets one line per outcome this often."""
@@ -127,6 +125,7 @@ class Publisher:
         self._repair_lock = asyncio.Lock()
         self._repaired_at: float | None = None
         self._quiet = Throttle(QUIET_INTERVAL_S)
+        self._deadlines = Deadlines(timeout_s)
         self.repairs = 0
         """How many times ``repair`` declared a missing destination again."""
         # aiormq matches a basic.return to its publish by message_id; two publishes
@@ -195,9 +194,8 @@ class Publisher:
             channel = await self._channel()
             # wait=False: the channel's lock is let go as soon as the frames are
             # queued, so copies in flight pipeline instead of each waiting for the
-            # socket; the confirm is what this waits for, bounded by one deadline.
-            result = await _within(
-                self._timeout_s,
+            # socket; the confirm is what this waits for, bounded by the watchdog.
+            result = await self._deadlines.run(
                 channel.basic_publish(  # type: ignore[call-arg] # aiormq's ABC omits wait=
                     body,
                     exchange=exchange,
@@ -266,20 +264,6 @@ class Publisher:
             if done:
                 self.repairs += 1
             return done
-
-
-if sys.version_info >= (3, 11):
-
-    async def _within(timeout_s: float, publish: Awaitable[_T]) -> _T:
-        """Await ``publish`` for at most ``timeout_s`` (a timer, not a task per publish)."""
-        async with asyncio.timeout(timeout_s):
-            return await publish
-
-else:  # pragma: no cover - Python 3.10
-
-    async def _within(timeout_s: float, publish: Awaitable[_T]) -> _T:
-        """Await ``publish`` for at most ``timeout_s``."""
-        return await asyncio.wait_for(publish, timeout_s)
 
 
 def _describe(exc: BaseException) -> str:
