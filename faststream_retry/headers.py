@@ -26,7 +26,8 @@ hostile or buggy producer can put on the wire and never raises. Rules:
 =========================  ===============================================================
 
 RabbitMQ's own ``x-death``, ``x-first-death-*`` and ``x-last-death-*`` are removed on
-every republish. The bytes the plugin adds are bounded (``MAX_ADDED_BYTES``). Every text
+every republish, and so are ``CC`` and ``BCC`` (sender-selected routing, which would send
+the copy to other queues too). The bytes the plugin adds are bounded (``MAX_ADDED_BYTES``). Every text
 the plugin writes is valid UTF-8: a lone surrogate (``"\udc80"``, from bytes decoded with
 ``surrogateescape``) is written as the six characters ``\udc80``, never dropped.
 
@@ -107,6 +108,9 @@ _MAX_DUE = 2**63
 
 _BROKER_DEATH_HEADERS = ("x-death",)
 _BROKER_DEATH_PREFIXES = ("x-first-death-", "x-last-death-")
+# RabbitMQ's sender-selected distribution: a copy that kept them would be routed to
+# those queues too, at every publish and every dead-lettering out of a tier.
+_ROUTING_HEADERS = ("CC", "BCC")
 
 
 def now_ms() -> int:
@@ -287,6 +291,11 @@ def _is_broker_death(key: str) -> bool:
     return key in _BROKER_DEATH_HEADERS or key.startswith(_BROKER_DEATH_PREFIXES)
 
 
+def _dropped(key: str) -> bool:
+    """Whether a copy leaves ``key`` out: the broker's death records and routing headers."""
+    return _is_broker_death(key) or key in _ROUTING_HEADERS
+
+
 def sanitize(value: Any) -> Any:  # noqa: ANN401 - header values are any AMQP field value
     """Return ``value`` in a form the AMQP encoder takes back.
 
@@ -302,12 +311,14 @@ def sanitize(value: Any) -> Any:  # noqa: ANN401 - header values are any AMQP fi
 
 
 def carry_over(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Return the headers a republished copy keeps: all but the broker's death records."""
+    """Return the headers a republished copy keeps.
+
+    All but the broker's death records and the ``CC`` / ``BCC`` routing headers: the
+    plugin alone says where a copy goes.
+    """
     if not headers:
         return {}
-    return {
-        k: sanitize(v) for k, v in headers.items() if isinstance(k, str) and not _is_broker_death(k)
-    }
+    return {k: sanitize(v) for k, v in headers.items() if isinstance(k, str) and not _dropped(k)}
 
 
 class FailureRecord:

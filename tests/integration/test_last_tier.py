@@ -13,6 +13,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
+import aio_pika
 import pytest
 from faststream.rabbit import RabbitMessage, RabbitQueue
 
@@ -179,3 +180,42 @@ async def test_a_refused_copy_never_acks_the_original(
     assert await queue_depth(amqp, queue) == 0
     assert await app.waiting(amqp, queue) == 0
     assert await drain(amqp, f"{queue}.dlq", expect=0) == []
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.3], ids=["one-tier", "through-retry"])
+async def test_a_cc_header_never_brings_a_retry_copy_to_another_queue(
+    make_app: Any, amqp: AbstractRobustConnection, delay: float
+) -> None:
+    """Published with CC naming a second queue: that queue gets the original only.
+
+    RabbitMQ routes a message by its CC header at every publish and every
+    dead-lettering; a copy that kept it reached the second queue again on each.
+    """
+    app: App = make_app(default=RetryPolicy(backoff=Fixed(delay)))
+    queue, victim = unique("cc"), unique("cc-victim")
+    calls = Calls()
+    seen_by_victim: list[str] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str, msg: RabbitMessage) -> None:
+        if calls.record(msg) == 1:
+            raise ConnectionError("down")
+
+    @app.broker.subscriber(victim)
+    async def bystander(body: str, msg: RabbitMessage) -> None:
+        seen_by_victim.append(msg.message_id or "")
+
+    await app.start()
+    channel = await amqp.channel()
+    await channel.default_exchange.publish(
+        aio_pika.Message(b'"x"', message_id="c-1", headers={"CC": [victim]}, delivery_mode=2),
+        routing_key=queue,
+    )
+    await eventually(lambda: len(calls.times.get("c-1", [])) == 2, what="the retried call")
+    await eventually(
+        lambda: any(e.kind is EventKind.RELEASED for e in app.events), what="the release"
+    )
+    await app.stop()
+    await channel.close()
+    assert seen_by_victim == ["c-1"]
+    assert await queue_depth(amqp, victim) == 0

@@ -69,6 +69,14 @@ class TestWriters:
         )
         assert kept == {"x-app": 1}
 
+    def test_sender_selected_routing_never_travels_on_a_copy(self) -> None:
+        """CC and BCC would route every copy (and its dead-lettering) to those queues too."""
+        incoming = {"CC": ["victim"], "BCC": ["other"], "cc": "app's own", "x-app": 1}
+        assert h.carry_over(incoming) == {"cc": "app's own", "x-app": 1}
+        copy = h.retry_headers(incoming, failure(1), due_ms=1)
+        dead = h.dead_letter_headers(incoming, failure(), reason="permanent", origin_queue="q")
+        assert not {"CC", "BCC"} & (set(copy) | set(dead))
+
     def test_history_is_bounded_and_ordered(self) -> None:
         """Only the last HISTORY_LIMIT failures are kept, oldest first."""
         headers: dict[str, Any] = {}
