@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
-from faststream.rabbit import RabbitMessage, RabbitQueue
+from faststream.rabbit import QueueType, RabbitMessage, RabbitQueue
 
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.events import EventKind
@@ -65,7 +65,13 @@ async def test_a_wait_of_one_tier_comes_home_from_it_never_early(
     queue = unique("home")
     calls = Calls()
 
-    @app.broker.subscriber(RabbitQueue(queue, durable=True, arguments={"x-queue-type": work_queue}))
+    home = (
+        RabbitQueue(queue, queue_type=QueueType.QUORUM, durable=True)
+        if work_queue == "quorum"
+        else RabbitQueue(queue, durable=True)
+    )
+
+    @app.broker.subscriber(home)
     async def handle(body: str, msg: RabbitMessage) -> None:
         if calls.record(msg) == 1:
             raise ConnectionError("down")

@@ -57,7 +57,7 @@ async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limi
     # A copy back in .retry from a tier that was not its last, already due: the
     # re-check consumer releases it (a wait of one tier never passes .retry).
     channel = await amqp.channel()
-    due = {h.ATTEMPT: 1, h.DUE: h.now_ms() - 1}
+    due: dict[str, Any] = {h.ATTEMPT: 1, h.DUE: h.now_ms() - 1}
     await channel.default_exchange.publish(
         aio_pika.Message(b'"m"', headers=due, message_id="m-1", delivery_mode=2),
         routing_key=f"{queue}.retry",
