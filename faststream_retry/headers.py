@@ -27,9 +27,10 @@ hostile or buggy producer can put on the wire and never raises. Rules:
 
 RabbitMQ's own ``x-death``, ``x-first-death-*`` and ``x-last-death-*`` are removed on
 every republish, and so are ``CC`` and ``BCC`` (sender-selected routing, which would send
-the copy to other queues too). The bytes the plugin adds are bounded (``MAX_ADDED_BYTES``). Every text
-the plugin writes is valid UTF-8: a lone surrogate (``"\udc80"``, from bytes decoded with
-``surrogateescape``) is written as the six characters ``\udc80``, never dropped.
+the copy to other queues too). The bytes the plugin adds are bounded
+(``MAX_ADDED_BYTES``). Every text the plugin writes is valid UTF-8: a lone surrogate
+(``"\udc80"``, from bytes decoded with ``surrogateescape``) is written as the six
+characters ``\udc80``, never dropped.
 
 Describing an exception runs the application's code (``__str__``, a metaclass, the
 traceback's ``__notes__``); ``exception_name``, ``error_text`` and ``traceback_text`` never

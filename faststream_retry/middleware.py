@@ -479,7 +479,7 @@ class _RetryScope(BaseMiddleware):
             )
             # A wait that is one tier goes from it straight back to the work queue,
             # addressed by the routing key; a longer one passes the re-check step.
-            home = route.queue if wait.last else route.retry_queue
+            home = route.queue if wait.last and route.home_from_tier else route.retry_queue
             copy = Copy(live.plan.tier(tier_ms), home, headers)
         else:
             headers = _dead_letter_headers(raw.headers, route, decision, exc, now)

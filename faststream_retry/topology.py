@@ -82,6 +82,19 @@ class Route:
         object.__setattr__(self, "retry_queue", retry_queue_name(self.queue))
         object.__setattr__(self, "dlq", dlq_name(self.queue))
 
+    @property
+    def home_from_tier(self) -> bool:
+        """Whether a copy's last tier may dead-letter it straight into this queue.
+
+        Not for a queue declared to refuse publishes when full (``x-overflow``
+        ``reject-publish``): a quorum tier would keep the refused copies and retry them
+        only every few minutes, and its dead-letter worker, stuck on them, would hold
+        up every other queue's copies in that shared tier. Its copies take the
+        re-check step instead, whose release waits in a tier again when refused.
+        """
+        overflow = self.arguments.get("x-overflow")
+        return overflow not in ("reject-publish", "reject-publish-dlx")
+
     def policies(self, default: RetryPolicy) -> list[RetryPolicy]:
         """Return the effective policy of each handler."""
         return [effective_policy(h.policy, default) for h in self.handlers]

@@ -164,8 +164,9 @@ class RecheckConsumer:
                 )
                 copy = Copy("", route.queue, h.carry_over(incoming))
             elif isinstance(step, Hop):
+                last = step.last and route.home_from_tier
                 event, copy = self._hop(
-                    route, message, attempt, now, due=due, tier_ms=step.tier_ms, last=step.last
+                    route, message, attempt, now, due=due, tier_ms=step.tier_ms, last=last
                 )
             else:
                 event, copy = self._invalid(route, message, attempt, now, due)

@@ -225,3 +225,39 @@ async def test_a_cc_header_never_brings_a_retry_copy_to_another_queue(
     await channel.close()
     assert seen_by_victim == ["c-1"]
     assert await queue_depth(amqp, victim) == 0
+
+
+async def test_a_queue_that_refuses_when_full_gets_its_copies_from_the_re_check(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """x-overflow reject-publish: the last tier sends copies to .retry, and the re-check releases.
+
+    Dead-lettered straight into such a queue while it is full, a copy would sit in the
+    shared quorum tier's dead-letter backlog, and hold up every other queue's copies in
+    that tier, for minutes. A release by the re-check consumer is confirmed by the queue,
+    and waits in a tier again if refused.
+    """
+    app: App = make_app(default=RetryPolicy(backoff=Fixed(0.1)))
+    queue = unique("bounded")
+    calls = Calls()
+    bounded = RabbitQueue(
+        queue, durable=True, arguments={"x-max-length": 1000, "x-overflow": "reject-publish"}
+    )
+
+    @app.broker.subscriber(bounded)
+    async def handle(body: str, msg: RabbitMessage) -> None:
+        if calls.record(msg) == 1:
+            raise ConnectionError("down")
+
+    await app.start()
+    for i in range(5):
+        await app.broker.publish("x", queue=queue, message_id=f"m{i}")
+    await eventually(lambda: sum(len(t) for t in calls.times.values()) == 10, what="2 calls each")
+    await eventually(
+        lambda: sum(e.kind is EventKind.RELEASED for e in app.events) == 5, what="5 releases"
+    )
+    await app.stop()
+    # Released by the re-check consumer: republished, so no x-death of a tier.
+    assert all(seen[1] == (None, None) for seen in calls.expired_from.values())
+    assert all(gap >= 100 for gap in calls.gaps_ms())
+    assert await app.waiting(amqp, queue) == 0

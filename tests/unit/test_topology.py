@@ -132,6 +132,24 @@ class TestRoutes:
         assert set(p.routes) == {"on"}
 
 
+class TestHomeFromTier:
+    @pytest.mark.parametrize(
+        ("arguments", "home"),
+        [
+            ({}, True),
+            ({"x-overflow": "drop-head", "x-max-length": 10}, True),
+            ({"x-max-length": 10}, True),
+            ({"x-overflow": "reject-publish", "x-max-length": 10}, False),
+            ({"x-overflow": "reject-publish-dlx", "x-max-length": 10}, False),
+        ],
+    )
+    def test_a_queue_that_refuses_when_full_takes_the_re_check_step(
+        self, arguments: dict[str, object], home: bool
+    ) -> None:
+        """A last tier delivers straight home unless the queue refuses publishes when full."""
+        assert Route("q", (), arguments).home_from_tier is home
+
+
 class TestTick:
     def test_tick_is_the_gcd_of_every_policy_in_use(self) -> None:
         """The default's and each handler's named delays; a handler's options over the default."""
