@@ -231,18 +231,24 @@ async def test_stopping_in_outage_mode_requeues_the_held_messages_at_once(
     assert ended.message_id is None
 
     # The retry copies (the first three failures', the probes') expire from their tier
-    # into .retry, and stay there: nobody releases them now.
+    # into .retry, or from their last tier into the queue, and stay there: nobody
+    # consumes now. A quorum tier dead-letters a moment after its depth drops, so
+    # wait until every message is at rest in one of the two.
     tiers = app.retry_queues(queue)[:-1]
 
-    async def tiers_empty() -> bool:
-        return sum([await queue_depth(amqp, tier) for tier in tiers]) == 0
+    async def at_rest() -> bool:
+        in_tiers = sum([await queue_depth(amqp, tier) for tier in tiers])
+        home = await queue_depth(amqp, queue) + await queue_depth(amqp, f"{queue}.retry")
+        return in_tiers == 0 and home >= N
 
-    await eventually_async(tiers_empty, what="the tiers to drain into .retry")
+    await eventually_async(at_rest, what="every message in its queue or in .retry")
     held = await drain(amqp, queue, expect=await queue_depth(amqp, queue))
     waiting = await drain(amqp, f"{queue}.retry", expect=await queue_depth(amqp, f"{queue}.retry"))
-    assert len(waiting) >= AFTER
-    found = [m.message_id or "" for m in held + waiting]
-    assert Counter(found) == Counter(sent), "each message once: in its queue or in .retry"
+    found = Counter(m.message_id or "" for m in held + waiting)
+    assert set(found) == set(sent), "every message in its queue or in .retry"
+    # At least once: a delivery whose ack the stop cut off comes back beside its copy
+    # (seen once in CI, 2 of 30, on Python 3.13); never more than one extra each.
+    assert max(found.values()) <= 2, found
     assert await drain(amqp, f"{queue}.dlq", expect=0) == []
 
 
