@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.headers import exception_name, traceback_text, truncate
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     ``PluginLogger`` passes no exception: the traceback is already in the line.
     """
 
-__all__ = ["LINE_LIMIT", "NAME", "TRACEBACK_LIMIT", "PluginLogger", "log"]
+__all__ = ["LINE_LIMIT", "NAME", "TRACEBACK_LIMIT", "PluginLogger", "Throttle", "log"]
 
 NAME = "faststream_retry"
 LINE_LIMIT = 4 * 1024
@@ -208,3 +209,36 @@ def _caller() -> tuple[str, int, str]:
 
 log = PluginLogger()
 """The plugin's one logger (see the module docstring)."""
+
+
+class Throttle:
+    """At most one line per key and interval; the next line says how many were held back.
+
+    A work queue at its length limit refuses every release, and a broker that is away
+    fails every copy: one line each would flood the log with what one line says.
+    """
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """Let one line per key through every ``interval_s`` seconds of ``clock``."""
+        self._interval_s = interval_s
+        self._clock = clock
+        self._open_at: dict[object, float] = {}
+        self._held: dict[object, int] = {}
+
+    def log(self, level: int, key: object, msg: str, *args: object) -> None:
+        """Log ``msg`` at ``level`` unless a line of ``key`` went out less than the interval ago."""
+        now = self._clock()
+        if now < self._open_at.get(key, 0.0):
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        if len(self._open_at) > _THROTTLE_KEYS:  # bounded: keys come from queue names
+            self._open_at.clear()
+        self._open_at[key] = now + self._interval_s
+        held = self._held.pop(key, 0)
+        if held:
+            msg += " (and %d more like it in the last %.0f s)"
+            args = (*args, held, self._interval_s)
+        log.log(level, msg, *args)
+
+
+_THROTTLE_KEYS = 1000

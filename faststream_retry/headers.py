@@ -107,11 +107,11 @@ _MAX_MS = 2**53
 # future is then "impossible" (dead-lettered as invalid), not "unreadable".
 _MAX_DUE = 2**63
 
-_BROKER_DEATH_HEADERS = ("x-death",)
+# The broker's death records, and RabbitMQ's sender-selected distribution (CC, BCC): a
+# copy that kept those would be routed to those queues too, at every publish and every
+# dead-lettering out of a tier.
+_DROPPED_HEADERS = ("x-death", "CC", "BCC")
 _BROKER_DEATH_PREFIXES = ("x-first-death-", "x-last-death-")
-# RabbitMQ's sender-selected distribution: a copy that kept them would be routed to
-# those queues too, at every publish and every dead-lettering out of a tier.
-_ROUTING_HEADERS = ("CC", "BCC")
 
 
 def now_ms() -> int:
@@ -288,13 +288,9 @@ def _text(value: object) -> str:
     return ""
 
 
-def _is_broker_death(key: str) -> bool:
-    return key in _BROKER_DEATH_HEADERS or key.startswith(_BROKER_DEATH_PREFIXES)
-
-
 def _dropped(key: str) -> bool:
     """Whether a copy leaves ``key`` out: the broker's death records and routing headers."""
-    return _is_broker_death(key) or key in _ROUTING_HEADERS
+    return key in _DROPPED_HEADERS or key.startswith(_BROKER_DEATH_PREFIXES)
 
 
 def sanitize(value: Any) -> Any:  # noqa: ANN401 - header values are any AMQP field value

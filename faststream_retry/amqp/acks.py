@@ -58,11 +58,10 @@ class AckRuns:
 
     async def drain(self) -> None:
         """Wait for the acks on their way to the channel."""
-        while self._sending or self._flushing:
-            if self._sending:
-                await asyncio.wait(set(self._sending))
-            else:
-                await asyncio.sleep(0)
+        if self._flushing:
+            self._flush()  # now, not on the next turn; the scheduled call finds nothing
+        while self._sending:
+            await asyncio.wait(set(self._sending))
 
     def _advance(self) -> AbstractIncomingMessage | None:
         """Move the floor over settled and ready tags; return the last ready one passed."""

@@ -25,7 +25,7 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
-from faststream_retry._log import log
+from faststream_retry._log import Throttle, log
 from faststream_retry.amqp.deadlines import Deadlines
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ __all__ = [
     "REPAIR_INTERVAL_S",
     "Outcome",
     "Publisher",
-    "Throttle",
     "copy_properties",
     "encodable_headers",
 ]
@@ -54,39 +53,6 @@ NO_ROUTE = 312
 
 QUIET_INTERVAL_S = 10.0
 """A destination that keeps refusing copies gets one line per outcome this often."""
-
-
-class Throttle:
-    """At most one line per key and interval; the next line says how many were held back.
-
-    A work queue at its length limit refuses every release, and a broker that is away
-    fails every copy: one line each would flood the log with what one line says.
-    """
-
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        """Let one line per key through every ``interval_s`` seconds of ``clock``."""
-        self._interval_s = interval_s
-        self._clock = clock
-        self._open_at: dict[object, float] = {}
-        self._held: dict[object, int] = {}
-
-    def log(self, level: int, key: object, msg: str, *args: object) -> None:
-        """Log ``msg`` at ``level`` unless a line of ``key`` went out less than the interval ago."""
-        now = self._clock()
-        if now < self._open_at.get(key, 0.0):
-            self._held[key] = self._held.get(key, 0) + 1
-            return
-        if len(self._open_at) > _THROTTLE_KEYS:  # bounded: keys come from queue names
-            self._open_at.clear()
-        self._open_at[key] = now + self._interval_s
-        held = self._held.pop(key, 0)
-        if held:
-            msg += " (and %d more like it in the last %.0f s)"
-            args = (*args, held, self._interval_s)
-        log.log(level, msg, *args)
-
-
-_THROTTLE_KEYS = 1000
 
 
 class Outcome(enum.Enum):

@@ -17,7 +17,8 @@ from aiormq.exceptions import ChannelInvalidStateError, ChannelNotFoundEntity, D
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
-from faststream_retry.amqp.publisher import Outcome, Publisher, Throttle
+from faststream_retry._log import Throttle
+from faststream_retry.amqp.publisher import Outcome, Publisher
 
 
 class Channel:
