@@ -1,0 +1,20 @@
+"""The typer application: one sub-module per command (group) registers itself here."""
+
+from __future__ import annotations
+
+import typer
+
+from faststream_retry.cli import dlq
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    name="faststream-retry",
+    help="See, explain, replay and migrate faststream-retry's retries and dead letters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for module in (dlq,):
+    module.register(app)
