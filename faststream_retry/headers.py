@@ -23,6 +23,12 @@ hostile or buggy producer can put on the wire and never raises. Rules:
                            and the message first, so the frames stay)
 ``retry-origin-queue``     on dead letters: the queue the message failed in (information
                            only: the plugin never routes by a header)
+``retry-replayed``         written by ``faststream-retry dlq replay``: the story of each
+                           earlier life of the message (the last ``REPLAYED_LIMIT``), each
+                           a table: when it was replayed, and the reason, attempts,
+                           exception, error, failure times, origin queue and history it
+                           had in the dead-letter queue. Carried unchanged; the plugin
+                           never reads it to decide anything
 =========================  ===============================================================
 
 RabbitMQ's own ``x-death``, ``x-first-death-*`` and ``x-last-death-*`` are removed on
@@ -60,6 +66,8 @@ __all__ = [
     "MAX_ADDED_BYTES",
     "ORIGIN_QUEUE",
     "REASON",
+    "REPLAYED",
+    "REPLAYED_LIMIT",
     "TRACEBACK",
     "VERSION",
     "FailureRecord",
@@ -71,6 +79,10 @@ __all__ = [
     "now_ms",
     "read_attempt",
     "read_due",
+    "read_history",
+    "read_ms",
+    "read_text",
+    "replayed_headers",
     "retry_headers",
     "sanitize",
     "traceback_text",
@@ -91,8 +103,10 @@ EXCEPTION = "retry-exception"
 ERROR = "retry-error"
 TRACEBACK = "retry-traceback"
 ORIGIN_QUEUE = "retry-origin-queue"
+REPLAYED = "retry-replayed"
 
 HISTORY_LIMIT = 10
+REPLAYED_LIMIT = 3
 ERROR_LIMIT = 1024
 HISTORY_ERROR_LIMIT = 200
 EXCEPTION_LIMIT = 200
@@ -259,6 +273,71 @@ def expired_from(headers: Mapping[str, Any] | None) -> str | None:
     if not isinstance(newest, Mapping) or _text(newest.get("reason")) != "expired":
         return None
     return _text(newest.get("queue")) or None
+
+
+def read_ms(headers: Mapping[str, Any] | None, key: str) -> int | None:
+    """Return the epoch-ms timestamp under ``key``, or ``None`` when missing or unreadable."""
+    if not headers:
+        return None
+    return _int(headers.get(key), _MAX_MS)
+
+
+def read_text(headers: Mapping[str, Any] | None, key: str, limit: int = ERROR_LIMIT) -> str:
+    """Return the text under ``key`` cut to ``limit`` bytes; ``""`` when missing or not text."""
+    if not headers:
+        return ""
+    return truncate(_text(headers.get(key)), limit)
+
+
+def read_history(headers: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Return the failure history, each entry checked; ``[]`` when missing or unreadable."""
+    if not headers:
+        return []
+    return _read_history(headers)
+
+
+# What a replay resets: the retry state, and the broker's records of the last life.
+_RESET = (
+    VERSION,
+    ATTEMPT,
+    DUE,
+    FIRST_FAILED_AT,
+    LAST_FAILED_AT,
+    HISTORY,
+    REASON,
+    EXCEPTION,
+    ERROR,
+    TRACEBACK,
+    ORIGIN_QUEUE,
+    "x-delivery-count",
+)
+
+
+def replayed_headers(headers: Mapping[str, Any] | None, at_ms: int) -> dict[str, Any]:
+    """Return the headers of a dead letter sent back to work: a fresh retry state.
+
+    The attempt count, due time and failure fields go, so the message gets every
+    attempt of its policy again; what they said moves into a ``retry-replayed``
+    record, so the story is not lost. Earlier records stay, the newest last, at most
+    ``REPLAYED_LIMIT``. The traceback is not kept (it is the largest field, and the
+    history names each failure).
+    """
+    kept = {k: v for k, v in carry_over(headers).items() if k not in _RESET}
+    record = {
+        "at": at_ms,
+        "reason": read_text(headers, REASON, EXCEPTION_LIMIT),
+        "attempts": read_attempt(headers),
+        "exception": read_text(headers, EXCEPTION, EXCEPTION_LIMIT),
+        "error": read_text(headers, ERROR, HISTORY_ERROR_LIMIT),
+        "first-failed-at": read_ms(headers, FIRST_FAILED_AT) or 0,
+        "last-failed-at": read_ms(headers, LAST_FAILED_AT) or 0,
+        "origin-queue": read_text(headers, ORIGIN_QUEUE, QUEUE_LIMIT),
+        "history": read_history(headers),
+    }
+    earlier = kept.get(REPLAYED)
+    records = [r for r in earlier if isinstance(r, Mapping)] if isinstance(earlier, list) else []
+    kept[REPLAYED] = [*records, record][-REPLAYED_LIMIT:]
+    return kept
 
 
 def _read_history(headers: Mapping[str, Any]) -> list[dict[str, Any]]:

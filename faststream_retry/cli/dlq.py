@@ -2,13 +2,453 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
+
 import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from faststream_retry.cli._common import (
+    DEFAULT_URL,
+    EXIT_ERROR,
+    Json,
+    Url,
+    err,
+    fail,
+    out,
+    print_json,
+    run,
+)
+from faststream_retry.ops import dlq as ops
+from faststream_retry.ops.common import OperationError, connect, dlq_of
+from faststream_retry.ops.records import DeadLetter, Decoder, load_decoder, selection
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from faststream_retry.ops.walk import Pass
 
 __all__ = ["register"]
 
-dlq = typer.Typer(help="Look at dead letters and send them back.", no_args_is_help=True)
+dlq = typer.Typer(
+    help="Look at dead letters, send them back, remove them, save and restore them.",
+    no_args_is_help=True,
+)
+
+Queue = Annotated[str, typer.Argument(help="The work queue (or its .dlq).", show_default=False)]
+Ids = Annotated[
+    list[str] | None, typer.Option("--id", help="A message id (or #position); repeatable.")
+]
+Reasons = Annotated[
+    list[str] | None,
+    typer.Option("--reason", help="permanent, exhausted, invalid, ...; repeatable."),
+]
+Exceptions = Annotated[
+    list[str] | None,
+    typer.Option("--exception", help="Exception type, qualified or not; repeatable."),
+]
+Since = Annotated[
+    str | None,
+    typer.Option("--since", help="Last failure at or after: ISO 8601 or an age (30m, 2h, 7d)."),
+]
+Until = Annotated[
+    str | None, typer.Option("--until", help="Last failure at or before: ISO 8601 or an age.")
+]
+Limit = Annotated[int | None, typer.Option("--limit", min=1, help="At most this many.")]
+DecoderOption = Annotated[
+    str | None,
+    typer.Option(
+        "--decoder",
+        help="module:function(body, content_type, headers) returning text or a JSON-able value.",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``dlq`` group to ``app``."""
     app.add_typer(dlq, name="dlq")
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _decoder(spec: str | None) -> Decoder | None:
+    if spec is None:
+        return None
+    # As --app does: the decoder's module is found from where the command runs.
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return load_decoder(spec)
+    except OperationError as exc:
+        fail(str(exc))
+
+
+@contextmanager
+def _progress(what: str, *, show: bool = True) -> Iterator[Callable[[Pass], None]]:
+    """A progress bar on stderr (when it is a terminal) fed by a pass's counts."""
+    if not show or not err.is_terminal:
+        yield lambda _done: None
+        return
+    with Progress(
+        TextColumn(f"{what}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(what, total=None, detail="")
+
+        def update(done: Pass) -> None:
+            detail = f"moved {done.moved}" if done.moved else ""
+            detail += f" removed {done.dropped}" if done.dropped else ""
+            bar.update(task, total=done.total, completed=done.visited, detail=detail)
+
+        yield update
+
+
+def _letters_table(letters: list[DeadLetter], title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for name, justify in [
+        ("#", "right"),
+        ("message id", "left"),
+        ("reason", "left"),
+        ("attempts", "right"),
+        ("exception", "left"),
+        ("error", "left"),
+        ("first failed", "left"),
+        ("last failed", "left"),
+        ("body", "left"),
+    ]:
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for letter in letters:
+        table.add_row(
+            str(letter.position),
+            escape(letter.message_id or "-"),
+            escape(letter.reason),
+            str(letter.attempts),
+            escape(letter.exception.rsplit(".", 1)[-1] or "-"),
+            escape(_short(letter.error, 50)),
+            _when(letter.first_failed_ms),
+            _when(letter.last_failed_ms),
+            escape(letter.body.preview(40)),
+        )
+    return table
+
+
+def _short(text: str, chars: int) -> str:
+    line = " ".join(text.split()) or "-"
+    return line if len(line) <= chars else line[: chars - 1] + "…"
+
+
+def _counts(done: Pass | None) -> dict[str, Any]:
+    if done is None:
+        return {}
+    return {
+        "in_queue_before": done.total,
+        "visited": done.visited,
+        "kept": done.kept,
+        "moved": done.moved,
+        "removed": done.dropped,
+        "quorum": done.quorum,
+    }
+
+
+@dlq.command("list")
+def list_(
+    queue: Queue,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many rows.")] = (
+        ops.LIST_LIMIT
+    ),
+    ids: Ids = None,
+    reasons: Reasons = None,
+    exceptions: Exceptions = None,
+    since: Since = None,
+    until: Until = None,
+    decoder: DecoderOption = None,
+    as_json: Json = False,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """One row per dead letter, head first. Removes, reorders and spends nothing."""
+    chosen = selection(ids or (), reasons or (), exceptions or (), since, until)
+    decode = _decoder(decoder)
+
+    async def go() -> ops.Outcome:
+        async with connect(url) as connection:
+            with _progress("reading") as progress:
+                return await ops.list_dead_letters(
+                    connection,
+                    queue,
+                    selection=chosen,
+                    limit=limit,
+                    decoder=decode,
+                    progress=progress,
+                )
+
+    found = run(go())
+    if as_json:
+        print_json([letter.summary() for letter in found.taken])
+        return
+    total = found.done.total if found.done else 0
+    title = f"{found.queue}: {total} dead letter{'s' if total != 1 else ''}"
+    if not chosen.everything:
+        title += f", {len(found.taken)} selected"
+    if len(found.taken) >= limit:
+        title += f" (first {limit}; --limit to see more)"
+    out.print(_letters_table(found.taken, title))
+
+
+@dlq.command("show")
+def show(
+    queue: Queue,
+    message_id: Annotated[
+        str, typer.Argument(help="The message id, or #position from dlq list.", show_default=False)
+    ],
+    decoder: DecoderOption = None,
+    as_json: Json = False,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Everything about one dead letter: properties, headers, history, traceback, body."""
+    decode = _decoder(decoder)
+
+    async def go() -> DeadLetter | None:
+        async with connect(url) as connection:
+            return await ops.show_dead_letter(connection, queue, message_id, decoder=decode)
+
+    letter = run(go())
+    if letter is None:
+        fail(f"no dead letter {message_id!r} in {dlq_of(queue)}")
+    if as_json:
+        print_json(letter.details())
+        return
+    _show(letter)
+
+
+def _show(letter: DeadLetter) -> None:
+    out.print(f"[bold]{escape(letter.key)}[/bold] at position {letter.position}")
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column(overflow="fold")
+    for name, value in [
+        ("reason", letter.reason),
+        ("attempts", str(letter.attempts)),
+        ("exception", letter.exception or "-"),
+        ("error", letter.error or "-"),
+        ("origin queue", letter.origin_queue or "-"),
+        ("first failed", _when(letter.first_failed_ms)),
+        ("last failed", _when(letter.last_failed_ms)),
+    ]:
+        facts.add_row(name, escape(value))
+    out.print(facts)
+    out.print("\n[bold]properties[/bold]")
+    props = Table.grid(padding=(0, 2))
+    props.add_column()
+    props.add_column(overflow="fold")
+    for name, value in letter.properties.items():
+        if value is not None:
+            props.add_row(name, escape(str(value)))
+    out.print(props)
+    out.print("\n[bold]headers[/bold]")
+    hdrs = Table.grid(padding=(0, 2))
+    hdrs.add_column()
+    hdrs.add_column(overflow="fold")
+    for name, value in letter.headers.items():
+        hdrs.add_row(escape(name), escape(_short(repr(value), 200)))
+    out.print(hdrs)
+    if letter.history:
+        history = Table(title="history", title_justify="left")
+        for column in ("attempt", "at", "exception", "error", "then waited"):
+            history.add_column(column, overflow="fold")
+        for entry in letter.history:
+            history.add_row(
+                str(entry["attempt"]),
+                _when(entry["at"]),
+                escape(entry["exception"]),
+                escape(entry["error"]),
+                f"{entry['delay'] / 1000:g} s" if entry["delay"] else "-",
+            )
+        out.print(history)
+    if letter.replayed:
+        out.print(f"\n[bold]replayed before[/bold]: {len(letter.replayed)} time(s)")
+    if letter.traceback:
+        out.print("\n[bold]traceback[/bold]")
+        out.print(escape(letter.traceback))
+    out.print(f"\n[bold]body[/bold] ({letter.size} bytes, {letter.body.kind})")
+    out.print(escape(letter.body.text))
+
+
+@dlq.command("replay")
+def replay(
+    queue: Queue,
+    ids: Ids = None,
+    reasons: Reasons = None,
+    exceptions: Exceptions = None,
+    since: Since = None,
+    until: Until = None,
+    limit: Limit = None,
+    rate: Annotated[
+        float | None, typer.Option("--rate", min=0.001, help="At most this many a second.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would move; move nothing.")
+    ] = False,
+    to: Annotated[
+        str | None, typer.Option("--to", help="Send them to this queue instead of the work queue.")
+    ] = None,
+    as_json: Json = False,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Send dead letters back to their work queue with a fresh attempt count.
+
+    Each copy is confirmed before its dead letter is acked. The old retry state is
+    kept in a retry-replayed header. Dead letters that do not match stay, in order.
+    """
+    chosen = selection(ids or (), reasons or (), exceptions or (), since, until)
+
+    async def go() -> ops.Outcome:
+        async with connect(url) as connection:
+            with _progress("replaying", show=not dry_run) as progress:
+                return await ops.replay_dead_letters(
+                    connection,
+                    queue,
+                    selection=chosen,
+                    to=to,
+                    limit=limit,
+                    rate=rate,
+                    dry_run=dry_run,
+                    progress=progress,
+                )
+
+    done = run(go())
+    verb = "would replay" if dry_run else "replayed"
+    if as_json:
+        print_json(
+            {
+                "queue": done.queue,
+                "to": done.target,
+                "dry_run": dry_run,
+                "selected": [letter.key for letter in done.taken],
+                **_counts(done.done),
+            }
+        )
+        return
+    if dry_run:
+        out.print(_letters_table(done.taken, f"{verb} to {done.target}:"))
+    out.print(
+        f"{verb} {len(done.taken)} of {done.done.total if done.done else 0} dead letters "
+        f"from {done.queue} to {done.target}"
+    )
+
+
+def _confirm_purge(queue: str, *, everything: bool, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        fail("purge removes dead letters for good: add --yes (dlq export saves them first)")
+    what = "EVERY dead letter" if everything else "the matching dead letters"
+    if not typer.confirm(f"remove {what} in {dlq_of(queue)} for good?"):
+        raise typer.Exit(EXIT_ERROR)
+
+
+@dlq.command("purge")
+def purge(
+    queue: Queue,
+    ids: Ids = None,
+    reasons: Reasons = None,
+    exceptions: Exceptions = None,
+    since: Since = None,
+    until: Until = None,
+    limit: Limit = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
+    as_json: Json = False,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Remove dead letters for good; those that do not match stay, in order."""
+    chosen = selection(ids or (), reasons or (), exceptions or (), since, until)
+    _confirm_purge(queue, everything=chosen.everything, yes=yes)
+
+    async def go() -> ops.Outcome:
+        async with connect(url) as connection:
+            with _progress("removing") as progress:
+                return await ops.purge_dead_letters(
+                    connection, queue, selection=chosen, limit=limit, progress=progress
+                )
+
+    done = run(go())
+    if as_json:
+        print_json(
+            {
+                "queue": done.queue,
+                "removed": [letter.key for letter in done.taken],
+                **_counts(done.done),
+            }
+        )
+        return
+    out.print(f"removed {len(done.taken)} dead letters from {done.queue}")
+
+
+@dlq.command("export")
+def export(
+    queue: Queue,
+    file: Annotated[
+        typer.FileTextWrite,
+        typer.Argument(help="JSON Lines file to write; - for stdout.", show_default=False),
+    ],
+    ids: Ids = None,
+    reasons: Reasons = None,
+    exceptions: Exceptions = None,
+    since: Since = None,
+    until: Until = None,
+    limit: Limit = None,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Save dead letters as JSON Lines, every byte and header; they stay in the queue."""
+    chosen = selection(ids or (), reasons or (), exceptions or (), since, until)
+
+    async def go(stream: TextIO) -> ops.Outcome:
+        async with connect(url) as connection:
+            with _progress("exporting") as progress:
+                return await ops.export_dead_letters(
+                    connection,
+                    queue,
+                    stream.write,
+                    selection=chosen,
+                    limit=limit,
+                    progress=progress,
+                )
+
+    done = run(go(file))
+    file.flush()
+    err.print(f"exported {len(done.taken)} dead letters from {done.queue} to {file.name}")
+
+
+@dlq.command("import")
+def import_(
+    file: Annotated[
+        typer.FileText,
+        typer.Argument(help="JSON Lines from dlq export; - for stdin.", show_default=False),
+    ],
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="Publish to this queue instead of the one each came from."),
+    ] = None,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Publish exported messages back, each confirmed by the broker."""
+
+    async def go(stream: TextIO) -> int:
+        async with connect(url) as connection:
+            return await ops.import_messages(connection, stream, source=file.name, to=to)
+
+    count = run(go(file))
+    err.print(f"imported {count} messages from {file.name}")

@@ -1,0 +1,267 @@
+"""Dead letters: list, show, replay, purge, export and import them (see ``walk`` for how).
+
+Each function takes the work queue or its ``.dlq`` by name. Selections and limits
+choose which dead letters an operation takes; the rest stay in the queue, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from faststream_retry import headers as h
+from faststream_retry.ops.common import OperationError, dlq_of
+from faststream_retry.ops.records import DeadLetter, Decoder, Selection
+from faststream_retry.ops.walk import DROP, KEEP, Move, Pass, Seen, publish, walk
+from faststream_retry.ops.wire import Record, read_line, write_line
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from aio_pika.abc import AbstractConnection
+
+    from faststream_retry.ops.walk import Step
+
+__all__ = [
+    "Outcome",
+    "export_dead_letters",
+    "import_messages",
+    "list_dead_letters",
+    "purge_dead_letters",
+    "replay_dead_letters",
+    "show_dead_letter",
+]
+
+LIST_LIMIT = 100
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What an operation did: which dead letters it took, and the pass's counts."""
+
+    queue: str
+    taken: list[DeadLetter] = field(default_factory=list)
+    """The selected dead letters (moved, dropped or written), in queue order."""
+    done: Pass | None = None
+    target: str | None = None
+
+
+def _read(seen: Seen, decoder: Decoder | None = None) -> DeadLetter:
+    props = seen.properties
+    return DeadLetter.read(
+        seen.position,
+        seen.body,
+        {
+            "content_type": props.content_type,
+            "content_encoding": props.content_encoding,
+            "message_id": props.message_id,
+            "correlation_id": props.correlation_id,
+            "delivery_mode": props.delivery_mode,
+            "priority": props.priority,
+            "timestamp": props.timestamp,
+            "type": props.message_type,
+            "app_id": props.app_id,
+            "user_id": props.user_id,
+            "reply_to": props.reply_to,
+            "expiration": props.expiration,
+        },
+        props.headers,
+        decoder,
+    )
+
+
+def _target(queue: str, to: str | None) -> str:
+    """Where replayed dead letters of ``queue``'s DLQ go: ``to``, or the work queue."""
+    if to:
+        return to
+    dlq = dlq_of(queue)
+    return dlq.removesuffix(".dlq")
+
+
+async def list_dead_letters(
+    connection: AbstractConnection,
+    queue: str,
+    *,
+    selection: Selection | None = None,
+    limit: int | None = LIST_LIMIT,
+    decoder: Decoder | None = None,
+    progress: Callable[[Pass], None] | None = None,
+) -> Outcome:
+    """Return the dead letters of ``queue`` that ``selection`` takes, head first, up to ``limit``.
+
+    Nothing is removed, reordered or spent (see ``walk``: a quorum queue is passed
+    through whole even with a limit, so its order is kept).
+    """
+    return await _pass(
+        connection,
+        queue,
+        lambda _seen, _letter: KEEP,
+        selection=selection,
+        limit=limit,
+        progress=progress,
+        decoder=decoder,
+    )
+
+
+async def show_dead_letter(
+    connection: AbstractConnection, queue: str, key: str, *, decoder: Decoder | None = None
+) -> DeadLetter | None:
+    """Return the dead letter with message id ``key`` (or ``#position``), if there is one."""
+    found = await list_dead_letters(
+        connection, queue, selection=Selection(ids=frozenset({key})), limit=1, decoder=decoder
+    )
+    return found.taken[0] if found.taken else None
+
+
+async def replay_dead_letters(
+    connection: AbstractConnection,
+    queue: str,
+    *,
+    selection: Selection | None = None,
+    to: str | None = None,
+    limit: int | None = None,
+    rate: float | None = None,
+    dry_run: bool = False,
+    now_ms: Callable[[], int] = h.now_ms,
+    progress: Callable[[Pass], None] | None = None,
+) -> Outcome:
+    """Send the selected dead letters back to work, with a fresh retry state.
+
+    Each goes to its work queue (``queue`` without ``.dlq``), or to ``to``, by the
+    default exchange: to that queue only, never through the exchange it first came
+    by. Its attempt count and failure headers are reset and what they said is kept in
+    a ``retry-replayed`` record. The pass is bounded by what was in the DLQ when it
+    began, so a message that fails again during the replay is not replayed again.
+    ``dry_run`` returns what would move and moves nothing.
+
+    Raises:
+        OperationError: the DLQ does not exist, or a publish failed (the target queue
+            does not exist, say): what moved before stays moved, the rest stays.
+    """
+    target = _target(queue, to)
+
+    def step(seen: Seen, _letter: DeadLetter) -> Step:
+        if dry_run:
+            return KEEP
+        properties = seen.properties
+        properties.headers = h.replayed_headers(properties.headers, now_ms())
+        return Move("", target, seen.body, properties)
+
+    outcome = await _pass(
+        connection, queue, step, selection=selection, limit=limit, progress=progress, rate=rate
+    )
+    outcome.target = target
+    return outcome
+
+
+async def purge_dead_letters(
+    connection: AbstractConnection,
+    queue: str,
+    *,
+    selection: Selection | None = None,
+    limit: int | None = None,
+    progress: Callable[[Pass], None] | None = None,
+) -> Outcome:
+    """Remove the selected dead letters for good (``export_dead_letters`` first keeps a copy)."""
+    return await _pass(
+        connection,
+        queue,
+        lambda _seen, _letter: DROP,
+        selection=selection,
+        limit=limit,
+        progress=progress,
+    )
+
+
+async def export_dead_letters(
+    connection: AbstractConnection,
+    queue: str,
+    write: Callable[[str], object],
+    *,
+    selection: Selection | None = None,
+    limit: int | None = None,
+    progress: Callable[[Pass], None] | None = None,
+) -> Outcome:
+    """Write the selected dead letters as JSON Lines through ``write``; they stay in the queue.
+
+    Every byte of the body and every property and header is kept (``ops.wire``), so
+    ``import_messages`` can put back what a purge removed.
+    """
+    dlq = dlq_of(queue)
+
+    def step(seen: Seen, _letter: DeadLetter) -> Step:
+        write(write_line(Record(dlq, seen.properties, seen.body)))
+        return KEEP
+
+    return await _pass(connection, queue, step, selection=selection, limit=limit, progress=progress)
+
+
+async def import_messages(
+    connection: AbstractConnection,
+    lines: Iterable[str],
+    *,
+    source: str = "<input>",
+    to: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Publish every exported message in ``lines`` to ``to`` or the queue it was exported from.
+
+    Each is confirmed before the next goes. Returns how many were published.
+
+    Raises:
+        OperationError: a line is not an exported message (nothing after it is
+            published), or the broker did not take one (the count so far is in the text).
+    """
+    channel = await connection.channel(publisher_confirms=True)
+    published = 0
+    user = getattr(getattr(connection, "url", None), "user", None)
+    try:
+        underlay = await channel.get_underlay_channel()
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            record = read_line(line, f"{source}:{number}")
+            try:
+                await publish(
+                    underlay, Move("", to or record.queue, record.body, record.properties), user
+                )
+            except OperationError as exc:
+                raise OperationError(
+                    f"{exc}; {published} published before {source}:{number}"
+                ) from exc
+            published += 1
+            if progress is not None:
+                progress(published)
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+    return published
+
+
+async def _pass(
+    connection: AbstractConnection,
+    queue: str,
+    step: Callable[[Seen, DeadLetter], Step],
+    *,
+    selection: Selection | None,
+    limit: int | None,
+    progress: Callable[[Pass], None] | None,
+    decoder: Decoder | None = None,
+    rate: float | None = None,
+) -> Outcome:
+    dlq = dlq_of(queue)
+    outcome = Outcome(dlq)
+    chosen = selection or Selection()
+
+    async def visit(seen: Seen) -> Step:
+        letter = _read(seen, decoder)
+        if not chosen.matches(letter):
+            return KEEP
+        outcome.taken.append(letter)
+        return step(seen, letter)
+
+    def enough() -> bool:
+        return limit is not None and len(outcome.taken) >= limit
+
+    outcome.done = await walk(connection, dlq, visit, enough=enough, rate=rate, progress=progress)
+    return outcome

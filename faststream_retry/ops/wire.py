@@ -1,0 +1,138 @@
+"""Messages as JSON Lines, every byte and type kept: written by ``dlq export``, read by ``import``.
+
+One JSON object per line: ``{"format": 1, "queue": ..., "exported_at": ...,
+"properties": {...}, "headers": {...}, "body": "<base64>"}``. Header and property
+values that JSON has no type for are tagged objects with one key: ``{"$bytes":
+"<base64>"}`` (an AMQP byte array), ``{"$decimal": "1.50"}``, ``{"$datetime":
+"<ISO 8601>"}`` (an AMQP timestamp), and ``{"$table": {...}}`` for a table whose keys
+start with ``$`` (so it cannot be read as a tag). Everything else is JSON as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import decimal
+import json
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from faststream_retry.ops.common import OperationError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["FORMAT", "Record", "decode_value", "encode_value", "read_line", "write_line"]
+
+FORMAT = 1
+
+_PROPERTIES = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "message_type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
+
+
+def encode_value(value: Any) -> Any:  # noqa: ANN401 - any AMQP field value
+    """Return ``value`` as JSON, tagging what JSON cannot hold as is."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dict):
+        table = {str(k): encode_value(v) for k, v in value.items()}
+        return {"$table": table} if any(k.startswith("$") for k in table) else table
+    if isinstance(value, (list, tuple)):
+        return [encode_value(v) for v in value]
+    return value
+
+
+_TAGS: dict[str, Any] = {
+    "$bytes": lambda v: bytearray(base64.b64decode(v, validate=True)),
+    "$decimal": decimal.Decimal,
+    "$datetime": datetime.fromisoformat,
+    "$table": lambda v: {k: decode_value(x) for k, x in v.items()},
+}
+
+
+def decode_value(value: Any) -> Any:  # noqa: ANN401 - any JSON value
+    """Undo ``encode_value``: byte arrays come back as ``bytearray`` (what pamqp encodes)."""
+    if isinstance(value, dict):
+        if len(value) == 1:
+            ((tag, inner),) = value.items()
+            if tag in _TAGS:
+                return _TAGS[tag](inner)
+        return {k: decode_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_value(v) for v in value]
+    return value
+
+
+class Record:
+    """One exported message: where it was, its properties, headers and body."""
+
+    __slots__ = ("body", "properties", "queue")
+
+    def __init__(self, queue: str, properties: commands.Basic.Properties, body: bytes) -> None:
+        """Keep the message as read from ``queue``."""
+        self.queue = queue
+        self.properties = properties
+        self.body = body
+
+
+def write_line(record: Record) -> str:
+    """Return ``record`` as one line of JSON (with its newline)."""
+    props = record.properties
+    data = {
+        "format": FORMAT,
+        "queue": record.queue,
+        "exported_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        "properties": {
+            name: encode_value(value)
+            for name in _PROPERTIES
+            if (value := getattr(props, name, None)) is not None
+        },
+        "headers": encode_value(dict(props.headers or {})),
+        "body": base64.b64encode(record.body).decode(),
+    }
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def read_line(line: str, where: str) -> Record:
+    """Read one line ``write_line`` wrote; ``where`` names it in errors (``file:line``).
+
+    Raises:
+        OperationError: the line is not such a record.
+    """
+    try:
+        data = json.loads(line)
+        _check(data)
+        props: Mapping[str, Any] = data["properties"]
+        headers = decode_value(data.get("headers") or {})
+        properties = commands.Basic.Properties(
+            headers=headers or None, **{k: decode_value(v) for k, v in props.items()}
+        )
+        return Record(str(data["queue"]), properties, base64.b64decode(data["body"], validate=True))
+    except (ValueError, KeyError, TypeError, decimal.InvalidOperation) as exc:
+        raise OperationError(f"{where}: not an exported message ({exc})") from None
+
+
+def _check(data: object) -> None:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"not a format-{FORMAT} record")
+    unknown = set(data["properties"]) - set(_PROPERTIES)
+    if unknown:
+        raise ValueError(f"unknown properties {sorted(unknown)}")
