@@ -389,7 +389,7 @@ def purge(
         print_json(
             {
                 "queue": done.queue,
-                "removed": [letter.key for letter in done.taken],
+                "selected": [letter.key for letter in done.taken],
                 **_counts(done.done),
             }
         )

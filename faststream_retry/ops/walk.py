@@ -171,14 +171,53 @@ class _Rate:
 class _Walker:
     """One pass's channel and state."""
 
-    def __init__(self, underlay: UnderlayChannel, done: Pass, user: str | None) -> None:
+    def __init__(
+        self,
+        underlay: UnderlayChannel,
+        done: Pass,
+        *,
+        user: str | None,
+        visit: Callable[[Seen], Awaitable[Step]],
+        enough: Callable[[], bool],
+        rate: float | None,
+    ) -> None:
         self.underlay = underlay
         self.done = done
         self.user = user
+        self.visit = visit
+        self.enough = enough
+        self.pace = _Rate(rate)
         self.held: int | None = None
         """The last delivery tag kept unacked (classic queues)."""
+        self.failure: OperationError | None = None
+        """The move that failed; the rest of the pass keeps every message."""
+
+    async def next(self) -> bool:
+        """Fetch and handle the next message; return whether the pass goes on."""
+        done = self.done
+        got = await self.underlay.basic_get(done.queue, no_ack=False)
+        if not isinstance(got.delivery, commands.Basic.GetOk):
+            return False  # someone else consumed the rest
+        tag = got.delivery.delivery_tag or 0  # always set on a GetOk
+        if done.visited == 0:
+            done.quorum = DELIVERY_COUNT in (got.header.properties.headers or {})
+        done.visited += 1
+        seen = Seen(done.visited, got.body, got.header.properties)
+        step: Step = KEEP if self.failure or self.enough() else await self.visit(seen)
+        if isinstance(step, Move):
+            await self.pace.wait()
+            await self.move(seen, tag, step)
+        elif step is DROP:
+            await self.underlay.basic_ack(tag)
+            done.dropped += 1
+        else:
+            await self.keep(seen, tag)
+        # A quorum queue's pass goes through every message, so the kept ones end in
+        # their old order; a classic one can end early, its kept messages unmoved.
+        return done.quorum or not (self.failure or self.enough())
 
     async def keep(self, seen: Seen, tag: int) -> None:
+        self.done.kept += 1
         if not self.done.quorum:
             self.held = tag
             return
@@ -190,12 +229,14 @@ class _Walker:
     async def move(self, seen: Seen, tag: int, move: Move) -> None:
         try:
             await publish(self.underlay, move, self.user)
-        except OperationError:
+        except OperationError as exc:
             # The message stays: held (classic), or back at the tail (quorum); if
             # even that fails, the channel closes with it unacked, a counted requeue.
+            self.failure = exc
             await self.keep(seen, tag)
-            raise
+            return
         await self.underlay.basic_ack(tag)
+        self.done.moved += 1
 
     async def release(self) -> None:
         if self.held is not None and not self.underlay.is_closed:
@@ -219,8 +260,8 @@ async def walk(
     each message.
 
     Raises:
-        OperationError: the queue does not exist, or a move failed (the message it
-            was moving is kept; nothing after it is touched).
+        OperationError: the queue does not exist, or a move failed: the message it
+            was moving is kept, and so is every one after it.
     """
     channel = await connection.channel(publisher_confirms=True)
     try:
@@ -230,35 +271,18 @@ async def walk(
         except ChannelNotFoundEntity:
             raise OperationError(f"queue {queue!r} does not exist") from None
         done = Pass(queue, declared.message_count or 0)
-        walker = _Walker(underlay, done, getattr(getattr(connection, "url", None), "user", None))
-        pace = _Rate(rate)
+        user = getattr(getattr(connection, "url", None), "user", None)
+        walker = _Walker(underlay, done, user=user, visit=visit, enough=enough, rate=rate)
         try:
-            while done.visited < done.total:
-                got = await underlay.basic_get(queue, no_ack=False)
-                if not isinstance(got.delivery, commands.Basic.GetOk):
-                    break  # someone else consumed the rest
-                tag = got.delivery.delivery_tag or 0  # always set on a GetOk
-                if done.visited == 0:
-                    done.quorum = DELIVERY_COUNT in (got.header.properties.headers or {})
-                done.visited += 1
-                seen = Seen(done.visited, got.body, got.header.properties)
-                step: Step = KEEP if enough() else await visit(seen)
-                if isinstance(step, Move):
-                    await pace.wait()
-                    await walker.move(seen, tag, step)
-                    done.moved += 1
-                elif step is DROP:
-                    await underlay.basic_ack(tag)
-                    done.dropped += 1
-                else:
-                    await walker.keep(seen, tag)
-                    done.kept += 1
+            going = True
+            while going and done.visited < done.total:
+                going = await walker.next()
                 if progress is not None:
                     progress(done)
-                if enough() and not done.quorum:
-                    break
         finally:
             await walker.release()
+        if walker.failure is not None:
+            raise walker.failure
         return done
     finally:
         if not channel.is_closed:

@@ -1,0 +1,481 @@
+"""The dlq commands, run as the real console script against a real broker.
+
+Dead letters are made by a real app (a handler that fails) or published into a
+``.dlq`` with the plugin's own headers; every count is by message id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+import pytest
+
+from faststream_retry import Fixed, RetryPolicy, headers, retry_policy
+from tests.cli import environment, run_cli, script
+from tests.rabbit import App, eventually, headers_of, queue_depth, unique
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+
+pytestmark = pytest.mark.rabbit
+
+BINARY = bytes(range(256))
+
+
+async def declare(amqp: AbstractRobustConnection, name: str, queue_type: str) -> None:
+    channel = await amqp.channel()
+    await channel.declare_queue(name, durable=True, arguments={"x-queue-type": queue_type})
+    await channel.close()
+
+
+async def delete(amqp: AbstractRobustConnection, *names: str) -> None:
+    channel = await amqp.channel()
+    for name in names:
+        await channel.queue_delete(name)
+    await channel.close()
+
+
+def dead_letter_headers(
+    reason: str, attempt: int, exc: BaseException, queue: str
+) -> dict[str, Any]:
+    record = headers.FailureRecord.of(exc, attempt=attempt, at_ms=headers.now_ms())
+    return headers.dead_letter_headers(
+        {"app-header": "kept"}, record, reason=reason, origin_queue=queue, traceback="Traceback..."
+    )
+
+
+async def seed(
+    amqp: AbstractRobustConnection,
+    queue: str,
+    letters: list[tuple[str, str, bytes, str | None]],
+) -> None:
+    """Publish ``(id, reason, body, content type)`` dead letters into ``queue``.dlq, confirmed."""
+    channel = await amqp.channel()
+    for message_id, reason, body, content_type in letters:
+        await channel.default_exchange.publish(
+            aio_pika.Message(
+                body,
+                message_id=message_id,
+                content_type=content_type,
+                headers=dead_letter_headers(
+                    reason, 3, TimeoutError(f"{message_id} timed out"), queue
+                ),
+                correlation_id=f"corr-{message_id}",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            ),
+            routing_key=f"{queue}.dlq",
+        )
+    await channel.close()
+
+
+async def take_all(amqp: AbstractRobustConnection, name: str) -> list[AbstractIncomingMessage]:
+    """Consume and ack every message in ``name``, head first."""
+    channel = await amqp.channel()
+    queue = await channel.get_queue(name)
+    taken = []
+    while (message := await queue.get(fail=False, no_ack=True)) is not None:
+        taken.append(message)
+    await channel.close()
+    return taken
+
+
+async def ids_in(amqp: AbstractRobustConnection, name: str) -> list[str]:
+    return [m.message_id or "" for m in await take_all(amqp, name)]
+
+
+@pytest.fixture(params=["classic", "quorum"])
+def queue_type(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def work_queue(amqp: AbstractRobustConnection, queue_type: str) -> Any:
+    name = unique("cli")
+    await declare(amqp, name, "classic")
+    await declare(amqp, f"{name}.dlq", queue_type)
+    yield name
+    await delete(amqp, name, f"{name}.dlq")
+
+
+async def test_list_and_show_read_json_and_binary_dead_letters_and_leave_them_in_place(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    """Listing twice changes nothing: same order, and a quorum DLQ's delivery count stays 0."""
+    await seed(
+        amqp,
+        work_queue,
+        [
+            ("j1", "permanent", b'{"order": 1, "sku": "A-1"}', "application/json"),
+            ("b1", "exhausted", BINARY, "application/x-protobuf"),
+            ("t1", "exhausted", "naïve text".encode(), "text/plain"),
+        ],
+    )
+    for _ in range(2):
+        listed = await run_cli("dlq", "list", work_queue, "--json", url=rabbit_url)
+        assert listed.status == 0, listed.stderr
+        rows = listed.json()
+        assert [r["message_id"] for r in rows] == ["j1", "b1", "t1"]
+    json_row, binary_row, text_row = rows
+    assert json_row["reason"] == "permanent"
+    assert json_row["attempts"] == 3
+    assert json_row["exception"] == "TimeoutError"
+    assert json_row["error"] == "j1 timed out"
+    assert json_row["body_kind"] == "json"
+    assert json.loads(json_row["body_preview"]) == {"order": 1, "sku": "A-1"}
+    assert binary_row["body_kind"] == "hex"
+    assert binary_row["body_preview"].startswith("00 01 02 03")
+    assert text_row["body_kind"] == "text"
+    assert text_row["body_preview"] == "naïve text"
+
+    table = await run_cli("dlq", "list", work_queue, url=rabbit_url)
+    assert table.status == 0
+    assert "3 dead letters" in table.stdout
+    assert "j1" in table.stdout
+    assert "b1" in table.stdout
+
+    shown = await run_cli("dlq", "show", work_queue, "b1", "--json", url=rabbit_url)
+    assert shown.status == 0, shown.stderr
+    details = shown.json()
+    assert details["body"] == " ".join(f"{b:02x}" for b in BINARY)
+    assert details["traceback"] == "Traceback..."
+    assert details["headers"]["app-header"] == "kept"
+    assert details["properties"]["correlation_id"] == "corr-b1"
+    assert [e["attempt"] for e in details["history"]] == [3]
+    human = await run_cli("dlq", "show", work_queue, "j1", url=rabbit_url)
+    assert human.status == 0
+    assert '"sku": "A-1"' in human.stdout
+    assert "Traceback..." in human.stdout
+    missing = await run_cli("dlq", "show", work_queue, "nope", url=rabbit_url)
+    assert missing.status == 2
+    assert "no dead letter 'nope'" in missing.stderr
+
+    left = await take_all(amqp, f"{work_queue}.dlq")
+    assert [m.message_id for m in left] == ["j1", "b1", "t1"]
+    assert [m.body for m in left][1] == BINARY
+    # Nothing was spent: a quorum queue counts every requeue.
+    assert {headers_of(m).get("x-delivery-count", 0) for m in left} == {0}
+
+
+async def test_a_decoder_hook_renders_what_the_built_in_ways_cannot(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str, tmp_path: Path
+) -> None:
+    (tmp_path / "mydecoder.py").write_text(
+        "def decode(body, content_type, headers):\n"
+        "    return {'length': len(body), 'type': content_type}\n"
+    )
+    await seed(amqp, work_queue, [("b1", "permanent", BINARY, "application/x-protobuf")])
+    listed = await run_cli(
+        "dlq",
+        "list",
+        work_queue,
+        "--decoder",
+        "mydecoder:decode",
+        "--json",
+        url=rabbit_url,
+        cwd=tmp_path,
+    )
+    assert listed.status == 0, listed.stderr
+    assert listed.json()[0]["body_kind"] == "decoder"
+    assert '"length": 256' in listed.json()[0]["body_preview"]
+    bad = await run_cli("dlq", "list", work_queue, "--decoder", "nothere:x", url=rabbit_url)
+    assert bad.status == 2
+    assert "cannot import decoder module 'nothere'" in bad.stderr
+
+
+async def test_dry_run_moves_nothing(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    await seed(
+        amqp, work_queue, [(f"m{i}", "exhausted", b"{}", "application/json") for i in range(3)]
+    )
+    dry = await run_cli("dlq", "replay", work_queue, "--dry-run", "--json", url=rabbit_url)
+    assert dry.status == 0, dry.stderr
+    assert dry.json()["selected"] == ["m0", "m1", "m2"]
+    assert dry.json()["moved"] == 0
+    assert await queue_depth(amqp, work_queue) == 0
+    assert await ids_in(amqp, f"{work_queue}.dlq") == ["m0", "m1", "m2"]
+
+
+async def test_replay_by_reason_and_by_id_resets_the_retry_state_and_keeps_the_rest_in_order(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    await seed(
+        amqp,
+        work_queue,
+        [
+            ("p1", "permanent", b"1", None),
+            ("e1", "exhausted", b"2", None),
+            ("p2", "permanent", b"3", None),
+            ("e2", "exhausted", b"4", None),
+            ("p3", "permanent", b"5", None),
+        ],
+    )
+    by_reason = await run_cli("dlq", "replay", work_queue, "--reason", "exhausted", url=rabbit_url)
+    assert by_reason.status == 0, by_reason.stderr
+    by_id = await run_cli("dlq", "replay", work_queue, "--id", "p2", "--json", url=rabbit_url)
+    assert by_id.status == 0, by_id.stderr
+    assert by_id.json()["moved"] == 1
+    replayed = await take_all(amqp, work_queue)
+    assert [m.message_id for m in replayed] == ["e1", "e2", "p2"]
+    for message in replayed:
+        sent = headers_of(message)
+        assert headers.ATTEMPT not in sent
+        assert headers.REASON not in sent
+        assert headers.HISTORY not in sent
+        assert sent["app-header"] == "kept"
+        (story,) = sent[headers.REPLAYED]
+        assert story["attempts"] == 3
+        assert story["exception"] == "TimeoutError"
+        assert story["reason"] in {"exhausted", "permanent"}
+        assert message.correlation_id == f"corr-{message.message_id}"
+    assert await ids_in(amqp, f"{work_queue}.dlq") == ["p1", "p3"]
+
+
+async def test_a_replayed_message_succeeds_or_gets_every_attempt_again(
+    make_app: Any, amqp: AbstractRobustConnection, rabbit_url: str
+) -> None:
+    """The first failure after a replay is attempt 1 again, not attempt 5 of 4."""
+    app: App = make_app(default=RetryPolicy(max_attempts=3, backoff=Fixed(0.1)))
+    queue = unique("replayed")
+    broken = {"on": True}
+    calls: dict[str, int] = {}
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=3, backoff=Fixed(0.1))
+    async def handle(body: str) -> None:
+        calls[body] = calls.get(body, 0) + 1
+        if body == "bad" or broken["on"]:
+            raise ConnectionError(f"{body} failed")
+
+    await app.start()
+    channel = await amqp.channel()
+    for body in ("good", "bad"):
+        await channel.default_exchange.publish(
+            aio_pika.Message(body.encode(), message_id=body), routing_key=queue
+        )
+    await eventually(
+        lambda: calls.get("good") == 3 and calls.get("bad") == 3, what="both exhausted"
+    )
+    dlq = f"{queue}.dlq"
+    await eventually_depth(amqp, dlq, 2)
+    broken["on"] = False
+    replay = await run_cli("dlq", "replay", queue, "--json", url=rabbit_url)
+    assert replay.status == 0, replay.stderr
+    assert replay.json()["moved"] == 2
+    # "good" now succeeds at once; "bad" fails again, and gets its three attempts.
+    await eventually(lambda: calls.get("good") == 4 and calls.get("bad") == 6, what="replayed")
+    await eventually_depth(amqp, dlq, 1)
+    (dead,) = await take_all(amqp, dlq)
+    assert dead.message_id == "bad"
+    assert headers_of(dead)[headers.ATTEMPT] == 3
+    assert headers_of(dead)[headers.REASON] == "exhausted"
+    assert len(headers_of(dead)[headers.REPLAYED]) == 1
+    await channel.close()
+
+
+async def eventually_depth(amqp: AbstractRobustConnection, queue: str, depth: int) -> None:
+    deadline = time.monotonic() + 20
+    while (seen := await queue_depth(amqp, queue)) != depth:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{queue} holds {seen}, not {depth}")
+        await asyncio.sleep(0.05)
+
+
+async def test_replay_keeps_to_the_rate(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    """10 at --rate 20: the first and last arrive at least 9/20 s apart."""
+    await seed(amqp, work_queue, [(f"m{i}", "exhausted", b"x", None) for i in range(10)])
+    arrivals: list[float] = []
+    channel = await amqp.channel()
+    queue = await channel.get_queue(work_queue)
+
+    async def arrived(_message: AbstractIncomingMessage) -> None:
+        arrivals.append(time.monotonic())
+
+    tag = await queue.consume(arrived, no_ack=True)
+    replay = await run_cli("dlq", "replay", work_queue, "--rate", "20", url=rabbit_url)
+    assert replay.status == 0, replay.stderr
+    await eventually(lambda: len(arrivals) == 10, what="10 replayed")
+    await queue.cancel(tag)
+    await channel.close()
+    assert arrivals[-1] - arrivals[0] >= 9 / 20 * 0.9
+
+
+async def test_export_purge_import_restores_every_byte_and_header(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str, tmp_path: Path
+) -> None:
+    channel = await amqp.channel()
+    odd_headers: dict[str, Any] = {
+        "bytes": bytearray(b"\x00\xff"),
+        "int": 2**40,
+        "negative": -7,
+        "float": 1.25,
+        "bool": True,
+        "none": None,
+        "list": [1, "two", {"three": 3}],
+        "table": {"$looks-like-a-tag": "x", "nested": {"deep": [True]}},
+        "text": "ünïcode",
+    }
+    sent = [
+        aio_pika.Message(
+            BINARY,
+            message_id="bin",
+            content_type="application/octet-stream",
+            content_encoding="identity",
+            headers={
+                **dead_letter_headers("permanent", 1, ValueError("x"), work_queue),
+                **odd_headers,
+            },
+            priority=3,
+            correlation_id="c1",
+            reply_to="replies",
+            type="order.created",
+            app_id="shop",
+            timestamp=1_700_000_000,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        ),
+        aio_pika.Message(b'{"a": 1}', message_id="json", content_type="application/json"),
+    ]
+    for message in sent:
+        await channel.default_exchange.publish(message, routing_key=f"{work_queue}.dlq")
+    await channel.close()
+    before = await snapshot(amqp, f"{work_queue}.dlq")
+    saved = tmp_path / "dead.jsonl"
+
+    export = await run_cli("dlq", "export", work_queue, str(saved), url=rabbit_url)
+    assert export.status == 0, export.stderr
+    assert len(saved.read_text().splitlines()) == 2
+    refused = await run_cli("dlq", "purge", work_queue, url=rabbit_url)
+    assert refused.status == 2
+    assert "--yes" in refused.stderr
+    purge = await run_cli("dlq", "purge", work_queue, "--yes", "--json", url=rabbit_url)
+    assert purge.status == 0, purge.stderr
+    assert purge.json()["selected"] == ["bin", "json"]
+    assert purge.json()["removed"] == 2
+    assert await queue_depth(amqp, f"{work_queue}.dlq") == 0
+    imported = await run_cli("dlq", "import", str(saved), url=rabbit_url)
+    assert imported.status == 0, imported.stderr
+
+    assert await snapshot(amqp, f"{work_queue}.dlq") == before
+
+
+async def snapshot(amqp: AbstractRobustConnection, name: str) -> list[dict[str, Any]]:
+    """Read every message in ``name`` without removing any: body, properties, headers."""
+    channel = await amqp.channel()
+    queue = await channel.get_queue(name)
+    seen = []
+    while (m := await queue.get(fail=False)) is not None:
+        hdrs = headers_of(m)
+        hdrs.pop("x-delivery-count", None)
+        seen.append(
+            {
+                "body": m.body,
+                "headers": hdrs,
+                **{
+                    k: getattr(m, k)
+                    for k in (
+                        "message_id",
+                        "content_type",
+                        "content_encoding",
+                        "priority",
+                        "correlation_id",
+                        "reply_to",
+                        "type",
+                        "app_id",
+                        "timestamp",
+                        "delivery_mode",
+                        "expiration",
+                        "user_id",
+                    )
+                },
+            }
+        )
+    await channel.close()  # unacked: back in place
+    return seen
+
+
+async def test_purge_takes_only_what_matches(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    await seed(
+        amqp,
+        work_queue,
+        [(f"m{i}", "permanent" if i % 2 else "exhausted", b"x", None) for i in range(6)],
+    )
+    purge = await run_cli(
+        "dlq", "purge", work_queue, "--reason", "permanent", "--yes", url=rabbit_url
+    )
+    assert purge.status == 0, purge.stderr
+    assert await ids_in(amqp, f"{work_queue}.dlq") == ["m0", "m2", "m4"]
+
+
+async def test_a_replay_killed_mid_way_loses_nothing(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    """SIGKILL during a replay: every dead letter is in the DLQ or the work queue, at most once more."""
+    ids = [f"m{i:03}" for i in range(300)]
+    await seed(amqp, work_queue, [(i, "exhausted", i.encode(), None) for i in ids])
+    process = await asyncio.create_subprocess_exec(
+        *script(),
+        "dlq",
+        "replay",
+        work_queue,
+        "--rate",
+        "150",
+        env=environment(rabbit_url),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while await queue_depth(amqp, work_queue) < 60:
+        assert time.monotonic() < deadline, "the replay did not start"
+        await asyncio.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    await process.wait()
+    # The broker requeues what the dead connection held unacked.
+    await eventually_depth_at_least(amqp, work_queue, f"{work_queue}.dlq", len(ids))
+    moved = await ids_in(amqp, work_queue)
+    stayed = await ids_in(amqp, f"{work_queue}.dlq")
+    assert 60 <= len(moved) < len(ids)
+    assert set(moved) | set(stayed) == set(ids)
+    assert len(moved) + len(stayed) - len(ids) <= 1  # the one in flight, at most
+    assert len(set(moved)) == len(moved)
+
+
+async def eventually_depth_at_least(
+    amqp: AbstractRobustConnection, first: str, second: str, total: int
+) -> None:
+    deadline = time.monotonic() + 20
+    while (await queue_depth(amqp, first)) + (await queue_depth(amqp, second)) < total:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{first} and {second} hold fewer than {total}")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_missing_queue_or_broker_is_an_error_that_says_so(rabbit_url: str) -> None:
+    missing = await run_cli("dlq", "list", unique("nothing-here"), url=rabbit_url)
+    assert missing.status == 2
+    assert "does not exist" in missing.stderr
+    unreachable = await run_cli("dlq", "list", "q", url="amqp://guest:secret@127.0.0.1:1/")
+    assert unreachable.status == 2
+    assert "cannot connect to amqp://guest:***@127.0.0.1:1/" in unreachable.stderr
+    assert "secret" not in unreachable.stderr
+
+
+async def test_replay_to_a_missing_queue_moves_nothing_and_says_why(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    await seed(amqp, work_queue, [("m1", "exhausted", b"x", None), ("m2", "exhausted", b"y", None)])
+    replay = await run_cli("dlq", "replay", work_queue, "--to", unique("gone"), url=rabbit_url)
+    assert replay.status == 2
+    assert "does it exist?" in replay.stderr
+    assert await ids_in(amqp, f"{work_queue}.dlq") == ["m1", "m2"]
