@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -165,20 +166,21 @@ async def purge_leftovers(connection: aio_pika.abc.AbstractConnection) -> None:
     await channel.close()
 
 
-async def show_a_dead_letter(connection: aio_pika.abc.AbstractConnection) -> None:
-    channel = await connection.channel()
-    queue = await channel.declare_queue("email-queue.dlq", passive=True)
-    message = await queue.get(fail=False, no_ack=False)
-    if message is None:
-        return
-    console.print("\n[bold]One dead letter, as an operator finds it in email-queue.dlq:[/]")
-    console.print(f"  body: {message.body.decode()}")
-    for key, value in sorted((message.headers or {}).items()):
-        if key.startswith("retry-") and key != "retry-traceback":
-            shown = value.decode(errors="replace") if isinstance(value, bytes) else value
-            console.print(f"  {key}: {shown}")
-    await message.nack(requeue=True)  # leave it there for the operator
-    await channel.close()
+def list_dead_letters() -> None:
+    """End as an operator would start: the dead letters, listed by the operator command."""
+    for queue in QUEUES:
+        console.print(f"\n[bold]$ faststream-retry dlq list {queue}[/]")
+        listed = subprocess.run(
+            [sys.executable, "-m", "faststream_retry", "dlq", "list", queue],
+            env={**os.environ, "RABBITMQ_URL": app.RABBITMQ_URL},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        sys.stdout.flush()
+        console.print(
+            listed.stdout.rstrip() or listed.stderr.rstrip(), markup=False, highlight=False
+        )
 
 
 async def main(timeout: float = 60.0) -> int:
@@ -240,7 +242,6 @@ async def main(timeout: float = 60.0) -> int:
         "sent = delivered + dead-lettered for every queue: "
         + ("[green]yes[/]" if ok else "[red]NO[/]")
     )
-    await show_a_dead_letter(connection)
     await connection.close()
     provider.force_flush()
     console.print(
@@ -249,6 +250,7 @@ async def main(timeout: float = 60.0) -> int:
         "  offset     took  span"
     )
     print_tree(list(memory.get_finished_spans()), trace_ids["n5"])
+    list_dead_letters()
     # Typed in newer SDKs only; this keeps the oldest supported one checkable too.
     cast("Any", provider).shutdown()
     return 0 if ok else 1

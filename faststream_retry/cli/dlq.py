@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -74,10 +75,15 @@ def register(app: typer.Typer) -> None:
     app.add_typer(dlq, name="dlq")
 
 
-def _when(ms: int | None) -> str:
+def _when(ms: int | None, *, short: bool = False) -> str:
+    """A failure time in UTC; ``short`` (list rows) leaves out the date when it is today."""
     if not ms:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    if not short:
+        return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:23] + "Z"
+    today = moment.date() == datetime.now(timezone.utc).date()
+    return moment.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M")
 
 
 def _decoder(spec: str | None) -> Decoder | None:
@@ -118,30 +124,39 @@ def _progress(what: str, *, show: bool = True) -> Iterator[Callable[[Pass], None
 
 
 def _letters_table(letters: list[DeadLetter], title: str) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=False)
-    for name, justify in [
-        ("#", "right"),
-        ("message id", "left"),
-        ("reason", "left"),
-        ("attempts", "right"),
-        ("exception", "left"),
-        ("error", "left"),
-        ("first failed", "left"),
-        ("last failed", "left"),
-        ("body", "left"),
-    ]:
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for letter in letters:
-        table.add_row(
+    """One line per dead letter; the error and the body share what the terminal has left."""
+    rows = [
+        [
             str(letter.position),
-            escape(letter.message_id or "-"),
-            escape(letter.reason),
+            letter.message_id or "-",
+            letter.reason,
             str(letter.attempts),
-            escape(letter.exception.rsplit(".", 1)[-1] or "-"),
-            escape(_short(letter.error, 50)),
-            _when(letter.first_failed_ms),
-            _when(letter.last_failed_ms),
-            escape(letter.body.preview(40)),
+            letter.exception.rsplit(".", 1)[-1] or "-",
+            _when(letter.first_failed_ms, short=True),
+            _when(letter.last_failed_ms, short=True),
+        ]
+        for letter in letters
+    ]
+    names = ["#", "message id", "reason", "attempts", "exception", "first failure", "last"]
+    fixed = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(names)]
+    # Each column is padded by a space on either side, and the edges by one more.
+    left = max(out.width - sum(fixed) - 3 * 9, 24)
+    error_width = max(left * 11 // 20, 12)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in names[:5]:
+        table.add_column(
+            name, no_wrap=True, justify="right" if name in {"#", "attempts"} else "left"
+        )
+    table.add_column("error", no_wrap=True, overflow="ellipsis", max_width=error_width)
+    for name, width in zip(names[5:], fixed[5:], strict=True):
+        table.add_column(name, no_wrap=True, min_width=width)
+    table.add_column("body", no_wrap=True, overflow="ellipsis", max_width=left - error_width)
+    for row, letter in zip(rows, letters, strict=True):
+        table.add_row(
+            *map(escape, row[:5]),
+            escape(_short(letter.error, error_width)),
+            *row[5:],
+            escape(letter.body.preview(left - error_width)),
         )
     return table
 

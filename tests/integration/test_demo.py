@@ -30,4 +30,8 @@ def test_demo_settles_every_message_and_draws_the_trace(rabbit_url: str) -> None
     assert "│ email-queue   │    8 │         7 │" in out
     assert "1 exhausted, 3 permanent" in out
     assert "webhook-queue dead-letter ERROR  attempt=4" in out
-    assert "retry-reason: permanent" in out
+    # It ends as an operator would start: the dead letters, listed by the command.
+    assert "$ faststream-retry dlq list webhook-queue" in out
+    assert "email-queue.dlq: 1 dead letter\n" in out
+    assert "webhook-queue.dlq: 4 dead letters" in out
+    assert "InvalidAddressError" in out
