@@ -21,7 +21,9 @@ Kept messages must stay where they are without spending anything:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
     from aio_pika.abc import AbstractConnection
     from aiormq.abc import AbstractChannel as UnderlayChannel
+    from aiormq.abc import DeliveredMessage
 
 __all__ = ["DROP", "KEEP", "Move", "Pass", "Seen", "publish", "walk"]
 
@@ -168,6 +171,76 @@ class _Rate:
         self._next = max(self._next, now) + self._gap
 
 
+WINDOW = 200
+"""Copies in flight at once: the broker's confirms, not the round trips, set the pace."""
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    """A copy published and not yet confirmed, and the delivery it replaces."""
+
+    confirm: asyncio.Future[None]
+    tag: int
+    seen: Seen
+    moving: bool
+
+
+class _Source:
+    """The messages of one pass, head first, never one more than were there at its start.
+
+    One ``basic.get`` at a time costs a round trip per message (on a quorum queue, a
+    few milliseconds). A quorum pass, which keeps nothing unacked, consumes instead,
+    with a prefetch of ``WINDOW``, and cancels once it has received all but
+    ``WINDOW``: the broker has at most that many more out, so it never delivers a
+    message from past the start's end (those would have to go back, counted). The
+    rest come by ``basic.get``. A classic pass keeps messages unacked, which would
+    fill any prefetch window, so it gets every message.
+    """
+
+    def __init__(self, underlay: UnderlayChannel, queue: str, total: int) -> None:
+        self.underlay = underlay
+        self.queue = queue
+        self.total = total
+        self.received = 0
+        self.consumer: str | None = None
+        self.buffer: asyncio.Queue[DeliveredMessage] = asyncio.Queue()
+
+    async def next(self, *, quorum: bool) -> DeliveredMessage | None:
+        """Return the next message, or ``None`` when the queue has no more."""
+        if self.received >= self.total:
+            return None
+        if quorum and self.consumer is None and self.total - self.received > 2 * WINDOW:
+            await self.underlay.basic_qos(prefetch_count=WINDOW)
+            started = await self.underlay.basic_consume(self.queue, self._deliver, no_ack=False)
+            self.consumer = started.consumer_tag
+        if self.consumer is not None and (self.buffer.qsize() or self._consuming):
+            got = await self.buffer.get()
+            self.received += 1
+            if self._consuming and self.received >= self.total - WINDOW:
+                await self.underlay.basic_cancel(self.consumer)
+                self.consumer = ""
+                # Deliveries before the CancelOk reach the buffer through tasks of
+                # their own, queued before this one resumes: let them run.
+                await asyncio.sleep(0)
+            return got
+        got = await self.underlay.basic_get(self.queue, no_ack=False)
+        if not isinstance(got.delivery, commands.Basic.GetOk):
+            return None  # someone else consumed the rest
+        self.received += 1
+        return got
+
+    @property
+    def _consuming(self) -> bool:
+        return bool(self.consumer)
+
+    def leftover(self) -> DeliveredMessage | None:
+        """Return a delivery that reached the buffer after the pass stopped asking."""
+        return None if self.buffer.empty() else self.buffer.get_nowait()
+
+    async def _deliver(self, message: DeliveredMessage) -> None:
+        await self.buffer.put(message)
+
+
 class _Walker:
     """One pass's channel and state."""
 
@@ -187,18 +260,20 @@ class _Walker:
         self.visit = visit
         self.enough = enough
         self.pace = _Rate(rate)
-        self.held: int | None = None
-        """The last delivery tag kept unacked (classic queues)."""
+        self.held = 0
+        """The highest delivery tag kept unacked (classic queues); 0 for none."""
         self.failure: OperationError | None = None
         """The move that failed; the rest of the pass keeps every message."""
+        self.in_flight: deque[_InFlight] = deque()
+        self.source = _Source(underlay, done.queue, done.total)
 
     async def next(self) -> bool:
         """Fetch and handle the next message; return whether the pass goes on."""
         done = self.done
-        got = await self.underlay.basic_get(done.queue, no_ack=False)
-        if not isinstance(got.delivery, commands.Basic.GetOk):
-            return False  # someone else consumed the rest
-        tag = got.delivery.delivery_tag or 0  # always set on a GetOk
+        got = await self.source.next(quorum=done.quorum)
+        if got is None:
+            return False
+        tag = got.delivery_tag or 0  # always set on a delivery
         if done.visited == 0:
             done.quorum = DELIVERY_COUNT in (got.header.properties.headers or {})
         done.visited += 1
@@ -206,42 +281,79 @@ class _Walker:
         step: Step = KEEP if self.failure or self.enough() else await self.visit(seen)
         if isinstance(step, Move):
             await self.pace.wait()
-            await self.move(seen, tag, step)
+            await self.send(step, tag, seen, moving=True)
         elif step is DROP:
             await self.underlay.basic_ack(tag)
             done.dropped += 1
+        elif done.quorum:
+            await self.send(
+                Move("", done.queue, seen.body, seen.properties), tag, seen, moving=False
+            )
         else:
-            await self.keep(seen, tag)
+            self.held = max(self.held, tag)
+            done.kept += 1
         # A quorum queue's pass goes through every message, so the kept ones end in
         # their old order; a classic one can end early, its kept messages unmoved.
         return done.quorum or not (self.failure or self.enough())
 
-    async def keep(self, seen: Seen, tag: int) -> None:
+    async def send(self, move: Move, tag: int, seen: Seen, *, moving: bool) -> None:
+        """Publish a copy; its delivery is acked once the broker confirms it."""
+        confirm = asyncio.ensure_future(publish(self.underlay, move, self.user))
+        self.in_flight.append(_InFlight(confirm, tag, seen, moving))
+        # Ack what is confirmed at once: a kill now duplicates only what is in flight.
+        while self.in_flight and (
+            self.in_flight[0].confirm.done() or len(self.in_flight) >= WINDOW
+        ):
+            await self.settle()
+
+    async def settle(self) -> None:
+        """Wait for the oldest copy in flight; ack its delivery, or keep it if refused."""
+        flight = self.in_flight.popleft()
+        try:
+            await flight.confirm
+        except OperationError as exc:
+            if not flight.moving:
+                # A quorum queue's own copy was refused: the delivery stays unacked
+                # and goes back when the channel closes, a counted requeue.
+                self.failure = self.failure or exc
+                return
+            self.failure = self.failure or exc
+            await self.keep(flight)
+            return
+        await self.underlay.basic_ack(flight.tag)
+        if flight.moving:
+            self.done.moved += 1
+        else:
+            self.done.kept += 1
+
+    async def keep(self, flight: _InFlight) -> None:
+        """Keep a message whose move failed: in place (classic) or at the tail (quorum)."""
         self.done.kept += 1
         if not self.done.quorum:
-            self.held = tag
+            # A single requeue puts it back in its place, uncounted.
+            await self.underlay.basic_nack(flight.tag, multiple=False, requeue=True)
             return
-        await publish(
-            self.underlay, Move("", self.done.queue, seen.body, seen.properties), self.user
-        )
-        await self.underlay.basic_ack(tag)
+        seen = flight.seen
+        with contextlib.suppress(OperationError):
+            # If even this fails, the channel closes with it unacked: a counted requeue.
+            await publish(
+                self.underlay, Move("", self.done.queue, seen.body, seen.properties), self.user
+            )
+            await self.underlay.basic_ack(flight.tag)
 
-    async def move(self, seen: Seen, tag: int, move: Move) -> None:
+    async def finish(self) -> None:
+        """Keep any late delivery, settle every copy in flight, put held messages back."""
         try:
-            await publish(self.underlay, move, self.user)
-        except OperationError as exc:
-            # The message stays: held (classic), or back at the tail (quorum); if
-            # even that fails, the channel closes with it unacked, a counted requeue.
-            self.failure = exc
-            await self.keep(seen, tag)
-            return
-        await self.underlay.basic_ack(tag)
-        self.done.moved += 1
-
-    async def release(self) -> None:
-        if self.held is not None and not self.underlay.is_closed:
-            # Back in their old places, uncounted (only classic queues hold).
-            await self.underlay.basic_nack(self.held, multiple=True, requeue=True)
+            while (late := self.source.leftover()) is not None:
+                seen = Seen(self.done.visited + 1, late.body, late.header.properties)
+                move = Move("", self.done.queue, late.body, late.header.properties)
+                await self.send(move, late.delivery_tag or 0, seen, moving=False)
+            while self.in_flight:
+                await self.settle()
+        finally:
+            if self.held and not self.underlay.is_closed:
+                # Uncounted, in their old places (only classic queues hold).
+                await self.underlay.basic_nack(self.held, multiple=True, requeue=True)
 
 
 async def walk(
@@ -280,7 +392,7 @@ async def walk(
                 if progress is not None:
                     progress(done)
         finally:
-            await walker.release()
+            await walker.finish()
         if walker.failure is not None:
             raise walker.failure
         return done

@@ -447,7 +447,8 @@ async def test_a_replay_killed_mid_way_loses_nothing(
     stayed = await ids_in(amqp, f"{work_queue}.dlq")
     assert 60 <= len(moved) < len(ids)
     assert set(moved) | set(stayed) == set(ids)
-    assert len(moved) + len(stayed) - len(ids) <= 1  # the one in flight, at most
+    # Copies confirmed but not yet acked when it died: the few in flight, at most.
+    assert len(moved) + len(stayed) - len(ids) <= 3
     assert len(set(moved)) == len(moved)
 
 

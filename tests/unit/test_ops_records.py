@@ -160,7 +160,8 @@ class TestWire:
             delivered = decode_table(encode_table(table))[1]
         except Exception:  # the encoder refuses some values: those never reach a queue
             return
-        assert decode_value(json.loads(json.dumps(encode_value(delivered)))) == delivered
+        back = decode_value(json.loads(json.dumps(encode_value(delivered))))
+        assert repr(back) == repr(delivered)  # repr: a NaN never equals itself
 
     def test_a_line_that_is_not_a_record_is_named(self) -> None:
         for line in (
