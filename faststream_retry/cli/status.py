@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -107,21 +108,29 @@ def status(
     if json:
         fail("--watch shows a live table; leave out --json")
     try:
-        run(_watch(url, ask))
-    except typer.Exit as exit_:
-        # run() turns Ctrl-C into status 130; here Ctrl-C is how a watch ends.
-        if exit_.exit_code == 130:
-            raise typer.Exit(0) from None
-        raise
+        asyncio.run(_watch(url, ask))
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how a watch ends: a success, and nothing was changed
+    except OperationError as exc:
+        fail(str(exc))
 
 
 async def _watch(url: str, ask: Callable[[AbstractConnection], Awaitable[Status]]) -> None:
+    footer = f"refreshing every {REFRESH_S:g} s; Ctrl-C ends"
     async with connect(url) as connection:
+        if not out.is_terminal:
+            # Piped or logged: Live would print only at the end; a snapshot per refresh
+            # makes a readable log instead.
+            while True:
+                found = await ask(connection)
+                out.rule(time.strftime("%H:%M:%S"), align="left")
+                out.print(_render(found))
+                out.file.flush()
+                await asyncio.sleep(REFRESH_S)
         with Live(console=out, auto_refresh=False) as live:
             while True:
                 found = await ask(connection)
-                live.update(_render(found, footer="refreshing every 2 s; Ctrl-C ends"))
-                live.refresh()
+                live.update(_render(found, footer=footer), refresh=True)
                 await asyncio.sleep(REFRESH_S)
 
 
