@@ -468,7 +468,8 @@ def explain_plan(
 ) -> Explanation:
     """Explain ``plan`` for the subscribers ``(route, handler names)`` of app ``app``.
 
-    Subscribers of one queue are joined in order, as the plan joins them. A custom
+    Subscribers of one queue are joined in order, as the plan joins them; queues are
+    sorted by name, so the output does not depend on FastStream's order. A custom
     ``Backoff`` whose ``delay_ms`` raises makes this raise too.
     """
     joined: dict[str, tuple[Route, list[str]]] = {}
@@ -480,7 +481,7 @@ def explain_plan(
             merged = Route(route.queue, known[0].handlers + route.handlers, known[0].arguments)
             joined[route.queue] = (merged, [*known[1], *names])
     queues = []
-    for queue, (route, names) in joined.items():
+    for queue, (route, names) in sorted(joined.items()):
         covered = plan.route(queue)
         effective = covered or route
         handlers = tuple(
