@@ -119,8 +119,8 @@ def _render_handler(handler: HandlerExplanation) -> None:
     out.print(_schedule_table(handler))
     out.print(
         f"  dead-lettered {_range(handler.dead_letter_min_ms, handler.dead_letter_max_ms)} "
-        "after the first failure, if every attempt fails transiently "
-        "(a RetryLater waits its own delay, up to max_delay)"
+        "after the first failure if every attempt fails transiently (a RetryLater waits "
+        "its own delay instead, up to max_delay); a permanent failure at once"
     )
 
 
