@@ -53,7 +53,10 @@ ManagementUrl = Annotated[
     typer.Option(
         "--management-url",
         envvar="RABBITMQ_MANAGEMENT_URL",
-        help="http://user:password@host:15672 of the management API, to list the tiers.",
+        help=(
+            "http://user:password@host:15672 of the management API: lists the tiers and, "
+            "with no QUEUE or --app, every queue with a .retry or .dlq."
+        ),
     ),
 ]
 Watch = Annotated[bool, typer.Option("--watch", help="Refresh every 2 s until Ctrl-C.")]
