@@ -90,7 +90,10 @@ def _render_queue(queue: QueueExplanation) -> None:
     out.print()
     out.rule(f"[bold]{escape(queue.queue)}[/bold]", align="left")
     if not queue.covered:
-        out.print("retries off for every handler: failures go to FastStream, nothing declared")
+        out.print(
+            "retries off for every handler: failures go to FastStream and nothing is declared "
+            f"(a {escape(queue.queue)}.retry left from before is still emptied by the plugin)"
+        )
         return
     if not queue.home_from_tier:
         out.print(
