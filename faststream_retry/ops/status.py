@@ -135,7 +135,7 @@ async def _queues(
     if queues:
         return [work_queue_of(q) for q in queues], ("arguments",)
     if app is not None:
-        return list(app.plan.routes), ("app",)
+        return sorted(app.plan.routes), ("app",)
     registry = await registered_queues(connection, prefix)
     if registry.note:
         notes.append(registry.note)
@@ -200,7 +200,7 @@ async def status(
     names (read without consuming it), with, given ``management_url``, every queue a
     ``.retry`` or ``.dlq`` there belongs to. The tiers are ``app``'s plan's and, given
     ``management_url``, every ``<prefix>.delay.<ms>`` queue in ``vhost``. ``app``'s
-    prefix wins over ``prefix``. Nothing is consumed, declared or changed.
+    prefix wins over ``prefix``. Nothing is consumed, created or changed.
 
     Raises:
         OperationError: the management API could not be read.

@@ -272,10 +272,17 @@ async def test_watch_prints_a_snapshot_every_refresh_and_ctrl_c_ends_it_with_sta
     assert "Traceback" not in err.decode()
 
 
-async def test_status_exits_2_when_the_broker_or_the_app_cannot_be_read(tmp_path: Path) -> None:
+async def test_status_exits_2_when_the_broker_the_app_or_the_management_api_cannot_be_read(
+    tmp_path: Path, rabbit_url: str
+) -> None:
     result = await run_cli("status", "--app", "no_such_module:app", url=None, cwd=tmp_path)
     assert result.status == 2
     assert "cannot import 'no_such_module'" in result.stderr
     down = await run_cli("status", "orders", url="amqp://guest:guest@127.0.0.1:1/")
     assert down.status == 2
     assert "cannot connect to amqp://guest:***@127.0.0.1:1/" in down.stderr
+    no_api = await run_cli(
+        "status", "--management-url", "http://guest:guest@127.0.0.1:1", url=rabbit_url
+    )
+    assert no_api.status == 2
+    assert "cannot read the management API at http://127.0.0.1:1" in no_api.stderr
