@@ -92,7 +92,7 @@ def _render_queue(queue: QueueExplanation) -> None:
     if not queue.covered:
         out.print(
             "retries off for every handler: failures go to FastStream and nothing is declared "
-            f"(a {escape(queue.queue)}.retry left from before is still emptied by the plugin)"
+            f"(what still waits in {escape(queue.queue)}.retry from before, the plugin releases)"
         )
         return
     if not queue.home_from_tier:
