@@ -74,6 +74,7 @@ __all__ = [
     "current_subscriber",
     "declared_function",
     "drops_on_error",
+    "handler_names",
     "handler_policy",
     "middlewares_of",
     "problems",
@@ -133,6 +134,16 @@ def declared_function(item: Any) -> object:  # noqa: ANN401 - a HandlerItem
         if function is not None:
             return function
     return None
+
+
+def handler_names(sub: Any) -> tuple[str, ...]:  # noqa: ANN401 - a Rabbit subscriber
+    """Return the names of a subscriber's handlers, in the order of its ``route_of`` handlers."""
+    names = []
+    for item in getattr(sub, "calls", ()):
+        function = declared_function(item)
+        name = getattr(function, "__qualname__", None) or getattr(function, "__name__", None)
+        names.append(name if isinstance(name, str) else repr(function))
+    return tuple(names)
 
 
 def handler_policy(item: Any) -> HandlerPolicy | None:  # noqa: ANN401 - a HandlerItem

@@ -10,9 +10,25 @@ A service can expose these itself (an admin endpoint that replays dead letters, 
 the command line in ``faststream_retry.cli`` is a thin layer over them.
 """
 
+from faststream_retry.explanation import Explanation
+from faststream_retry.ops.app import LoadedApp, load_app
 from faststream_retry.ops.common import OperationError, connect
+from faststream_retry.ops.explain import explain
+from faststream_retry.ops.registry import Registry, registered_queues
+from faststream_retry.ops.status import Depth, QueueStatus, Status, TierStatus, status
 
 __all__ = [
+    "Depth",
+    "Explanation",
+    "LoadedApp",
     "OperationError",
+    "QueueStatus",
+    "Registry",
+    "Status",
+    "TierStatus",
     "connect",
+    "explain",
+    "load_app",
+    "registered_queues",
+    "status",
 ]

@@ -39,6 +39,8 @@ class LoadedApp:
     """What the plugin would declare at start, from the subscribers the app has now."""
     routes: tuple[Route, ...]
     """Every Rabbit subscriber's route, covered by the plan or not (retries off)."""
+    handler_names: tuple[tuple[str, ...], ...] = ()
+    """The names of each route's handlers: ``handler_names[i]`` are ``routes[i]``'s."""
 
 
 def load_app(spec: str, *, cwd: Path | None = None) -> LoadedApp:
@@ -59,6 +61,10 @@ def load_app(spec: str, *, cwd: Path | None = None) -> LoadedApp:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise OperationError(f"cannot import {module_name!r} from {folder}: {exc}") from exc
+    except Exception as exc:  # the app's own top level failed: say so, not a traceback
+        raise OperationError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
     found: Any = module
     missing = object()
     for part in attribute.split("."):
@@ -78,13 +84,19 @@ def load_app(spec: str, *, cwd: Path | None = None) -> LoadedApp:
             "retry.install(broker))"
         )
     runtime = middleware.runtime(broker)
+    subscribers = [
+        (route, _faststream.handler_names(sub))
+        for sub in broker.subscribers
+        if (route := _faststream.route_of(sub)) is not None
+    ]
     return LoadedApp(
         spec=spec,
         broker=broker,
         middleware=middleware,
         config=runtime.config,
         plan=runtime.replan(),
-        routes=tuple(_faststream.routes_of(broker)),
+        routes=tuple(route for route, _ in subscribers),
+        handler_names=tuple(names for _, names in subscribers),
     )
 
 

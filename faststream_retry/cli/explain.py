@@ -1,0 +1,214 @@
+"""``faststream-retry explain module:app``: policies, schedules and topology, with no broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from faststream_retry.cli._common import Json, fail, out, print_json
+from faststream_retry.explanation import format_ms
+from faststream_retry.ops.app import load_app
+from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.explain import explain as explain_app
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from faststream_retry.explanation import (
+        Declared,
+        Explanation,
+        HandlerExplanation,
+        Leg,
+        QueueExplanation,
+        Rules,
+    )
+
+__all__ = ["register"]
+
+AppSpec = Annotated[
+    str, typer.Argument(metavar="MODULE:APP", help="The app, as `faststream run` takes it.")
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``explain`` command to ``app``."""
+    app.command("explain")(explain)
+
+
+def explain(spec: AppSpec, json: Json = False) -> None:
+    """Show what the plugin does with each queue's failures: policy, schedule, topology.
+
+    Needs no broker: the app is imported, not started. Times leave out how long the
+    handler runs and how long each hop takes.
+    """
+    try:
+        explanation = explain_app(load_app(spec, cwd=Path.cwd()))
+    except OperationError as exc:
+        fail(str(exc))
+    if json:
+        print_json(explanation.to_json())
+        return
+    _render(explanation)
+
+
+def _render(explanation: Explanation) -> None:
+    out.print(f"[bold]{escape(explanation.app)}[/bold]")
+    tiers = ", ".join(format_ms(ttl) for ttl in explanation.tiers_ms)
+    out.print(
+        f"tick {format_ms(explanation.tick_ms)}, max_delay {format_ms(explanation.max_delay_ms)}, "
+        f"{explanation.queue_type} queues, prefix {escape(explanation.prefix)!r}"
+    )
+    out.print(f"tiers ({len(explanation.tiers_ms)}, shared by every queue): {tiers}")
+    tier_names = {f"{explanation.prefix}.delay.{ttl}" for ttl in explanation.tiers_ms}
+    others = [
+        o
+        for o in explanation.shared
+        if o.fields.get("name", o.fields.get("exchange")) not in tier_names
+    ]
+    first = next(
+        (o for o in explanation.shared if o.kind == "queue" and o.fields["name"] in tier_names),
+        None,
+    )
+    if first is not None:
+        # Every tier is declared alike but for its TTL: one line says it for all of them.
+        arguments = {**first.fields["arguments"], "x-message-ttl": "<ms>"}
+        out.print(
+            f"each tier: a durable fanout exchange {escape(explanation.prefix)}.delay.<ms> bound "
+            "(routing key '') to a durable queue of the same name with "
+            f"{escape(_arguments(arguments))}"
+        )
+    out.print(_objects_table("also declared once per broker", tuple(others)))
+    for queue in explanation.queues:
+        _render_queue(queue)
+
+
+def _render_queue(queue: QueueExplanation) -> None:
+    out.print()
+    out.rule(f"[bold]{escape(queue.queue)}[/bold]", align="left")
+    if not queue.covered:
+        out.print(
+            "retries off for every handler: failures go to FastStream and nothing is declared "
+            f"(what still waits in {escape(queue.queue)}.retry from before, the plugin releases)"
+        )
+        return
+    if not queue.home_from_tier:
+        out.print(
+            "declared with x-overflow reject-publish: a copy's last tier delivers it to "
+            f"{escape(queue.queue)}.retry, and the re-check consumer releases it"
+        )
+    for handler in queue.handlers:
+        _render_handler(handler)
+    out.print(_objects_table(f"declared for {queue.queue}", queue.objects))
+
+
+def _render_handler(handler: HandlerExplanation) -> None:
+    source = "@retry_policy" if handler.own_policy else "the middleware default"
+    name = escape(handler.name)
+    if not handler.retries:
+        out.print(f"handler [bold]{name}[/bold]: retries off ({source}): failures go to FastStream")
+        return
+    out.print(f"handler [bold]{name}[/bold] ({source})")
+    immediate = f", {handler.immediate} immediate (in-process)" if handler.immediate else ""
+    out.print(
+        f"  max_attempts {handler.max_attempts}{immediate}; "
+        f"backoff {escape(str(handler.backoff['text']))}"
+    )
+    if handler.rules is not None:
+        out.print(_rules_table(handler.rules))
+    out.print(_schedule_table(handler))
+    out.print(
+        f"  dead-lettered {_range(handler.dead_letter_min_ms, handler.dead_letter_max_ms)} "
+        "after the first failure if every attempt fails transiently (a RetryLater waits "
+        "its own delay instead, up to max_delay); a permanent failure at once"
+    )
+
+
+def _range(low: int, high: int) -> str:
+    return format_ms(low) if low == high else f"{format_ms(low)} to {format_ms(high)}"
+
+
+def _rules_table(rules: Rules) -> Table:
+    table = Table(title="classification, first match wins", title_justify="left")
+    table.add_column("level")
+    table.add_column("transient")
+    table.add_column("permanent")
+    levels: Sequence[tuple[str, Mapping[str, tuple[str, ...]]]] = (
+        ("explicit", rules.explicit),
+        ("handler", rules.handler),
+        ("default", rules.default),
+        ("builtin", rules.builtin),
+    )
+    for level, lists in levels:
+        table.add_row(level, _names(lists["transient"]), _names(lists["permanent"]))
+    verdict = rules.unknown
+    table.add_row(
+        "anything else",
+        verdict if verdict == "transient" else "",
+        verdict if verdict == "permanent" else "",
+    )
+    return table
+
+
+def _names(names: tuple[str, ...]) -> str:
+    # The plugin's own exceptions are imported from faststream_retry: their short name says it.
+    short = [n.removeprefix("faststream_retry.errors.") for n in names]
+    return escape(", ".join(short)) if short else "-"
+
+
+def _arguments(arguments: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in arguments.items()) or "-"
+
+
+def _schedule_table(handler: HandlerExplanation) -> Table:
+    table = Table(title="schedule", title_justify="left")
+    for column in ("attempt", "then", "delay", "elapsed", "tiers (ms) → destination"):
+        table.add_column(column, justify="right" if column == "attempt" else "left")
+    for step in handler.schedule:
+        then = {
+            "retry_now": "retry at once",
+            "retry_later": "retry later",
+            "dead_letter": "dead letter",
+        }[step.action]
+        delay = _range(step.delay_min_ms, step.delay_max_ms) if step.delay_max_ms else "-"
+        hops = _legs(step.legs_min)
+        if step.legs_max != step.legs_min:
+            hops += f"\nup to {_legs(step.legs_max)}"
+        table.add_row(
+            str(step.attempt),
+            then,
+            delay,
+            _range(step.elapsed_min_ms, step.elapsed_max_ms),
+            hops,
+        )
+    return table
+
+
+def _legs(legs: tuple[Leg, ...]) -> str:
+    if not legs:
+        return ""
+    path = " + ".join(str(leg.tier_ms) for leg in legs)
+    hops = "1 hop" if len(legs) == 1 else f"{len(legs)} hops"
+    return escape(f"{path} → {legs[-1].to} ({hops})")
+
+
+def _objects_table(title: str, objects: tuple[Declared, ...]) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("kind")
+    table.add_column("name")
+    table.add_column("arguments")
+    for obj in objects:
+        fields: Mapping[str, Any] = obj.fields
+        if obj.kind == "binding":
+            name = f"{fields['exchange']} → {fields['queue']}"
+            arguments = f"routing_key {fields['routing_key']!r}"
+        elif obj.kind == "exchange":
+            name, arguments = fields["name"], f"{fields['type']}, durable"
+        else:
+            name = fields["name"]
+            arguments = f"durable, {_arguments(fields['arguments'])}"
+        table.add_row(obj.kind, escape(name), escape(arguments))
+    return table

@@ -1,0 +1,174 @@
+"""``faststream-retry status``: messages waiting per work queue, ``.retry``, ``.dlq`` and tier."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from faststream_retry.cli._common import Json, Prefix, Url, fail, out, print_json, run
+from faststream_retry.explanation import format_ms
+from faststream_retry.ops.app import load_app
+from faststream_retry.ops.common import DEFAULT_URL, OperationError, connect
+from faststream_retry.ops.management import vhost_of
+from faststream_retry.ops.status import status as gather
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from aio_pika.abc import AbstractConnection
+    from rich.console import RenderableType
+
+    from faststream_retry.ops.app import LoadedApp
+    from faststream_retry.ops.status import Depth, Status
+
+__all__ = ["register"]
+
+REFRESH_S = 2.0
+"""How often ``--watch`` asks the broker again."""
+
+Queues = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[QUEUE]...",
+        help="Work queues to show (default: --app's, else the registry's).",
+        show_default=False,
+    ),
+]
+AppOption = Annotated[
+    str | None,
+    typer.Option("--app", metavar="MODULE:APP", help="Show this app's queues and tiers."),
+]
+ManagementUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--management-url",
+        envvar="RABBITMQ_MANAGEMENT_URL",
+        help=(
+            "http://user:password@host:15672 of the management API: lists the tiers and, "
+            "with no QUEUE or --app, every queue with a .retry or .dlq."
+        ),
+    ),
+]
+Watch = Annotated[bool, typer.Option("--watch", help="Refresh every 2 s until Ctrl-C.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``status`` command to ``app``."""
+    app.command("status")(status)
+
+
+def status(
+    queues: Queues = None,
+    *,
+    app: AppOption = None,
+    management_url: ManagementUrl = None,
+    watch: Watch = False,
+    json: Json = False,
+    url: Url = DEFAULT_URL,
+    prefix: Prefix = "retry",
+) -> None:
+    """Show ready messages, consumers, re-checks waiting and dead letters per queue, and tiers.
+
+    Changes nothing on the broker. Exits 0 unless the broker or the app cannot be read.
+    """
+    loaded: LoadedApp | None = None
+    if app is not None:
+        try:
+            loaded = load_app(app, cwd=Path.cwd())
+        except OperationError as exc:
+            fail(str(exc))
+
+    ask = functools.partial(
+        gather,
+        queues=queues or [],
+        app=loaded,
+        management_url=management_url,
+        vhost=vhost_of(url),
+        prefix=prefix,
+    )
+
+    async def once() -> Status:
+        async with connect(url) as connection:
+            return await ask(connection)
+
+    if not watch:
+        found = run(once())
+        if json:
+            print_json(found.to_json())
+        else:
+            out.print(_render(found))
+        return
+    if json:
+        fail("--watch shows a live table; leave out --json")
+    try:
+        asyncio.run(_watch(url, ask))
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how a watch ends: a success, and nothing was changed
+    except OperationError as exc:
+        fail(str(exc))
+
+
+async def _watch(url: str, ask: Callable[[AbstractConnection], Awaitable[Status]]) -> None:
+    footer = f"refreshing every {REFRESH_S:g} s; Ctrl-C ends"
+    async with connect(url) as connection:
+        if not out.is_terminal:
+            # Piped or logged: Live would print only at the end; a snapshot per refresh
+            # makes a readable log instead.
+            while True:
+                found = await ask(connection)
+                out.rule(time.strftime("%H:%M:%S"), align="left")
+                out.print(_render(found))
+                out.file.flush()
+                await asyncio.sleep(REFRESH_S)
+        with Live(console=out, auto_refresh=False) as live:
+            while True:
+                found = await ask(connection)
+                live.update(_render(found, footer=footer), refresh=True)
+                await asyncio.sleep(REFRESH_S)
+
+
+def _count(found: Depth) -> str:
+    return "missing" if found.messages is None else str(found.messages)
+
+
+def _render(found: Status, footer: str | None = None) -> RenderableType:
+    parts: list[RenderableType] = []
+    queues = Table(
+        title=f"work queues (from {' and '.join(found.queues_from)})", title_justify="left"
+    )
+    for column in ("queue", "ready", "consumers", ".retry", "re-checkers", ".dlq"):
+        queues.add_column(column, justify="left" if column == "queue" else "right")
+    for row in found.queues:
+        queues.add_row(
+            escape(row.queue),
+            _count(row.work),
+            "" if row.work.consumers is None else str(row.work.consumers),
+            _count(row.retry),
+            "" if row.retry.consumers is None else str(row.retry.consumers),
+            _count(row.dlq),
+        )
+    parts.append(queues if found.queues else Text("no work queues found"))
+    if found.tiers:
+        tiers = Table(
+            title=f"delay tiers {found.prefix}.delay.<ms> (from {' and '.join(found.tiers_from)})",
+            title_justify="left",
+        )
+        for column in ("tier", "TTL", "waiting"):
+            tiers.add_column(column, justify="left" if column == "tier" else "right")
+        for tier in found.tiers:
+            tiers.add_row(escape(tier.depth.name), format_ms(tier.ttl_ms), _count(tier.depth))
+        parts.append(tiers)
+    parts.extend(Text(f"note: {note}", style="dim") for note in found.notes)
+    if footer:
+        parts.append(Text(footer, style="dim"))
+    return Group(*parts)
