@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from faststream_retry import headers as h
 from faststream_retry.cli._common import (
     DEFAULT_URL,
     EXIT_ERROR,
@@ -249,6 +250,21 @@ def show(
     _show(letter)
 
 
+_SHOWN_ABOVE = {
+    h.VERSION,
+    h.ATTEMPT,
+    h.FIRST_FAILED_AT,
+    h.LAST_FAILED_AT,
+    h.HISTORY,
+    h.REASON,
+    h.EXCEPTION,
+    h.ERROR,
+    h.TRACEBACK,
+    h.ORIGIN_QUEUE,
+    h.REPLAYED,
+}
+
+
 def _show(letter: DeadLetter) -> None:
     out.print(f"[bold]{escape(letter.key)}[/bold] at position {letter.position}")
     facts = Table.grid(padding=(0, 2))
@@ -273,33 +289,43 @@ def _show(letter: DeadLetter) -> None:
         if value is not None:
             props.add_row(name, escape(str(value)))
     out.print(props)
-    out.print("\n[bold]headers[/bold]")
+    out.print("\n[bold]headers[/bold] (the plugin's are above and below; --json shows them raw)")
     hdrs = Table.grid(padding=(0, 2))
     hdrs.add_column()
     hdrs.add_column(overflow="fold")
     for name, value in letter.headers.items():
-        hdrs.add_row(escape(name), escape(_short(repr(value), 200)))
+        if name not in _SHOWN_ABOVE:
+            hdrs.add_row(escape(name), escape(_short(repr(value), 200)))
     out.print(hdrs)
-    if letter.history:
-        history = Table(title="history", title_justify="left")
-        for column in ("attempt", "at", "exception", "error", "then waited"):
-            history.add_column(column, overflow="fold")
-        for entry in letter.history:
-            history.add_row(
-                str(entry["attempt"]),
-                _when(entry["at"]),
-                escape(entry["exception"]),
-                escape(entry["error"]),
-                f"{entry['delay'] / 1000:g} s" if entry["delay"] else "-",
-            )
-        out.print(history)
-    if letter.replayed:
-        out.print(f"\n[bold]replayed before[/bold]: {len(letter.replayed)} time(s)")
+    _show_history(letter)
     if letter.traceback:
         out.print("\n[bold]traceback[/bold]")
         out.print(escape(letter.traceback))
     out.print(f"\n[bold]body[/bold] ({letter.size} bytes, {letter.body.kind})")
     out.print(escape(letter.body.text))
+
+
+def _show_history(letter: DeadLetter) -> None:
+    if letter.history:
+        history = Table(title="\nhistory", title_justify="left", title_style="bold")
+        for column in ("attempt", "at (UTC)", "exception", "error", "then waited"):
+            history.add_column(column, overflow="fold")
+        for entry in letter.history:
+            history.add_row(
+                str(entry["attempt"]),
+                _when(entry["at"])[11:],
+                escape(entry["exception"].rsplit(".", 1)[-1]),
+                escape(entry["error"]),
+                f"{entry['delay'] / 1000:g} s" if entry["delay"] else "-",
+            )
+        out.print(history)
+    for record in letter.replayed:
+        if isinstance(record, dict):
+            out.print(
+                f"\n[bold]replayed[/bold] at {_when(record.get('at') or None)} after "
+                f"{record.get('attempts')} attempts ({escape(str(record.get('reason')))}: "
+                f"{escape(str(record.get('exception')))}: {escape(str(record.get('error')))})"
+            )
 
 
 @dlq.command("replay")
