@@ -125,7 +125,11 @@ def _progress(what: str, *, show: bool = True) -> Iterator[Callable[[Pass], None
 
 
 def _letters_table(letters: list[DeadLetter], title: str) -> Table:
-    """One line per dead letter; the error and the body share what the terminal has left."""
+    """One line per dead letter; the error and the body share what the terminal has left.
+
+    On a narrow terminal the first failure's time goes first (``dlq show`` has it).
+    """
+    names = ["#", "message id", "reason", "attempts", "exception", "first failure", "last"]
     rows = [
         [
             str(letter.position),
@@ -138,10 +142,15 @@ def _letters_table(letters: list[DeadLetter], title: str) -> Table:
         ]
         for letter in letters
     ]
-    names = ["#", "message id", "reason", "attempts", "exception", "first failure", "last"]
     fixed = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(names)]
     # Each column is padded by a space on either side, and the edges by one more.
-    left = max(out.width - sum(fixed) - 3 * 9, 24)
+    left = out.width - sum(fixed) - 3 * 9
+    if left < 30:
+        first = names.index("first failure")
+        left += fixed[first] + 3
+        for columns in (names, fixed, *rows):
+            del columns[first]  # type: ignore[attr-defined]
+    left = max(left, 24)
     error_width = max(left * 11 // 20, 12)
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in names[:5]:
@@ -149,8 +158,8 @@ def _letters_table(letters: list[DeadLetter], title: str) -> Table:
             name, no_wrap=True, justify="right" if name in {"#", "attempts"} else "left"
         )
     table.add_column("error", no_wrap=True, overflow="ellipsis", max_width=error_width)
-    for name, width in zip(names[5:], fixed[5:], strict=True):
-        table.add_column(name, no_wrap=True, min_width=width)
+    for name in names[5:]:
+        table.add_column(name, no_wrap=True)
     table.add_column("body", no_wrap=True, overflow="ellipsis", max_width=left - error_width)
     for row, letter in zip(rows, letters, strict=True):
         table.add_row(
