@@ -13,22 +13,42 @@ the command line in ``faststream_retry.cli`` is a thin layer over them.
 from faststream_retry.explanation import Explanation
 from faststream_retry.ops.app import LoadedApp, load_app
 from faststream_retry.ops.common import OperationError, connect
+from faststream_retry.ops.dlq import (
+    Outcome,
+    export_dead_letters,
+    import_messages,
+    list_dead_letters,
+    purge_dead_letters,
+    replay_dead_letters,
+    show_dead_letter,
+)
 from faststream_retry.ops.explain import explain
+from faststream_retry.ops.records import DeadLetter, Selection, parse_time
 from faststream_retry.ops.registry import Registry, registered_queues
 from faststream_retry.ops.status import Depth, QueueStatus, Status, TierStatus, status
 
 __all__ = [
+    "DeadLetter",
     "Depth",
     "Explanation",
     "LoadedApp",
     "OperationError",
+    "Outcome",
     "QueueStatus",
     "Registry",
+    "Selection",
     "Status",
     "TierStatus",
     "connect",
     "explain",
+    "export_dead_letters",
+    "import_messages",
+    "list_dead_letters",
     "load_app",
+    "parse_time",
+    "purge_dead_letters",
     "registered_queues",
+    "replay_dead_letters",
+    "show_dead_letter",
     "status",
 ]
