@@ -68,6 +68,7 @@ __all__ = [
     "REASON",
     "REPLAYED",
     "REPLAYED_LIMIT",
+    "RETRY_STATE",
     "TRACEBACK",
     "VERSION",
     "FailureRecord",
@@ -104,6 +105,20 @@ ERROR = "retry-error"
 TRACEBACK = "retry-traceback"
 ORIGIN_QUEUE = "retry-origin-queue"
 REPLAYED = "retry-replayed"
+RETRY_STATE = (
+    VERSION,
+    ATTEMPT,
+    DUE,
+    FIRST_FAILED_AT,
+    LAST_FAILED_AT,
+    HISTORY,
+    REASON,
+    EXCEPTION,
+    ERROR,
+    TRACEBACK,
+    ORIGIN_QUEUE,
+)
+"""Every header of a message's retry state: what a replay resets."""
 
 HISTORY_LIMIT = 10
 REPLAYED_LIMIT = 3
@@ -296,21 +311,8 @@ def read_history(headers: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     return _read_history(headers)
 
 
-# What a replay resets: the retry state, and the broker's records of the last life.
-_RESET = (
-    VERSION,
-    ATTEMPT,
-    DUE,
-    FIRST_FAILED_AT,
-    LAST_FAILED_AT,
-    HISTORY,
-    REASON,
-    EXCEPTION,
-    ERROR,
-    TRACEBACK,
-    ORIGIN_QUEUE,
-    "x-delivery-count",
-)
+# What a replay resets: the retry state, and the broker's count of the last life.
+_RESET = (*RETRY_STATE, "x-delivery-count")
 
 
 def replayed_headers(headers: Mapping[str, Any] | None, at_ms: int) -> dict[str, Any]:

@@ -8,19 +8,7 @@ from hypothesis import strategies as st
 
 from faststream_retry import headers as h
 
-RETRY_KEYS = [
-    h.VERSION,
-    h.ATTEMPT,
-    h.DUE,
-    h.FIRST_FAILED_AT,
-    h.LAST_FAILED_AT,
-    h.HISTORY,
-    h.REASON,
-    h.EXCEPTION,
-    h.ERROR,
-    h.TRACEBACK,
-    h.ORIGIN_QUEUE,
-]
+RETRY_KEYS = list(h.RETRY_STATE)
 
 # Every AMQP field value pamqp can decode, nested a little.
 amqp_scalars = st.one_of(

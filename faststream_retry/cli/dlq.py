@@ -259,19 +259,7 @@ def show(
     _show(letter)
 
 
-_SHOWN_ABOVE = {
-    h.VERSION,
-    h.ATTEMPT,
-    h.FIRST_FAILED_AT,
-    h.LAST_FAILED_AT,
-    h.HISTORY,
-    h.REASON,
-    h.EXCEPTION,
-    h.ERROR,
-    h.TRACEBACK,
-    h.ORIGIN_QUEUE,
-    h.REPLAYED,
-}
+_SHOWN_ABOVE = {*h.RETRY_STATE, h.REPLAYED}
 
 
 def _show(letter: DeadLetter) -> None:

@@ -25,7 +25,7 @@ import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
@@ -399,30 +399,3 @@ async def walk(
     finally:
         if not channel.is_closed:
             await channel.close()
-
-
-def properties_dict(properties: commands.Basic.Properties) -> dict[str, Any]:
-    """Return the properties that are set, by their AMQP names."""
-    return {
-        name: value
-        for name in _PROPERTY_NAMES
-        if (value := getattr(properties, name, None)) is not None and name != "headers"
-    }
-
-
-_PROPERTY_NAMES = (
-    "content_type",
-    "content_encoding",
-    "headers",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "message_type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)
