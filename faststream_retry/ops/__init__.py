@@ -10,9 +10,17 @@ A service can expose these itself (an admin endpoint that replays dead letters, 
 the command line in ``faststream_retry.cli`` is a thin layer over them.
 """
 
+from faststream_retry.ops.app import LoadedApp, load_app
 from faststream_retry.ops.common import OperationError, connect
+from faststream_retry.ops.diagnosis import Finding, Report
+from faststream_retry.ops.doctor import doctor
 
 __all__ = [
+    "Finding",
+    "LoadedApp",
     "OperationError",
+    "Report",
     "connect",
+    "doctor",
+    "load_app",
 ]
