@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from faststream_retry.cli import dlq, doctor
+from faststream_retry.cli import dlq, doctor, migrate
 
 __all__ = ["app"]
 
@@ -16,5 +16,5 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (dlq, doctor):
+for module in (dlq, doctor, migrate):
     module.register(app)

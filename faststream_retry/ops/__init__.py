@@ -14,13 +14,16 @@ from faststream_retry.ops.app import LoadedApp, load_app
 from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.diagnosis import Finding, Report
 from faststream_retry.ops.doctor import doctor
+from faststream_retry.ops.migrate import MigrationResult, migrate
 
 __all__ = [
     "Finding",
     "LoadedApp",
+    "MigrationResult",
     "OperationError",
     "Report",
     "connect",
     "doctor",
     "load_app",
+    "migrate",
 ]
