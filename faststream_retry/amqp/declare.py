@@ -25,6 +25,7 @@ from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 from faststream_retry.errors import RetryTopologyError
 from faststream_retry.topology import queue_specs
+from faststream_retry.versions import MIN_VERSION, parse_version, too_old
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -55,10 +56,6 @@ __all__ = [
     "too_old",
     "work_queue_findings",
 ]
-
-MIN_VERSION = {"classic": (3, 8), "quorum": (3, 10)}
-"""Oldest RabbitMQ per queue type: quorum queues need 3.10 for message TTL and
-at-least-once dead-lettering."""
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)'"
@@ -96,16 +93,6 @@ class Mismatch:
     current: str
     fits: str | None = None
     """The other ``queue_type`` whose declaration the live queue matches, if it does."""
-
-
-def parse_version(text: object) -> tuple[int, int] | None:
-    """Return ``(major, minor)`` from a server ``version`` property, or ``None``."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if not isinstance(text, str):
-        return None
-    match = re.match(r"\s*(\d+)\.(\d+)", text)
-    return (int(match[1]), int(match[2])) if match else None
 
 
 def parse_mismatch(reply: str, kind: str, name: str) -> Mismatch:
@@ -428,22 +415,6 @@ def _check_version(version_text: object, queue_type: str) -> tuple[int, int] | N
     elif version < MIN_VERSION[queue_type]:
         raise RetryTopologyError(too_old(str(version_text), queue_type))
     return version
-
-
-def too_old(version_text: str, queue_type: str) -> str:
-    """Return the error text for a server older than ``queue_type`` needs, with the fix."""
-    need = ".".join(map(str, MIN_VERSION[queue_type]))
-    text = (
-        f"RabbitMQ {version_text} is too old for queue_type={queue_type!r}: "
-        f"it needs {need} or later. "
-    )
-    if queue_type == "quorum":
-        return text + (
-            'Upgrade RabbitMQ, or pass RetryMiddleware(queue_type="classic") to use '
-            "classic queues (RabbitMQ >= 3.8; they dead-letter at most once, so a broker "
-            "crash or restart can lose a message waiting in a tier)"
-        )
-    return text + "Upgrade RabbitMQ"
 
 
 def work_queue_findings(

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from faststream_retry.amqp.declare import MIN_VERSION, parse_version, too_old
 from faststream_retry.topology import tier_name
+from faststream_retry.versions import MIN_VERSION, parse_version, too_old
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from pamqp import commands as spec
 
-from faststream_retry.amqp.declare import MIN_VERSION, parse_version
 from faststream_retry.ops import migration
 from faststream_retry.ops.common import OperationError, depth
 from faststream_retry.ops.doctor import amqp_of
+from faststream_retry.versions import MIN_VERSION, parse_version
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
