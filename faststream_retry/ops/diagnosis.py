@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from faststream_retry.ops.migration import TEMP_SUFFIX
 from faststream_retry.topology import tier_name
 from faststream_retry.versions import MIN_VERSION, parse_version, too_old
 
@@ -27,6 +28,7 @@ __all__ = [
     "QueueState",
     "Report",
     "Severity",
+    "cut_short_findings",
     "limit_findings",
     "migrate_command",
     "mismatch_findings",
@@ -356,6 +358,23 @@ def queue_findings(states: Iterable[QueueState]) -> list[Finding]:
             )
         )
     return findings
+
+
+def cut_short_findings(temps: Iterable[tuple[str, int]], options: TopologyOptions) -> list[Finding]:
+    """Name the migrations that were cut short: a queue's temporary queue still exists."""
+    return [
+        Finding(
+            "action",
+            "migration",
+            queue,
+            f"a migration of {queue!r} was cut short: {messages} message(s) wait in "
+            f"{queue + TEMP_SUFFIX!r}",
+            "they are out of their queue until the migration is finished",
+            "stop the services that use it and run the migration again: "
+            + migrate_command(queue, options, retry_queue=queue.endswith(".retry")),
+        )
+        for queue, messages in temps
+    ]
 
 
 def stranded_findings(stranded: Iterable[tuple[str, int]]) -> list[Finding]:

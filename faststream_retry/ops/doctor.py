@@ -14,6 +14,7 @@ from faststream_retry.amqp.declare import check_objects, parse_version, work_que
 from faststream_retry.amqp.registry import registered
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import OperationError, depth
+from faststream_retry.ops.migration import temp_name
 from faststream_retry.topology import merge_routes, retry_queue_name
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ async def doctor(connection: AbstractConnection, app: LoadedApp) -> diagnosis.Re
         )
     )
     findings += diagnosis.queue_findings(await _states(connection, topology))
+    findings += diagnosis.cut_short_findings(await _cut_short(connection, topology), options)
     owned = {route.queue for route in app.routes}
     findings += diagnosis.stranded_findings(await _stranded(connection, options.prefix, owned))
     findings += diagnosis.old_tier_findings(await _old_tiers(connection, topology))
@@ -107,6 +109,16 @@ async def _states(connection: AbstractConnection, topology: Plan) -> list[diagno
         if found is not None:
             states.append(diagnosis.QueueState(name, role, found.messages, found.consumers))
     return states
+
+
+async def _cut_short(connection: AbstractConnection, topology: Plan) -> list[tuple[str, int]]:
+    """Return the app's queues whose migration's temporary queue still exists."""
+    found = []
+    for spec in topology.queues:
+        temp = await depth(connection, temp_name(spec.name))
+        if temp is not None:
+            found.append((spec.name, temp.messages))
+    return found
 
 
 async def _stranded(

@@ -23,6 +23,7 @@ from faststream_retry.topology import (
 
 __all__ = [
     "ROUTING_KEY_HEADER",
+    "TEMP_SUFFIX",
     "Look",
     "Owned",
     "Step",
@@ -55,6 +56,7 @@ _BROKER_HEADERS = frozenset({"x-delivery-count"})
 """Set by a quorum queue on each delivery: a fact about that delivery, not the message."""
 
 TEMP_SUFFIX = ".migrating"
+"""A temporary queue is named after its queue: a second run finds what the first left."""
 
 
 @dataclass(frozen=True, slots=True)

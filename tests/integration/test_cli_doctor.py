@@ -107,6 +107,9 @@ async def test_doctor_names_a_mismatch_a_missing_consumer_a_stranded_retry_and_a
     old_tier = tier_name(prefix, 250)
     await channel.declare_queue(old_tier, durable=True)
     await publish(amqp, old_tier, 1)
+    # A migration of the .dlq was killed: one message waits in its temporary queue.
+    await channel.declare_queue(f"{queue}.dlq.migrating", durable=True)
+    await publish(amqp, f"{queue}.dlq.migrating", 1)
     spec = write_app(tmp_path, rabbit_url, prefix, queue)
 
     result = await run_cli("doctor", spec, "--json", url=rabbit_url, cwd=tmp_path)
@@ -135,6 +138,10 @@ async def test_doctor_names_a_mismatch_a_missing_consumer_a_stranded_retry_and_a
     (stranded,) = by_check(report, "stranded")
     assert stranded["subject"] == f"{gone}.retry"
     assert "3 message(s) wait" in stranded["what"]
+    (cut,) = by_check(report, "migration")
+    assert (cut["subject"], cut["severity"]) == (f"{queue}.dlq", "action")
+    assert "1 message(s) wait in" in cut["what"]
+    assert f"faststream-retry migrate {queue}.dlq --queue-type quorum" in cut["fix"]
     (old,) = by_check(report, "old-tier")
     assert (old["subject"], old["severity"]) == (old_tier, "warning")
 
@@ -143,7 +150,7 @@ async def test_doctor_names_a_mismatch_a_missing_consumer_a_stranded_retry_and_a
     assert f"faststream-retry migrate {queue}.dlq --queue-type quorum" in text.stdout
     assert "need action" in text.stdout
 
-    for name in (f"{queue}.dlq", f"{queue}.retry", old_tier, f"{gone}.retry"):
+    for name in (f"{queue}.dlq", f"{queue}.dlq.migrating", f"{queue}.retry", old_tier):
         await channel.queue_delete(name)
     await channel.close()
 

@@ -11,6 +11,7 @@ from faststream_retry.ops.diagnosis import (
     Finding,
     QueueState,
     Report,
+    cut_short_findings,
     limit_findings,
     migrate_command,
     mismatch_findings,
@@ -156,3 +157,14 @@ def test_tier_candidates_cover_the_usual_ladders() -> None:
         assert f"p.delay.{ttl}" in names
     assert "p.delay.333" not in names
     assert len(names) < 500  # one passive declare each
+
+
+def test_a_cut_short_migration_is_finished_by_running_it_again() -> None:
+    (finding,) = cut_short_findings(
+        [("o.retry", 4)], TopologyOptions("p", 60_000, delivery_limit=9)
+    )
+    assert finding.severity == "action"
+    assert "4 message(s) wait in 'o.retry.migrating'" in finding.what
+    assert finding.fix.endswith(
+        "faststream-retry migrate o.retry --queue-type quorum --prefix p --delivery-limit 9"
+    )
