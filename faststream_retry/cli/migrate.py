@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
     app.command(name="migrate")(migrate_command)
 
 
-def migrate_command(  # noqa: PLR0917 - typer passes every option by keyword
+def migrate_command(
     queue: Annotated[
         str,
         typer.Argument(help="<queue>.retry, <queue>.dlq or a tier <prefix>.delay.<ms>."),
