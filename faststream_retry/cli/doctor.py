@@ -33,11 +33,14 @@ def doctor_command(
 ) -> None:
     """Check an app's retry topology on the live broker, changing nothing.
 
-    Runs the plugin's startup checks (server version, the arguments of every queue and
-    exchange it declares, permissions, quorum delivery limits) and looks for what the
-    start only logs or cannot see: queues without the consumer they need, stranded
-    .retry queues, dead letters, tiers of an earlier tick. Exit status 0: healthy (or
-    warnings only); 1: something needs action; 2: the check could not run.
+    Runs the plugin's startup checks (server version, the arguments of each
+    queue and exchange it declares, permissions, quorum delivery limits) and
+    finds what a start only logs or cannot see: queues without the consumer
+    they need, stranded .retry queues, dead letters, tiers of an earlier
+    tick, migrations cut short.
+
+    Exit status 0: healthy, or warnings only; 1: something needs action;
+    2: the check could not run.
     """
 
     async def check() -> Report:

@@ -61,17 +61,20 @@ def migrate_command(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before starting.")] = False,
     json: Json = False,
 ) -> None:
-    """Give a queue the plugin owns the arguments of another queue type, losing no message.
+    """Give a queue the plugin owns another queue type, losing no message.
 
-    Moves its messages into a temporary queue (<queue>.migrating, durable, quorum where
-    the broker has it), deletes the queue, declares it exactly as RetryMiddleware
-    declares it with the new queue_type (a tier is bound to its exchange again), and
-    moves them back. Every message is copied with all its properties and headers and
-    acked only once the broker confirmed the copy: if the command is killed, run it
-    again and it finishes the job (at worst a message of the last batch in flight is
-    then in the queue twice). Stop every service that uses the queue first: migrate
-    refuses a queue with consumers. Messages in a tier start their TTL again: they come
-    out later than planned, never early.
+    Moves its messages into a temporary queue (<queue>.migrating, durable,
+    quorum where the broker has it), deletes the queue, declares it exactly
+    as RetryMiddleware does with the new queue_type (a tier is bound to its
+    exchange again) and moves them back. Each copy keeps every property and
+    header, and its original is acked only once the broker confirmed it.
+
+    Killed mid-way? Run it again: it finishes the job (a message of the last
+    batch in flight may then be there twice). Stop every service that uses
+    the queue first: a queue with consumers is refused.
+
+    Messages in a tier start their TTL again: they come out later than
+    planned, never early.
     """
     if not yes:
         if not sys.stdin.isatty():
