@@ -86,7 +86,10 @@ async def migrate(
     ``queue`` is a ``<queue>.retry``, a ``<queue>.dlq`` or a tier ``<prefix>.delay.<ms>``.
     ``delivery_limit`` is the ``RetryMiddleware``'s (a quorum ``.retry`` carries it).
     ``progress(step, done, total)`` is called after each batch of a move. Messages in a
-    tier start their TTL again: they come out later than planned, never early.
+    tier start their TTL again: they come out later than planned, never early. A kill
+    hands back the batch in flight (at most ``BATCH``) by closing the channel: on a
+    quorum queue that counts one delivery for each of those messages, as does a copy the
+    broker refuses, which stops the move with nothing of its batch acked.
 
     Raises:
         OperationError: the name is not one the plugin owns; the queue (or its
