@@ -29,7 +29,9 @@ __all__ = [
     "queue_specs",
     "registry_name",
     "retry_queue_name",
+    "route_specs",
     "tier_name",
+    "tier_spec",
 ]
 
 QueueType = Literal["classic", "quorum"]
@@ -155,7 +157,7 @@ class Plan:
         consumers. The new route's delays are rounded up to the tick like any other.
         """
         routes = {**self.routes, route.queue: route}
-        specs = _route_specs(route, self.options)
+        specs = route_specs(route, self.options)
         names = {spec.name for spec in specs}
         kept = tuple(spec for spec in self.queues if spec.name not in names)
         return Plan(self.options, self.tiers, routes, kept + specs)
@@ -209,21 +211,23 @@ def queue_specs(
     tiers: Tiers, routes: Iterable[Route], options: TopologyOptions
 ) -> tuple[QueueSpec, ...]:
     """Return every queue the plugin declares, with its arguments: tiers first."""
+    specs = [tier_spec(ttl, options) for ttl in tiers.ttls_ms]
+    for route in routes:
+        specs.extend(route_specs(route, options))
+    return tuple(specs)
+
+
+def tier_spec(ttl_ms: int, options: TopologyOptions) -> QueueSpec:
+    """Return the tier queue with this TTL and its arguments."""
     base, safe_dl = _base_arguments(options)
     # One queue-wide TTL per tier queue: RabbitMQ expires messages only at the head of
     # a queue, so mixed per-message TTLs in one queue would hold a short wait behind a
     # long one. No routing-key override on the DLX: an expired message goes back by
     # its own key, `<queue>.retry`.
-    specs = [
-        QueueSpec(
-            tier_name(options.prefix, ttl),
-            {**base, "x-message-ttl": ttl, "x-dead-letter-exchange": "", **safe_dl},
-        )
-        for ttl in tiers.ttls_ms
-    ]
-    for route in routes:
-        specs.extend(_route_specs(route, options))
-    return tuple(specs)
+    return QueueSpec(
+        tier_name(options.prefix, ttl_ms),
+        {**base, "x-message-ttl": ttl_ms, "x-dead-letter-exchange": "", **safe_dl},
+    )
 
 
 def _base_arguments(options: TopologyOptions) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -240,7 +244,7 @@ def _base_arguments(options: TopologyOptions) -> tuple[dict[str, Any], dict[str,
     return base, safe_dl
 
 
-def _route_specs(route: Route, options: TopologyOptions) -> tuple[QueueSpec, ...]:
+def route_specs(route: Route, options: TopologyOptions) -> tuple[QueueSpec, ...]:
     """Return ``route``'s ``.retry`` and ``.dlq`` queues with their arguments."""
     base, safe_dl = _base_arguments(options)
     retry_args = dict(base)

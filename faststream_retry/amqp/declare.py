@@ -15,12 +15,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aio_pika.abc import ExchangeType
-from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
+from aiormq.exceptions import (
+    ChannelAccessRefused,
+    ChannelNotFoundEntity,
+    ChannelPreconditionFailed,
+)
 
 from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 from faststream_retry.errors import RetryTopologyError
 from faststream_retry.topology import queue_specs
+from faststream_retry.versions import MIN_VERSION, parse_version, too_old
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -32,9 +37,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_VERSION",
+    "Checked",
     "Mismatch",
     "Refusal",
     "check_broker",
+    "check_objects",
     "declare_late_route",
     "declare_retry_queue",
     "declare_topology",
@@ -43,15 +50,12 @@ __all__ = [
     "parse_mismatch",
     "parse_refusal",
     "parse_version",
+    "raise_for",
     "redeclare",
     "refused",
     "too_old",
     "work_queue_findings",
 ]
-
-MIN_VERSION = {"classic": (3, 8), "quorum": (3, 10)}
-"""Oldest RabbitMQ per queue type: quorum queues need 3.10 for message TTL and
-at-least-once dead-lettering."""
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)'"
@@ -89,16 +93,6 @@ class Mismatch:
     current: str
     fits: str | None = None
     """The other ``queue_type`` whose declaration the live queue matches, if it does."""
-
-
-def parse_version(text: object) -> tuple[int, int] | None:
-    """Return ``(major, minor)`` from a server ``version`` property, or ``None``."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if not isinstance(text, str):
-        return None
-    match = re.match(r"\s*(\d+)\.(\d+)", text)
-    return (int(match[1]), int(match[2])) if match else None
 
 
 def parse_mismatch(reply: str, kind: str, name: str) -> Mismatch:
@@ -293,24 +287,78 @@ async def check_broker(connection: AbstractRobustConnection, plan: Plan) -> tupl
         raise RetryTopologyError("the broker connection is closed; cannot check the topology")
     amqp = transport.connection
     version = _check_version(amqp.server_properties.get("version"), plan.options.queue_type)
+    raise_for(await check_objects(amqp, plan), plan.options.prefix)
+    return version
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What declaring, or only looking at, every object of a plan found on the broker."""
+
+    mismatches: tuple[Mismatch, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+    missing: tuple[tuple[str, str], ...] = ()
+    """``(kind, name)`` of the objects that do not exist (only when looking, never creating)."""
+
+
+def raise_for(checked: Checked, prefix: str) -> None:
+    """Raise what ``check_broker`` raises for ``checked``: refusals first, then mismatches.
+
+    Raises:
+        RetryTopologyError: ``checked`` holds a refusal or a mismatch.
+    """
+    if checked.refusals:
+        raise refused(checked.refusals)
+    if checked.mismatches:
+        raise _mismatch_error(list(checked.mismatches), prefix)
+
+
+async def check_objects(
+    amqp: Any,  # noqa: ANN401 - aiormq's connection
+    plan: Plan,
+    *,
+    create: bool = True,
+) -> Checked:
+    """Declare every object of ``plan`` once, each on a throwaway channel, and collect what failed.
+
+    With ``create=False`` nothing on the broker is created or changed (``doctor``): an
+    object is declared with its planned arguments only if a passive declare finds it.
+    A declaration equal to the live object is a no-op and a different one a 406 that
+    closes only its own channel. The bindings of the tiers are not checked then: binding
+    an unbound queue would change the broker.
+    """
     mismatches: list[Mismatch] = []
     refusals: list[Refusal] = []
+    missing: list[tuple[str, str]] = []
     for kind, name, arguments in [
         *(("exchange", name, None) for name in plan.exchanges),
         *(("queue", spec.name, dict(spec.arguments)) for spec in plan.queues),
     ]:
+        if not create and not await _exists(amqp, kind, name):
+            missing.append((kind, name))
+            continue
         found = await _declare(amqp, kind, name, arguments)
         if isinstance(found, Mismatch):
             mismatches.append(await _other_type(amqp, plan, found))
         elif found is not None:
             refusals.append(found)
-    if not refusals:
+    if create and not refusals:
         refusals = [r for r in [await _bind(amqp, name) for name in plan.exchanges] if r]
-    if refusals:
-        raise refused(refusals)
-    if mismatches:
-        raise _mismatch_error(mismatches, plan.options.prefix)
-    return version
+    return Checked(tuple(mismatches), tuple(refusals), tuple(missing))
+
+
+async def _exists(amqp: Any, kind: str, name: str) -> bool:  # noqa: ANN401 - aiormq's
+    """Return whether ``name`` exists, by a passive declare (it creates nothing)."""
+    channel = await amqp.channel()
+    try:
+        if kind == "exchange":
+            await channel.exchange_declare(name, passive=True)
+        else:
+            await channel.queue_declare(name, passive=True)
+    except ChannelNotFoundEntity:
+        return False
+    await channel.close()
+    return True
 
 
 def _mismatch_error(mismatches: list[Mismatch], prefix: str) -> RetryTopologyError:
@@ -338,10 +386,7 @@ async def declare_late_route(
             mismatches.append(await _other_type(amqp, plan, found))
         elif found is not None:
             refusals.append(found)
-    if refusals:
-        raise refused(refusals)
-    if mismatches:
-        raise _mismatch_error(mismatches, plan.options.prefix)
+    raise_for(Checked(tuple(mismatches), tuple(refusals)), plan.options.prefix)
 
 
 async def _other_type(amqp: Any, plan: Plan, mismatch: Mismatch) -> Mismatch:  # noqa: ANN401
@@ -370,22 +415,6 @@ def _check_version(version_text: object, queue_type: str) -> tuple[int, int] | N
     elif version < MIN_VERSION[queue_type]:
         raise RetryTopologyError(too_old(str(version_text), queue_type))
     return version
-
-
-def too_old(version_text: str, queue_type: str) -> str:
-    """Return the error text for a server older than ``queue_type`` needs, with the fix."""
-    need = ".".join(map(str, MIN_VERSION[queue_type]))
-    text = (
-        f"RabbitMQ {version_text} is too old for queue_type={queue_type!r}: "
-        f"it needs {need} or later. "
-    )
-    if queue_type == "quorum":
-        return text + (
-            'Upgrade RabbitMQ, or pass RetryMiddleware(queue_type="classic") to use '
-            "classic queues (RabbitMQ >= 3.8; they dead-letter at most once, so a broker "
-            "crash or restart can lose a message waiting in a tier)"
-        )
-    return text + "Upgrade RabbitMQ"
 
 
 def work_queue_findings(

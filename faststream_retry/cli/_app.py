@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from faststream_retry.cli import dlq, explain, status
+from faststream_retry.cli import dlq, doctor, explain, migrate, status
 
 __all__ = ["app"]
 
@@ -16,5 +16,5 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (dlq, explain, status):
+for module in (status, explain, doctor, dlq, migrate):
     module.register(app)

@@ -13,6 +13,7 @@ the command line in ``faststream_retry.cli`` is a thin layer over them.
 from faststream_retry.explanation import Explanation
 from faststream_retry.ops.app import LoadedApp, load_app
 from faststream_retry.ops.common import OperationError, connect
+from faststream_retry.ops.diagnosis import Finding, Report
 from faststream_retry.ops.dlq import (
     Outcome,
     export_dead_letters,
@@ -22,7 +23,9 @@ from faststream_retry.ops.dlq import (
     replay_dead_letters,
     show_dead_letter,
 )
+from faststream_retry.ops.doctor import doctor
 from faststream_retry.ops.explain import explain
+from faststream_retry.ops.migrate import MigrationResult, migrate
 from faststream_retry.ops.records import DeadLetter, Selection, parse_time
 from faststream_retry.ops.registry import Registry, registered_queues
 from faststream_retry.ops.status import Depth, QueueStatus, Status, TierStatus, status
@@ -31,20 +34,25 @@ __all__ = [
     "DeadLetter",
     "Depth",
     "Explanation",
+    "Finding",
     "LoadedApp",
+    "MigrationResult",
     "OperationError",
     "Outcome",
     "QueueStatus",
     "Registry",
+    "Report",
     "Selection",
     "Status",
     "TierStatus",
     "connect",
+    "doctor",
     "explain",
     "export_dead_letters",
     "import_messages",
     "list_dead_letters",
     "load_app",
+    "migrate",
     "parse_time",
     "purge_dead_letters",
     "registered_queues",

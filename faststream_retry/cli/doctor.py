@@ -1,0 +1,78 @@
+"""``faststream-retry doctor module:app``: the plugin's startup checks, as a report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+
+from faststream_retry.cli._common import EXIT_ACTION, Json, Url, out, print_json, run
+from faststream_retry.ops import connect, doctor, load_app
+
+if TYPE_CHECKING:
+    from faststream_retry.ops.diagnosis import Report
+
+__all__ = ["register"]
+
+_STYLE = {"ok": "green", "warning": "yellow", "action": "bold red"}
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``doctor`` command to ``app``."""
+    app.command(name="doctor")(doctor_command)
+
+
+def doctor_command(
+    app: Annotated[
+        str, typer.Argument(help="The app, as `faststream run` takes it: module:attribute.")
+    ],
+    url: Url = "amqp://guest:guest@localhost:5672/",
+    json: Json = False,
+) -> None:
+    """Check an app's retry topology on the live broker, changing nothing.
+
+    Runs the plugin's startup checks (server version, the arguments of each
+    queue and exchange it declares, permissions, quorum delivery limits) and
+    finds what a start only logs or cannot see: queues without the consumer
+    they need, stranded .retry queues, dead letters, tiers of an earlier
+    tick, migrations cut short.
+
+    Exit status 0: healthy, or warnings only; 1: something needs action;
+    2: the check could not run.
+    """
+
+    async def check() -> Report:
+        loaded = load_app(app, cwd=Path.cwd())
+        async with connect(url) as connection:
+            return await doctor(connection, loaded)
+
+    report = run(check())
+    if json:
+        print_json(report.as_dict())
+    else:
+        render(report)
+    if report.status == "action":
+        raise typer.Exit(EXIT_ACTION)
+
+
+def render(report: Report) -> None:
+    """Print ``report`` for a person: most urgent first, each with why and the fix."""
+    out.print(
+        f"[bold]faststream-retry doctor[/bold] {escape(report.app)}: prefix "
+        f"{escape(report.prefix)!r}, queue_type {report.queue_type!r}, "
+        f"RabbitMQ {escape(str(report.server_version))}"
+    )
+    order = {"action": 0, "warning": 1, "ok": 2}
+    for finding in sorted(report.findings, key=lambda f: order[f.severity]):
+        style = _STYLE[finding.severity]
+        out.print(f"[{style}]{finding.severity.upper():>7}[/{style}]  {escape(finding.what)}")
+        if finding.why:
+            out.print(f"         why: {escape(finding.why)}")
+        if finding.fix:
+            out.print(f"         fix: {escape(finding.fix)}")
+    out.print(
+        f"{report.count('action')} need action, {report.count('warning')} warning(s), "
+        f"{report.count('ok')} ok"
+    )

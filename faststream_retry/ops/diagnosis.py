@@ -1,0 +1,439 @@
+"""What ``doctor`` concludes from what it saw on the broker (pure: no broker imports).
+
+``faststream_retry.ops.doctor`` gathers the facts (the server version, the 406 and 403
+replies to declarations, queue depths and consumers, the registry); the functions here
+turn them into findings an operator can act on: each says what was found, why it
+matters and the fix, with a severity.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from faststream_retry.ops.migration import TEMP_SUFFIX
+from faststream_retry.topology import tier_name
+from faststream_retry.versions import MIN_VERSION, parse_version, too_old
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from faststream_retry.amqp.declare import Mismatch, Refusal
+    from faststream_retry.topology import TopologyOptions
+
+__all__ = [
+    "SEVERITIES",
+    "Finding",
+    "QueueState",
+    "Report",
+    "Severity",
+    "cut_short_findings",
+    "limit_findings",
+    "migrate_command",
+    "mismatch_findings",
+    "missing_findings",
+    "old_tier_findings",
+    "queue_findings",
+    "refusal_findings",
+    "stranded_findings",
+    "tier_candidates",
+    "version_finding",
+]
+
+Severity = Literal["ok", "warning", "action"]
+SEVERITIES: tuple[Severity, ...] = ("ok", "warning", "action")
+"""From least to most urgent; a report is as urgent as its most urgent finding."""
+
+DEFAULT_DELIVERY_LIMIT = 20
+"""``RetryMiddleware``'s default ``delivery_limit`` (``migrate`` needs it only when other)."""
+
+PROBED_TICKS_MS = (
+    *range(100, 1001, 100),
+    250,
+    750,
+    *range(1000, 10_001, 1000),
+    15_000,
+    30_000,
+    60_000,
+)
+"""The ticks whose power-of-two ladders ``doctor`` probes for tiers of another tick.
+
+AMQP cannot list queues, so without the management API a tier is found only by its
+name. These cover the ticks the plugin computes from round delays (the GCD of
+"100 ms", "1 s", "10 s", "1 min", ...); a tier of any other tick is found only with
+``--management-url``.
+"""
+
+LADDER_TOP_MS = 8 * 24 * 3600 * 1000
+"""Probed ladders stop here: a ``max_delay`` beyond a week is unusual."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing ``doctor`` found: how urgent, what, why it matters and what to do."""
+
+    severity: Severity
+    check: str
+    """Which check found it: version, arguments, permissions, missing, delivery-limit,
+    consumers, dead-letters, stranded, old-tier."""
+    subject: str
+    """The object it is about (a queue, an exchange), or ``""`` for the broker as a whole."""
+    what: str
+    why: str
+    fix: str
+
+    def as_dict(self) -> dict[str, str]:
+        """Return the finding as JSON-able data."""
+        return {
+            "severity": self.severity,
+            "check": self.check,
+            "subject": self.subject,
+            "what": self.what,
+            "why": self.why,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Everything ``doctor`` found for one app on one broker."""
+
+    app: str
+    prefix: str
+    queue_type: str
+    server_version: str | None
+    findings: tuple[Finding, ...]
+
+    @property
+    def status(self) -> Severity:
+        """Return the most urgent severity among the findings (``ok`` when there are none)."""
+        return max((f.severity for f in self.findings), key=SEVERITIES.index, default="ok")
+
+    def count(self, severity: Severity) -> int:
+        """Return how many findings have ``severity``."""
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    def as_dict(self) -> dict[str, object]:
+        """Return the report as JSON-able data (what ``doctor --json`` prints)."""
+        return {
+            "app": self.app,
+            "prefix": self.prefix,
+            "queue_type": self.queue_type,
+            "server_version": self.server_version,
+            "status": self.status,
+            "counts": {severity: self.count(severity) for severity in SEVERITIES},
+            "findings": [f.as_dict() for f in self.findings],
+        }
+
+
+def version_finding(version_text: str | None, queue_type: str) -> Finding:
+    """Say whether the server is recent enough for ``queue_type``."""
+    need = ".".join(map(str, MIN_VERSION[queue_type]))
+    version = parse_version(version_text)
+    if version is None:
+        return Finding(
+            "warning",
+            "version",
+            "",
+            f"RabbitMQ's version is unknown ({version_text!r})",
+            f"queue_type={queue_type!r} needs RabbitMQ {need} or later; it could not be checked",
+            "check the server's version by hand (rabbitmqctl status)",
+        )
+    if version < MIN_VERSION[queue_type]:
+        return Finding(
+            "action",
+            "version",
+            "",
+            f"RabbitMQ {version_text} is too old for queue_type={queue_type!r}",
+            "the app refuses to start (RetryTopologyError)",
+            too_old(str(version_text), queue_type),
+        )
+    return Finding(
+        "ok",
+        "version",
+        "",
+        f"RabbitMQ {version_text} supports queue_type={queue_type!r} (needs {need} or later)",
+        "",
+        "",
+    )
+
+
+def migrate_command(name: str, options: TopologyOptions, *, retry_queue: bool) -> str:
+    """Return the ``faststream-retry migrate`` command that gives ``name`` the planned arguments."""
+    command = f"faststream-retry migrate {name} --queue-type {options.queue_type}"
+    command += f" --prefix {options.prefix}"
+    quorum = options.queue_type == "quorum"
+    if retry_queue and quorum and options.delivery_limit != DEFAULT_DELIVERY_LIMIT:
+        command += f" --delivery-limit {options.delivery_limit}"
+    return command
+
+
+def _show(value: str) -> str:
+    return "unset" if value == "none" else repr(value)
+
+
+def mismatch_findings(mismatches: Iterable[Mismatch], options: TopologyOptions) -> list[Finding]:
+    """Name each object that exists with other arguments, and how to migrate it."""
+    findings = []
+    for m in mismatches:
+        what = (
+            f"{m.kind} {m.name!r}: argument {m.argument!r} is {_show(m.current)} on the broker, "
+            f"the app declares {_show(m.wanted)}"
+        )
+        why = (
+            "the app refuses to start: RabbitMQ answers its declaration with "
+            "406 PRECONDITION_FAILED"
+        )
+        if m.fits is not None:
+            why += f"; the queue is what queue_type={m.fits!r} declares"
+        if m.kind == "exchange":
+            fix = (
+                "an exchange holds no messages: stop the services that use prefix "
+                f"{options.prefix!r}, delete it (rabbitmqctl delete_exchange {m.name}) and "
+                "start the app, which declares it again"
+            )
+        else:
+            fix = "stop every service that consumes it, then run: " + migrate_command(
+                m.name, options, retry_queue=m.name.endswith(".retry")
+            )
+            if m.fits is not None:
+                fix += f' (or keep it: pass RetryMiddleware(queue_type="{m.fits}"))'
+        findings.append(Finding("action", "arguments", m.name, what, why, fix))
+    return findings
+
+
+def refusal_findings(refusals: Iterable[Refusal]) -> list[Finding]:
+    """Name each object the app's user may not use as the plugin needs (a 403)."""
+    return [
+        Finding(
+            "action",
+            "permissions",
+            r.name,
+            f"{r.kind} {r.name!r}: the user may not {r.doing} it",
+            f"the app refuses to start (403 ACCESS_REFUSED). RabbitMQ said: {r.detail}",
+            f"grant {r.permission} (rabbitmqctl set_permissions; the README's 'Permissions' "
+            "section lists the patterns the plugin needs)",
+        )
+        for r in refusals
+    ]
+
+
+def missing_findings(missing: Iterable[tuple[str, str]]) -> list[Finding]:
+    """Name the planned objects that do not exist (the app never started with this plan)."""
+    missing = list(missing)
+    if not missing:
+        return []
+    kinds: dict[str, list[str]] = {}
+    for kind, name in missing:
+        kinds.setdefault(kind, []).append(name)
+    shown = "; ".join(
+        f"{kind}s {', '.join(repr(n) for n in names)}" for kind, names in sorted(kinds.items())
+    )
+    return [
+        Finding(
+            "warning",
+            "missing",
+            ", ".join(name for _, name in missing),
+            f"{len(missing)} object(s) the app declares do not exist: {shown}",
+            "the app has not started with this configuration yet (or they were deleted); their "
+            "arguments and permissions could not be checked without creating them",
+            "start the app: it declares them; run doctor again to check them",
+        )
+    ]
+
+
+def limit_findings(found: Iterable[tuple[int, str]]) -> list[Finding]:
+    """Turn the start-time advice about quorum work queues' delivery limits into findings."""
+    findings = []
+    for level, text in found:
+        subject = text.split("'")[1] if text.count("'") >= 2 else ""
+        severity: Severity = "warning" if level >= logging.WARNING else "ok"
+        what, _, fix = text.partition(". ")
+        findings.append(
+            Finding(
+                severity,
+                "delivery-limit",
+                subject,
+                what,
+                "a quorum queue's x-delivery-limit bounds redeliveries after crashes; the "
+                "plugin's retries never spend it",
+                fix,
+            )
+        )
+    return findings
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """What a passive declare told about a queue the app uses."""
+
+    name: str
+    role: Literal["work", "retry", "dlq", "tier"]
+    messages: int
+    consumers: int
+
+
+def queue_findings(states: Iterable[QueueState]) -> list[Finding]:
+    """Say which queues lack the consumer they need, and where dead letters wait.
+
+    A ``.retry`` queue is consumed by the app's re-check consumer and a work queue by
+    its subscribers: no consumer means the app is not running. Tiers and ``.dlq``
+    queues have no consumer by design.
+    """
+    findings: list[Finding] = []
+    states = list(states)
+    for s in states:
+        if s.role == "retry" and not s.consumers:
+            if s.messages:
+                findings.append(
+                    Finding(
+                        "action",
+                        "consumers",
+                        s.name,
+                        f"{s.messages} message(s) wait in {s.name!r} and nothing releases them",
+                        "its re-check consumer runs in the app: the app is not running",
+                        "start the app; once it runs they go back to their work queue as due",
+                    )
+                )
+            else:
+                findings.append(
+                    Finding(
+                        "warning",
+                        "consumers",
+                        s.name,
+                        f"{s.name!r} has no consumer",
+                        "its re-check consumer runs in the app: the app is not running, so "
+                        "retries that wait more than one tier are not released",
+                        "start the app",
+                    )
+                )
+        elif s.role == "work" and not s.consumers:
+            findings.append(
+                Finding(
+                    "warning",
+                    "consumers",
+                    s.name,
+                    f"work queue {s.name!r} has no consumer ({s.messages} message(s) ready)",
+                    "the app is not running: nothing handles its messages, and its due retries "
+                    "wait there",
+                    "start the app",
+                )
+            )
+        elif s.role == "dlq" and s.messages:
+            findings.append(
+                Finding(
+                    "warning",
+                    "dead-letters",
+                    s.name,
+                    f"{s.messages} dead letter(s) wait in {s.name!r}",
+                    "each is a message the app gave up on, with the reason in its headers",
+                    f"look at them (faststream-retry dlq list {s.name}), fix the cause, "
+                    "replay them",
+                )
+            )
+    retries = [s for s in states if s.role == "retry"]
+    if retries and all(s.consumers for s in retries):
+        findings.append(
+            Finding(
+                "ok",
+                "consumers",
+                "",
+                f"every .retry queue of the app ({len(retries)}) has its re-check consumer",
+                "",
+                "",
+            )
+        )
+    waiting = sum(s.messages for s in states if s.role == "tier")
+    tiers = sum(1 for s in states if s.role == "tier")
+    if tiers:
+        findings.append(
+            Finding(
+                "ok",
+                "tiers",
+                "",
+                f"{waiting} message(s) wait in the app's {tiers} tier(s)",
+                "",
+                "",
+            )
+        )
+    return findings
+
+
+def cut_short_findings(temps: Iterable[tuple[str, int]], options: TopologyOptions) -> list[Finding]:
+    """Name the migrations that were cut short: a queue's temporary queue still exists."""
+    return [
+        Finding(
+            "action",
+            "migration",
+            queue,
+            f"a migration of {queue!r} was cut short: {messages} message(s) wait in "
+            f"{queue + TEMP_SUFFIX!r}",
+            "they are out of their queue until the migration is finished",
+            "stop the services that use it and run the migration again: "
+            + migrate_command(queue, options, retry_queue=queue.endswith(".retry")),
+        )
+        for queue, messages in temps
+    ]
+
+
+def stranded_findings(stranded: Iterable[tuple[str, int]]) -> list[Finding]:
+    """Name the ``.retry`` queues with messages that no subscriber of this app releases."""
+    return [
+        Finding(
+            "action",
+            "stranded",
+            queue,
+            f"{messages} message(s) wait in {queue!r}, which no subscriber of this app owns "
+            "and nothing consumes",
+            "its subscriber was renamed or removed, or runs in an app that is down: the "
+            "messages wait for ever",
+            "start a subscriber of its work queue with RetryMiddleware (retries on or off, "
+            "either releases them), or move the messages by hand",
+        )
+        for queue, messages in stranded
+    ]
+
+
+def old_tier_findings(old: Iterable[tuple[str, int]]) -> list[Finding]:
+    """Name the tiers of another tick (or ``max_delay``) still on the broker."""
+    findings = []
+    for name, messages in old:
+        if messages:
+            findings.append(
+                Finding(
+                    "warning",
+                    "old-tier",
+                    name,
+                    f"tier {name!r}, not in this app's plan, holds {messages} message(s)",
+                    "a tier of an earlier tick or max_delay (or of another service on the same "
+                    "prefix): it still releases its messages into their .retry queues",
+                    "if no service uses it any more, wait until it is empty, then delete it "
+                    f"(rabbitmqctl delete_queue {name}; and its exchange)",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "ok",
+                    "old-tier",
+                    name,
+                    f"tier {name!r}, not in this app's plan, is empty",
+                    "a tier of an earlier tick or max_delay, or of another service on the "
+                    "same prefix",
+                    "if no service uses it any more, delete it "
+                    f"(rabbitmqctl delete_queue {name}; and its exchange)",
+                )
+            )
+    return findings
+
+
+def tier_candidates(prefix: str, ticks_ms: Iterable[int] = ()) -> list[str]:
+    """Return the tier names to probe: the ladders of ``ticks_ms`` and of the usual ticks."""
+    ttls: set[int] = set()
+    for tick in {*ticks_ms, *PROBED_TICKS_MS}:
+        ttl = tick
+        while ttl <= LADDER_TOP_MS:
+            ttls.add(ttl)
+            ttl *= 2
+    return [tier_name(prefix, ttl) for ttl in sorted(ttls)]

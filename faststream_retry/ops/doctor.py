@@ -1,0 +1,146 @@
+"""``doctor``: the plugin's startup checks against the live broker, as findings, changing nothing.
+
+Everything here only looks: passive declares, and a declaration with the planned
+arguments only of an object that already exists (equal, it is a no-op; different, a
+406 that closes a throwaway channel). The registry is read without acking. What the
+findings mean is decided in ``faststream_retry.ops.diagnosis``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from faststream_retry.amqp.declare import check_objects, parse_version, work_queue_findings
+from faststream_retry.amqp.registry import registered
+from faststream_retry.ops import diagnosis
+from faststream_retry.ops.common import OperationError, depth
+from faststream_retry.ops.migration import temp_name
+from faststream_retry.topology import merge_routes, retry_queue_name
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
+
+    from faststream_retry.ops.app import LoadedApp
+    from faststream_retry.topology import Plan
+
+__all__ = ["doctor"]
+
+
+def amqp_of(connection: AbstractConnection) -> Any:  # noqa: ANN401 - aiormq's connection
+    """Return the aiormq connection under ``connection``."""
+    transport = connection.transport
+    if transport is None:
+        raise OperationError("the broker connection is closed")
+    return transport.connection
+
+
+async def doctor(connection: AbstractConnection, app: LoadedApp) -> diagnosis.Report:
+    """Check ``app``'s topology on the broker as its start would, and report, never raise.
+
+    Covers: the server version for the app's ``queue_type``; every planned object that
+    exists, declared with its planned arguments (406 mismatches, 403 refusals); the
+    quorum work queues' delivery limits; the consumers of the app's queues; ``.retry``
+    queues in the registry that no subscriber of the app owns; and tiers of other ticks
+    (probed by name: see ``diagnosis.PROBED_TICKS_MS``).
+    """
+    amqp = amqp_of(connection)
+    raw = amqp.server_properties.get("version")
+    version_text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    version_text = None if version_text is None else str(version_text)
+    topology = await _as_started(connection, app)
+    options = topology.options
+    findings = [diagnosis.version_finding(version_text, options.queue_type)]
+    checked = await check_objects(amqp, topology, create=False)
+    findings += diagnosis.refusal_findings(checked.refusals)
+    findings += diagnosis.mismatch_findings(checked.mismatches, options)
+    findings += diagnosis.missing_findings(checked.missing)
+    if not checked.refusals and not checked.mismatches:
+        present = len(topology.queues) + len(topology.exchanges) - len(checked.missing)
+        findings.append(
+            diagnosis.Finding(
+                "ok",
+                "arguments",
+                "",
+                f"the {present} existing object(s) the app declares have the planned arguments",
+                "",
+                "",
+            )
+        )
+    findings += diagnosis.limit_findings(
+        work_queue_findings(
+            topology.routes.values(), app.config.default, parse_version(version_text)
+        )
+    )
+    findings += diagnosis.queue_findings(await _states(connection, topology))
+    findings += diagnosis.cut_short_findings(await _cut_short(connection, topology), options)
+    owned = {route.queue for route in app.routes}
+    findings += diagnosis.stranded_findings(await _stranded(connection, options.prefix, owned))
+    findings += diagnosis.old_tier_findings(await _old_tiers(connection, topology))
+    return diagnosis.Report(
+        app=app.spec,
+        prefix=options.prefix,
+        queue_type=options.queue_type,
+        server_version=version_text,
+        findings=tuple(findings),
+    )
+
+
+async def _as_started(connection: AbstractConnection, app: LoadedApp) -> Plan:
+    """Return the plan as the app's start makes it.
+
+    A subscriber with retries off whose ``.retry`` exists is covered too: the plugin
+    keeps releasing what waits there.
+    """
+    topology = app.plan
+    routes = merge_routes(app.routes)
+    for queue in sorted(set(routes) - set(topology.routes)):
+        if await depth(connection, retry_queue_name(queue)) is not None:
+            topology = topology.with_route(routes[queue])
+    return topology
+
+
+async def _states(connection: AbstractConnection, topology: Plan) -> list[diagnosis.QueueState]:
+    looks: list[tuple[str, Any]] = [(topology.tier(ttl), "tier") for ttl in topology.tiers.ttls_ms]
+    for route in topology.routes.values():
+        looks += [(route.queue, "work"), (route.retry_queue, "retry"), (route.dlq, "dlq")]
+    states = []
+    for name, role in looks:
+        found = await depth(connection, name)
+        if found is not None:
+            states.append(diagnosis.QueueState(name, role, found.messages, found.consumers))
+    return states
+
+
+async def _cut_short(connection: AbstractConnection, topology: Plan) -> list[tuple[str, int]]:
+    """Return the app's queues whose migration's temporary queue still exists."""
+    found = []
+    for spec in topology.queues:
+        temp = await depth(connection, temp_name(spec.name))
+        if temp is not None:
+            found.append((spec.name, temp.messages))
+    return found
+
+
+async def _stranded(
+    connection: AbstractConnection, prefix: str, owned: set[str]
+) -> list[tuple[str, int]]:
+    stranded = []
+    for queue in await registered(connection, prefix):
+        if queue in owned:
+            continue
+        found = await depth(connection, retry_queue_name(queue))
+        if found is not None and found.messages and not found.consumers:
+            stranded.append((found.name, found.messages))
+    return stranded
+
+
+async def _old_tiers(connection: AbstractConnection, topology: Plan) -> list[tuple[str, int]]:
+    planned = set(topology.exchanges)
+    old = []
+    for name in diagnosis.tier_candidates(topology.options.prefix, [topology.tiers.tick_ms]):
+        if name in planned:
+            continue
+        found = await depth(connection, name)
+        if found is not None:
+            old.append((name, found.messages))
+    return old
