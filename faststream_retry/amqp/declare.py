@@ -212,19 +212,21 @@ def _is_tier(mismatch: Mismatch, prefix: str) -> bool:
     return mismatch.kind == "queue" and mismatch.name.startswith(f"{prefix}.delay.")
 
 
-def _migration(*, tier: bool, prefix: str) -> str:
+def _migration(*, tier: bool, prefix: str, queue_type: str) -> str:
+    command = (
+        f"faststream-retry migrate <queue> --queue-type {queue_type} --prefix {prefix} "
+        "(the cli extra) moves its messages to a temporary queue and back, with confirms, "
+        "declaring it as the plugin does"
+    )
     if tier:
         return (
             "a tier holds a message for one tier period only: stop the services that use "
             f"prefix {prefix!r}, wait until the tier is empty, delete it (rabbitmqctl "
             "delete_queue) and start again; or choose a new prefix=, whose tiers are new "
-            "queues, and let the old tiers drain into their .retry queues"
+            "queues, and let the old tiers drain into their .retry queues; or, with the "
+            f"services stopped, {command} (its messages wait their tier period again)"
         )
-    return (
-        "it may hold messages: stop the services that consume it, move its messages to a "
-        "temporary queue (the shovel plugin, or a script), delete it, start the service "
-        "so the plugin declares it again, then move the messages back"
-    )
+    return f"it may hold messages: stop the services that consume it, then {command}"
 
 
 _MISMATCH_HEAD = (
@@ -233,7 +235,7 @@ _MISMATCH_HEAD = (
 )
 
 
-def mismatch_text(mismatches: list[Mismatch], prefix: str) -> str:
+def mismatch_text(mismatches: list[Mismatch], prefix: str, queue_type: str = "quorum") -> str:
     """Say what differs and what to do, once for each group of objects the same holds for.
 
     A service upgraded without changing its options finds every tier with the same
@@ -264,10 +266,15 @@ def mismatch_text(mismatches: list[Mismatch], prefix: str) -> str:
     lines.append(f"To migrate{' instead' if fitting else ''}, for each queue:")
     tiers = [m.name for m in mismatches if _is_tier(m, prefix)]
     if tiers:
-        lines.append(f"- the tiers ({prefix}.delay.*): {_migration(tier=True, prefix=prefix)}")
+        lines.append(
+            f"- the tiers ({prefix}.delay.*): "
+            + _migration(tier=True, prefix=prefix, queue_type=queue_type)
+        )
     others = [m.name for m in mismatches if not _is_tier(m, prefix)]
     if others:
-        lines.append(f"- {_names(others)}: {_migration(tier=False, prefix=prefix)}")
+        lines.append(
+            f"- {_names(others)}: {_migration(tier=False, prefix=prefix, queue_type=queue_type)}"
+        )
     return "\n".join(lines)
 
 
@@ -287,7 +294,7 @@ async def check_broker(connection: AbstractRobustConnection, plan: Plan) -> tupl
         raise RetryTopologyError("the broker connection is closed; cannot check the topology")
     amqp = transport.connection
     version = _check_version(amqp.server_properties.get("version"), plan.options.queue_type)
-    raise_for(await check_objects(amqp, plan), plan.options.prefix)
+    raise_for(await check_objects(amqp, plan), plan.options.prefix, plan.options.queue_type)
     return version
 
 
@@ -301,7 +308,7 @@ class Checked:
     """``(kind, name)`` of the objects that do not exist (only when looking, never creating)."""
 
 
-def raise_for(checked: Checked, prefix: str) -> None:
+def raise_for(checked: Checked, prefix: str, queue_type: str = "quorum") -> None:
     """Raise what ``check_broker`` raises for ``checked``: refusals first, then mismatches.
 
     Raises:
@@ -310,7 +317,7 @@ def raise_for(checked: Checked, prefix: str) -> None:
     if checked.refusals:
         raise refused(checked.refusals)
     if checked.mismatches:
-        raise _mismatch_error(list(checked.mismatches), prefix)
+        raise RetryTopologyError(mismatch_text(list(checked.mismatches), prefix, queue_type))
 
 
 async def check_objects(
@@ -361,10 +368,6 @@ async def _exists(amqp: Any, kind: str, name: str) -> bool:  # noqa: ANN401 - ai
     return True
 
 
-def _mismatch_error(mismatches: list[Mismatch], prefix: str) -> RetryTopologyError:
-    return RetryTopologyError(mismatch_text(mismatches, prefix))
-
-
 async def declare_late_route(
     connection: AbstractRobustConnection, plan: Plan, route: Route
 ) -> None:
@@ -386,7 +389,11 @@ async def declare_late_route(
             mismatches.append(await _other_type(amqp, plan, found))
         elif found is not None:
             refusals.append(found)
-    raise_for(Checked(tuple(mismatches), tuple(refusals)), plan.options.prefix)
+    raise_for(
+        Checked(tuple(mismatches), tuple(refusals)),
+        plan.options.prefix,
+        plan.options.queue_type,
+    )
 
 
 async def _other_type(amqp: Any, plan: Plan, mismatch: Mismatch) -> Mismatch:  # noqa: ANN401

@@ -51,7 +51,7 @@ async def test_existing_queues_with_other_arguments_are_named_not_a_raw_406(
     assert f"queue '{queue}.dlq': argument 'x-queue-type' is unset on the broker" in text
     assert "the plugin declares 'quorum'" in text
     assert "choose a new prefix=" in text  # the tier's advice
-    assert "move its messages to a temporary queue" in text  # the DLQ's advice
+    assert "faststream-retry migrate <queue> --queue-type quorum" in text  # the DLQ's advice
     assert "PRECONDITION_FAILED" in text
     await app.broker.stop()
     for name in (tier, f"{queue}.dlq"):

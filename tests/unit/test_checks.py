@@ -194,16 +194,18 @@ HEAD = (
     "faststream-retry cannot use queues that exist with other arguments "
     "(RabbitMQ would refuse with 406 PRECONDITION_FAILED):"
 )
-QUEUE_MIGRATION = (
-    "it may hold messages: stop the services that consume it, move its messages to a "
-    "temporary queue (the shovel plugin, or a script), delete it, start the service so the "
-    "plugin declares it again, then move the messages back"
+COMMAND = (
+    "faststream-retry migrate <queue> --queue-type quorum --prefix retry (the cli extra) "
+    "moves its messages to a temporary queue and back, with confirms, declaring it as the "
+    "plugin does"
 )
+QUEUE_MIGRATION = f"it may hold messages: stop the services that consume it, then {COMMAND}"
 TIER_MIGRATION = (
     "a tier holds a message for one tier period only: stop the services that use prefix "
     "'retry', wait until the tier is empty, delete it (rabbitmqctl delete_queue) and "
     "start again; or choose a new prefix=, whose tiers are new queues, and let the old "
-    "tiers drain into their .retry queues"
+    "tiers drain into their .retry queues; or, with the services stopped, "
+    f"{COMMAND} (its messages wait their tier period again)"
 )
 
 
@@ -290,11 +292,13 @@ def test_a_queue_no_queue_type_declares_gets_the_migration_only() -> None:
     tier = Mismatch("queue", "p.delay.100", "x-max-length", "5", "none")
     assert mismatch_text([tier], "p").splitlines()[2:] == [
         "To migrate, for each queue:",
-        "- the tiers (p.delay.*): " + TIER_MIGRATION.replace("'retry'", "'p'"),
+        "- the tiers (p.delay.*): "
+        + TIER_MIGRATION.replace("'retry'", "'p'").replace("--prefix retry", "--prefix p"),
     ]
     dlq = Mismatch("queue", "p.dlq", "x-max-length", "5", "none")
     assert mismatch_text([dlq], "p").endswith(
-        "To migrate, for each queue:\n- 'p.dlq': " + QUEUE_MIGRATION
+        "To migrate, for each queue:\n- 'p.dlq': "
+        + QUEUE_MIGRATION.replace("--prefix retry", "--prefix p")
     )
     # A queue of another prefix's shape is not one of this plugin's tiers.
     assert "- 'q.delay.100': " in mismatch_text([replace(tier, name="q.delay.100")], "p")
