@@ -27,11 +27,11 @@ from faststream_retry.topology import registry_name, retry_queue_name
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
+    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
     from faststream_retry.topology import Plan
 
-__all__ = ["Stranded", "record", "registered", "retry_queues_in_use", "survey"]
+__all__ = ["Stranded", "record", "retry_queues_in_use", "survey"]
 
 # A registry record is a queue name: AMQP caps those at 255 bytes.
 _MAX_NAME_BYTES = 255
@@ -115,32 +115,6 @@ async def survey(
     finally:
         await close_quietly(channel)
     return stranded
-
-
-async def registered(connection: AbstractConnection, prefix: str) -> list[str]:
-    """Return the work queues in ``prefix``'s registry, changing nothing (``doctor``).
-
-    The records are read without acking and handed back by closing the channel: the
-    registry is a classic queue, where that costs nothing. A missing registry is empty.
-    """
-    channel = await connection.channel()
-    try:
-        try:
-            registry = await channel.declare_queue(
-                registry_name(prefix), passive=True, timeout=RPC_TIMEOUT_S
-            )
-        except ChannelNotFoundEntity:
-            return []
-        names: list[str] = []
-        while (
-            found := await registry.get(no_ack=False, fail=False, timeout=RPC_TIMEOUT_S)
-        ) is not None:
-            queue = found.body.decode("utf-8", "replace")
-            if queue and len(found.body) <= _MAX_NAME_BYTES and queue not in names:
-                names.append(queue)
-        return names
-    finally:
-        await close_quietly(channel)
 
 
 async def record(connection: AbstractRobustConnection, plan: Plan, queue: str) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.amqp.declare import check_objects, parse_version, work_queue_findings
-from faststream_retry.amqp.registry import registered
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import OperationError, depth
 from faststream_retry.ops.migration import temp_name
+from faststream_retry.ops.registry import registered_queues
 from faststream_retry.topology import merge_routes, retry_queue_name
 
 if TYPE_CHECKING:
@@ -125,7 +125,8 @@ async def _stranded(
     connection: AbstractConnection, prefix: str, owned: set[str]
 ) -> list[tuple[str, int]]:
     stranded = []
-    for queue in await registered(connection, prefix):
+    # A quorum registry is not read (its delivery count would be spent): nothing found.
+    for queue in (await registered_queues(connection, prefix)).queues:
         if queue in owned:
             continue
         found = await depth(connection, retry_queue_name(queue))
