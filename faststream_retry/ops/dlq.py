@@ -6,6 +6,7 @@ choose which dead letters an operation takes; the rest stay in the queue, in ord
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -89,8 +90,8 @@ async def list_dead_letters(
 ) -> Outcome:
     """Return the dead letters of ``queue`` that ``selection`` takes, head first, up to ``limit``.
 
-    Nothing is removed, reordered or spent (see ``walk``: a quorum queue is passed
-    through whole even with a limit, so its order is kept).
+    Nothing is removed, reordered or spent (see ``walk``: a queue not known to be
+    classic is passed through whole even with a limit, so its order is kept).
     """
     return await _pass(
         connection,
@@ -143,8 +144,10 @@ async def replay_dead_letters(
     def step(seen: Seen, _letter: DeadLetter) -> Step:
         if dry_run:
             return KEEP
-        properties = seen.properties
-        properties.headers = h.replayed_headers(properties.headers, now_ms())
+        # A copy of the properties: should the move fail, the dead letter is kept as
+        # it was, its retry state intact.
+        properties = copy.copy(seen.properties)
+        properties.headers = h.replayed_headers(seen.properties.headers, now_ms())
         return Move("", target, seen.body, properties)
 
     outcome = await _pass(
@@ -206,21 +209,26 @@ async def import_messages(
 ) -> int:
     """Publish every exported message in ``lines`` to ``to`` or the queue it was exported from.
 
-    Each is confirmed before the next goes. Returns how many were published.
+    Every line is checked first: a damaged file publishes nothing. The copies are
+    confirmed one by one. Returns how many were published.
 
     Raises:
-        OperationError: a line is not an exported message (nothing after it is
-            published), or the broker did not take one (the count so far is in the text).
+        OperationError: a line is not an exported message (nothing was published),
+            or the broker did not take one (the count so far is in the text).
     """
+    # Every line is read before the first is published: a damaged file publishes
+    # nothing, so running the import again after a fix duplicates nothing.
+    records = [
+        (number, read_line(line, f"{source}:{number}"))
+        for number, line in enumerate(lines, 1)
+        if line.strip()
+    ]
     channel = await connection.channel(publisher_confirms=True)
     published = 0
     user = getattr(getattr(connection, "url", None), "user", None)
     try:
         underlay = await channel.get_underlay_channel()
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            record = read_line(line, f"{source}:{number}")
+        for number, record in records:
             try:
                 await publish(
                     underlay, Move("", to or record.queue, record.body, record.properties), user

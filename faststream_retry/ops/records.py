@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from faststream_retry import headers as h
 from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.wire import encode_value
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -231,8 +232,9 @@ class DeadLetter:
             "traceback": self.traceback,
             "history": [{**e, "at": _iso(e["at"])} for e in self.history],
             "replayed": self.replayed,
-            "properties": self.properties,
-            "headers": self.headers,
+            # Tagged as an export tags them: JSON has no bytes, decimals or timestamps.
+            "properties": {k: encode_value(v) for k, v in self.properties.items() if v is not None},
+            "headers": encode_value(self.headers),
             "body": self.body.value if self.body.kind != "hex" else self.body.text,
         }
 
@@ -242,6 +244,7 @@ class Selection:
     """Which dead letters an operation takes; an empty selection takes every one."""
 
     ids: frozenset[str] = frozenset()
+    """Message ids, or ``#N`` for the Nth message from the head (as ``dlq list`` numbers)."""
     reasons: frozenset[str] = frozenset()
     exceptions: frozenset[str] = frozenset()
     since_ms: int | None = None
@@ -249,7 +252,7 @@ class Selection:
 
     def matches(self, letter: DeadLetter) -> bool:
         """Return whether ``letter`` is selected: every given filter must hold."""
-        if self.ids and letter.key not in self.ids:
+        if self.ids and not {letter.message_id, f"#{letter.position}"} & self.ids:
             return False
         if self.reasons and letter.reason not in self.reasons:
             return False

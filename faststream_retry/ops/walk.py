@@ -7,21 +7,30 @@ its copy is confirmed, so a crash or a SIGKILL mid-way leaves at most a duplicat
 
 Kept messages must stay where they are without spending anything:
 
-* In a classic queue a kept message stays unacked until the pass ends, then goes back
-  with one ``nack(requeue)``: RabbitMQ puts requeued messages back in their old place
-  and counts nothing.
+* A classic queue counts nothing: a kept message stays unacked until the pass ends,
+  then goes back with one ``nack(requeue)``, and RabbitMQ puts it back in its old place.
 * A quorum queue counts every requeue (a nack, a closed channel) against the
   message's delivery limit, and at the limit drops it or dead-letters it away. So a
   kept message is republished to the tail of its own queue, confirmed, then acked; a
-  pass goes through every message, so the kept ones end up in their old order (new
-  arrivals during the pass land ahead of them). A quorum queue is known by the
-  ``x-delivery-count`` header RabbitMQ adds to each of its deliveries.
+  pass goes through every message, so the kept ones end up in their old order (what
+  arrives during the pass lands among them, ahead of those not yet passed).
+
+Only a queue known to be classic is passed the first way: one that takes a declaration
+with ``x-queue-type=classic`` and nothing else (the plugin's own classic queues do;
+declaring an existing queue the same way changes nothing). Every other queue, quorum or
+not known, is passed the second way, which is safe for any type. (The
+``x-delivery-count`` header cannot tell: RabbitMQ 3.12 and later leave it off a first
+delivery.)
+
+Two passes over one queue at once would see each other's kept messages as new ones:
+each pass holds an exclusive lock queue for its queue, and a second one is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -31,7 +40,7 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 
 from faststream_retry.amqp.publisher import encodable_headers
-from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.common import OperationError, depth, exclusive, plain_classic
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -95,7 +104,11 @@ class Pass:
     kept: int = 0
     moved: int = 0
     dropped: int = 0
-    quorum: bool = False
+    in_place: bool = False
+    """Kept messages stayed unacked in their places (a classic queue); otherwise each
+    was republished to the tail, and the pass went through the whole queue."""
+    consumers: int = 0
+    """Consumers of the queue when the pass began: what they hold unacked it cannot see."""
 
 
 def _own(properties: commands.Basic.Properties, user: str | None) -> commands.Basic.Properties:
@@ -173,6 +186,8 @@ class _Rate:
 
 WINDOW = 200
 """Copies in flight at once: the broker's confirms, not the round trips, set the pace."""
+IDLE_CHECK_S = 2.0
+"""How long a consuming pass waits for a delivery before it asks whether any are left."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,12 +204,14 @@ class _Source:
     """The messages of one pass, head first, never one more than were there at its start.
 
     One ``basic.get`` at a time costs a round trip per message (on a quorum queue, a
-    few milliseconds). A quorum pass, which keeps nothing unacked, consumes instead,
-    with a prefetch of ``WINDOW``, and cancels once it has received all but
-    ``WINDOW``: the broker has at most that many more out, so it never delivers a
-    message from past the start's end (those would have to go back, counted). The
-    rest come by ``basic.get``. A classic pass keeps messages unacked, which would
-    fill any prefetch window, so it gets every message.
+    few milliseconds). A pass that keeps nothing unacked consumes instead, with a
+    prefetch of ``WINDOW``. The broker never has more out than the acks it got plus
+    the prefetch, so acks stop once that sum reaches the pass's end: the last
+    ``WINDOW`` messages come without any, nothing past the end is ever delivered, and
+    the consumer is cancelled with nothing of the queue's on its way (a quorum queue
+    would take such deliveries back, counted). The held acks go after the cancel. A
+    pass that holds kept messages unacked would fill any prefetch window, so it gets
+    every message.
     """
 
     def __init__(self, underlay: UnderlayChannel, queue: str, total: int) -> None:
@@ -202,26 +219,27 @@ class _Source:
         self.queue = queue
         self.total = total
         self.received = 0
+        """Messages handed out."""
+        self.acked = 0
+        self.held: list[int] = []
+        """Delivery tags whose acks wait for the consumer's cancel."""
+        self.ready: list[tuple[int, DeliveredMessage]] = []
+        self.arrival = asyncio.Event()
         self.consumer: str | None = None
-        self.buffer: asyncio.Queue[DeliveredMessage] = asyncio.Queue()
+        """``None`` before consuming; ``""`` once the consumer is cancelled."""
 
-    async def next(self, *, quorum: bool) -> DeliveredMessage | None:
-        """Return the next message, or ``None`` when the queue has no more."""
+    async def next(self, *, consume: bool) -> DeliveredMessage | None:
+        """Return the next message, or ``None`` when the pass has seen them all."""
         if self.received >= self.total:
             return None
-        if quorum and self.consumer is None and self.total - self.received > 2 * WINDOW:
+        if consume and self.consumer is None and self.total > 2 * WINDOW:
             await self.underlay.basic_qos(prefetch_count=WINDOW)
             started = await self.underlay.basic_consume(self.queue, self._deliver, no_ack=False)
             self.consumer = started.consumer_tag
-        if self.consumer is not None and (self.buffer.qsize() or self._consuming):
-            got = await self.buffer.get()
-            self.received += 1
-            if self._consuming and self.received >= self.total - WINDOW:
-                await self.underlay.basic_cancel(self.consumer)
-                self.consumer = ""
-                # Deliveries before the CancelOk reach the buffer through tasks of
-                # their own, queued before this one resumes: let them run.
-                await asyncio.sleep(0)
+        if self.consumer:
+            got = await self._consumed()
+            if got is None or self.received >= self.total:
+                await self.stop()
             return got
         got = await self.underlay.basic_get(self.queue, no_ack=False)
         if not isinstance(got.delivery, commands.Basic.GetOk):
@@ -229,16 +247,45 @@ class _Source:
         self.received += 1
         return got
 
-    @property
-    def _consuming(self) -> bool:
-        return bool(self.consumer)
+    async def ack(self, tag: int) -> None:
+        """Ack ``tag`` now, or once the consumer is cancelled if the broker would send more."""
+        if self.consumer and self.acked + 1 + WINDOW > self.total:
+            self.held.append(tag)
+            return
+        self.acked += 1
+        await self.underlay.basic_ack(tag)
+
+    async def stop(self) -> None:
+        """Cancel the consumer, then send the acks that waited for it."""
+        if self.consumer:
+            await self.underlay.basic_cancel(self.consumer)
+            self.consumer = ""
+        held, self.held = self.held, []
+        for tag in held:
+            self.acked += 1
+            await self.underlay.basic_ack(tag)
 
     def leftover(self) -> DeliveredMessage | None:
-        """Return a delivery that reached the buffer after the pass stopped asking."""
-        return None if self.buffer.empty() else self.buffer.get_nowait()
+        """Return a delivery that reached the pass after it stopped asking (none should)."""
+        return heapq.heappop(self.ready)[1] if self.ready else None
+
+    async def _consumed(self) -> DeliveredMessage | None:
+        """Return the next delivery; ``None`` once the queue has nothing more for it."""
+        while not self.ready:
+            self.arrival.clear()
+            try:
+                await asyncio.wait_for(self.arrival.wait(), IDLE_CHECK_S)
+            except asyncio.TimeoutError:
+                # Fewer than counted at the start (another consumer took some)?
+                declared = await self.underlay.queue_declare(self.queue, passive=True)
+                if not declared.message_count and not self.ready:
+                    return None
+        self.received += 1
+        return heapq.heappop(self.ready)[1]
 
     async def _deliver(self, message: DeliveredMessage) -> None:
-        await self.buffer.put(message)
+        heapq.heappush(self.ready, (message.delivery_tag or 0, message))
+        self.arrival.set()
 
 
 class _Walker:
@@ -270,12 +317,10 @@ class _Walker:
     async def next(self) -> bool:
         """Fetch and handle the next message; return whether the pass goes on."""
         done = self.done
-        got = await self.source.next(quorum=done.quorum)
+        got = await self.source.next(consume=not done.in_place)
         if got is None:
             return False
         tag = got.delivery_tag or 0  # always set on a delivery
-        if done.visited == 0:
-            done.quorum = DELIVERY_COUNT in (got.header.properties.headers or {})
         done.visited += 1
         seen = Seen(done.visited, got.body, got.header.properties)
         step: Step = KEEP if self.failure or self.enough() else await self.visit(seen)
@@ -283,18 +328,18 @@ class _Walker:
             await self.pace.wait()
             await self.send(step, tag, seen, moving=True)
         elif step is DROP:
-            await self.underlay.basic_ack(tag)
+            await self.source.ack(tag)
             done.dropped += 1
-        elif done.quorum:
+        elif not done.in_place:
             await self.send(
                 Move("", done.queue, seen.body, seen.properties), tag, seen, moving=False
             )
         else:
             self.held = max(self.held, tag)
             done.kept += 1
-        # A quorum queue's pass goes through every message, so the kept ones end in
-        # their old order; a classic one can end early, its kept messages unmoved.
-        return done.quorum or not (self.failure or self.enough())
+        # A pass that republishes what it keeps goes through every message, so the
+        # kept ones end in their old order; one that holds them can end early.
+        return not done.in_place or not (self.failure or self.enough())
 
     async def send(self, move: Move, tag: int, seen: Seen, *, moving: bool) -> None:
         """Publish a copy; its delivery is acked once the broker confirms it."""
@@ -313,23 +358,23 @@ class _Walker:
             await flight.confirm
         except OperationError as exc:
             if not flight.moving:
-                # A quorum queue's own copy was refused: the delivery stays unacked
-                # and goes back when the channel closes, a counted requeue.
+                # A kept message's copy was refused: the delivery stays unacked and
+                # goes back when the channel closes (on a quorum queue, counted).
                 self.failure = self.failure or exc
                 return
             self.failure = self.failure or exc
             await self.keep(flight)
             return
-        await self.underlay.basic_ack(flight.tag)
+        await self.source.ack(flight.tag)
         if flight.moving:
             self.done.moved += 1
         else:
             self.done.kept += 1
 
     async def keep(self, flight: _InFlight) -> None:
-        """Keep a message whose move failed: in place (classic) or at the tail (quorum)."""
+        """Keep a message whose move failed: in its place, or at the tail."""
         self.done.kept += 1
-        if not self.done.quorum:
+        if self.done.in_place:
             # A single requeue puts it back in its place, uncounted.
             await self.underlay.basic_nack(flight.tag, multiple=False, requeue=True)
             return
@@ -339,7 +384,7 @@ class _Walker:
             await publish(
                 self.underlay, Move("", self.done.queue, seen.body, seen.properties), self.user
             )
-            await self.underlay.basic_ack(flight.tag)
+            await self.source.ack(flight.tag)
 
     async def finish(self) -> None:
         """Keep any late delivery, settle every copy in flight, put held messages back."""
@@ -350,6 +395,7 @@ class _Walker:
                 await self.send(move, late.delivery_tag or 0, seen, moving=False)
             while self.in_flight:
                 await self.settle()
+            await self.source.stop()
         finally:
             if self.held and not self.underlay.is_closed:
                 # Uncounted, in their old places (only classic queues hold).
@@ -367,22 +413,36 @@ async def walk(
 ) -> Pass:
     """Visit every message ``queue`` holds now, head first, doing what ``visit`` returns.
 
-    Once ``enough()`` holds, the rest are kept without a visit (a classic queue's
-    pass ends there). ``rate`` spaces the moves out; ``progress`` is called after
+    Once ``enough()`` holds, the rest are kept without a visit (a pass that keeps
+    messages in place ends there). ``rate`` spaces the moves out; ``progress`` is called after
     each message.
 
     Raises:
-        OperationError: the queue does not exist, or a move failed: the message it
-            was moving is kept, and so is every one after it.
+        OperationError: the queue does not exist; another command is passing
+            through it; or a move failed: the message it was moving is kept, and so is
+            every one after it.
     """
+    async with exclusive(connection, queue):
+        return await _walk(connection, queue, visit, enough=enough, rate=rate, progress=progress)
+
+
+async def _walk(
+    connection: AbstractConnection,
+    queue: str,
+    visit: Callable[[Seen], Awaitable[Step]],
+    *,
+    enough: Callable[[], bool],
+    rate: float | None,
+    progress: Callable[[Pass], None] | None,
+) -> Pass:
+    found = await depth(connection, queue)
+    if found is None:
+        raise OperationError(f"queue {queue!r} does not exist")
+    in_place = await plain_classic(connection, queue)
     channel = await connection.channel(publisher_confirms=True)
     try:
         underlay = await channel.get_underlay_channel()
-        try:
-            declared = await underlay.queue_declare(queue, passive=True)
-        except ChannelNotFoundEntity:
-            raise OperationError(f"queue {queue!r} does not exist") from None
-        done = Pass(queue, declared.message_count or 0)
+        done = Pass(queue, found.messages, in_place=in_place, consumers=found.consumers)
         user = getattr(getattr(connection, "url", None), "user", None)
         walker = _Walker(underlay, done, user=user, visit=visit, enough=enough, rate=rate)
         try:

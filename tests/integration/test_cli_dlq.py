@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
+from aiormq.exceptions import ChannelLockedResource, ChannelNotFoundEntity
 
 from faststream_retry import Fixed, RetryPolicy, headers, retry_policy
 from tests.cli import environment, run_cli, script
@@ -480,3 +481,173 @@ async def test_replay_to_a_missing_queue_moves_nothing_and_says_why(
     assert replay.status == 2
     assert "does it exist?" in replay.stderr
     assert await ids_in(amqp, f"{work_queue}.dlq") == ["m1", "m2"]
+
+
+async def test_a_failed_replay_leaves_each_dead_letter_as_it_was(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    """The dead letter a failed move keeps still says why it died, and claims no replay."""
+    await seed(amqp, work_queue, [("m1", "exhausted", b"x", None), ("m2", "exhausted", b"y", None)])
+    replay = await run_cli("dlq", "replay", work_queue, "--to", unique("gone"), url=rabbit_url)
+    assert replay.status == 2
+    kept = await take_all(amqp, f"{work_queue}.dlq")
+    assert [m.message_id for m in kept] == ["m1", "m2"]
+    for message in kept:
+        hdrs = headers_of(message)
+        assert hdrs[headers.REASON] == "exhausted"
+        assert hdrs[headers.ATTEMPT] == 3
+        assert headers.REPLAYED not in hdrs
+
+
+async def test_a_position_names_one_dead_letter_even_when_ids_repeat(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    await seed(
+        amqp, work_queue, [("same", "permanent", b"1", None), ("same", "exhausted", b"2", None)]
+    )
+    shown = await run_cli("dlq", "show", work_queue, "#2", "--json", url=rabbit_url)
+    assert shown.status == 0, shown.stderr
+    assert shown.json()["reason"] == "exhausted"
+    replay = await run_cli("dlq", "replay", work_queue, "--id", "#2", url=rabbit_url)
+    assert replay.status == 0, replay.stderr
+    assert [m.body for m in await take_all(amqp, work_queue)] == [b"2"]
+    assert [m.body for m in await take_all(amqp, f"{work_queue}.dlq")] == [b"1"]
+
+
+async def test_one_command_at_a_time_goes_through_a_queue(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    """A second pass would take the first one's kept copies for new dead letters."""
+    await seed(amqp, work_queue, [(f"m{i}", "exhausted", b"x", None) for i in range(40)])
+    slow = await asyncio.create_subprocess_exec(
+        *script(),
+        "dlq",
+        "replay",
+        work_queue,
+        "--rate",
+        "20",
+        env=environment(rabbit_url),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    await eventually_exists(amqp, f"faststream-retry.lock.{work_queue}.dlq")
+    second = await run_cli("dlq", "list", work_queue, url=rabbit_url)
+    assert second.status == 2
+    assert "another faststream-retry command is going through" in second.stderr
+    assert await slow.wait() == 0
+    assert sorted(await ids_in(amqp, work_queue)) == sorted(f"m{i}" for i in range(40))
+    # The lock went with its command.
+    again = await run_cli("dlq", "list", work_queue, url=rabbit_url)
+    assert again.status == 0, again.stderr
+
+
+async def eventually_exists(amqp: AbstractRobustConnection, name: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        channel = await amqp.channel()
+        try:
+            await channel.declare_queue(name, passive=True)
+        except ChannelLockedResource:
+            return  # exclusive to the connection that declared it: it exists
+        except ChannelNotFoundEntity:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name} never appeared")
+            await asyncio.sleep(0.02)
+        else:
+            return
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+
+async def test_sigterm_stops_a_pass_cleanly(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    """A closed terminal (SIGHUP) or a SIGTERM finishes what is in flight: nothing twice."""
+    ids = [f"m{i:04}" for i in range(3000)]
+    await seed(amqp, work_queue, [(i, "exhausted", b"x", None) for i in ids])
+    process = await asyncio.create_subprocess_exec(
+        *script(),
+        "dlq",
+        "list",
+        work_queue,
+        "--limit",
+        "5000",
+        "--json",
+        env=environment(rabbit_url),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    await eventually_exists(amqp, f"faststream-retry.lock.{work_queue}.dlq")
+    process.send_signal(signal.SIGTERM)
+    _, err = await process.communicate()
+    assert process.returncode in {0, 130}, err.decode()
+    await eventually_depth(amqp, f"{work_queue}.dlq", len(ids))
+    left = await ids_in(amqp, f"{work_queue}.dlq")
+    assert sorted(left) == ids  # every one, once
+
+
+async def test_a_replay_takes_each_dead_letter_once_while_replayed_ones_fail_again(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    """What fails again during a replay lands behind it and is not replayed twice."""
+    ids = [f"m{i:04}" for i in range(1500)]
+    await seed(amqp, work_queue, [(i, "exhausted", b"x", None) for i in ids])
+    arrivals: list[str] = []
+    channel = await amqp.channel()
+    await channel.set_qos(prefetch_count=100)
+    queue = await channel.get_queue(work_queue)
+
+    async def fail_again(message: AbstractIncomingMessage) -> None:
+        # As the app would: straight back into the dead-letter queue.
+        arrivals.append(message.message_id or "")
+        await channel.default_exchange.publish(
+            aio_pika.Message(
+                message.body,
+                message_id=message.message_id,
+                headers={**dead_letter_headers("exhausted", 3, TimeoutError("again"), work_queue)},
+            ),
+            routing_key=f"{work_queue}.dlq",
+        )
+        await message.ack()
+
+    tag = await queue.consume(fail_again)
+    replay = await run_cli("dlq", "replay", work_queue, "--json", url=rabbit_url)
+    assert replay.status == 0, replay.stderr
+    assert replay.json()["moved"] == len(ids)
+    await eventually(lambda: len(arrivals) >= len(ids), what="every replayed message")
+    await queue.cancel(tag)
+    await channel.close()
+    twice = sorted({i for i in arrivals if arrivals.count(i) > 1})
+    missing = sorted(set(ids) - set(arrivals))
+    assert (twice, missing) == ([], [])  # each once, none twice, none skipped
+    await eventually_depth(amqp, f"{work_queue}.dlq", len(ids))
+
+
+async def test_an_import_of_a_damaged_file_publishes_nothing(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str, tmp_path: Path
+) -> None:
+    await seed(amqp, work_queue, [(f"m{i}", "exhausted", b"x", None) for i in range(3)])
+    saved = tmp_path / "dead.jsonl"
+    export = await run_cli("dlq", "export", work_queue, str(saved), url=rabbit_url)
+    assert export.status == 0, export.stderr
+    lines = saved.read_text().splitlines()
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join([lines[0], lines[1], lines[2][:40]]) + "\n")
+    imported = await run_cli("dlq", "import", str(damaged), "--to", work_queue, url=rabbit_url)
+    assert imported.status == 2
+    assert f"{damaged}:3: not an exported message" in imported.stderr
+    assert await queue_depth(amqp, work_queue) == 0
+
+
+async def test_bad_input_is_one_line_naming_the_fix(rabbit_url: str) -> None:
+    since = await run_cli("dlq", "list", "q", "--since", "yesterday", url=rabbit_url)
+    assert since.status == 2
+    assert "or an age (30m, 2h, 7d), got 'yesterday'" in since.stderr
+    assert "Traceback" not in since.stderr
+    http = await run_cli("dlq", "list", "q", url="http://127.0.0.1:15672")
+    assert http.status == 2
+    assert "starts amqp:// or amqps://" in http.stderr
+    vhost = await run_cli("dlq", "list", "q", url=rabbit_url.rstrip("/") + "/no-such-vhost")
+    assert vhost.status == 2
+    assert "check the user, the password and the vhost" in vhost.stderr

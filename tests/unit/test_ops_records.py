@@ -97,6 +97,13 @@ class TestSelection:
         assert dead.key == "#7"
         assert Selection(ids=frozenset({"#7"})).matches(dead)
 
+    def test_a_position_picks_a_message_whatever_its_id(self) -> None:
+        """#N is the Nth row of dlq list, also when ids repeat."""
+        dead = DeadLetter.read(3, b"", {"message_id": "dup"}, None)
+        assert Selection(ids=frozenset({"#3"})).matches(dead)
+        assert Selection(ids=frozenset({"dup"})).matches(dead)
+        assert not Selection(ids=frozenset({"#4"})).matches(dead)
+
 
 class TestTimes:
     now = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.timezone.utc)
