@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import signal
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -42,6 +45,10 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 """Progress, notes and errors, kept off stdout so ``--json`` output stays parseable."""
 
+# aiormq and aio-pika log connection failures themselves; the command says it once.
+logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+logging.getLogger("aio_pika").setLevel(logging.CRITICAL)
+
 Url = Annotated[
     str,
     typer.Option(
@@ -64,12 +71,27 @@ def fail(message: str, status: int = EXIT_ERROR) -> NoReturn:
 
 
 def run(operation: Coroutine[Any, Any, T]) -> T:
-    """Run ``operation``; an ``OperationError`` ends the command with its text."""
+    """Run ``operation``; an ``OperationError`` ends the command with its text.
+
+    SIGTERM and SIGHUP (a closed terminal, an SSH session gone) stop it as Ctrl-C does:
+    the operation is cancelled and its cleanup runs, so copies in flight are confirmed
+    and acked and held messages go back, rather than a kill leaving them twice.
+    """
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if task is not None:
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(signum, task.cancel)
+        return await operation
+
     try:
-        return asyncio.run(operation)
+        return asyncio.run(main())
     except OperationError as exc:
         fail(str(exc))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         # Every move is confirm-then-ack: what was not acked is still in its queue.
         err.print("interrupted: nothing was lost (a message in flight may now be in both queues)")
         raise typer.Exit(130) from None

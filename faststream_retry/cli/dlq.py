@@ -28,7 +28,7 @@ from faststream_retry.cli._common import (
 )
 from faststream_retry.ops import dlq as ops
 from faststream_retry.ops.common import OperationError, connect, dlq_of
-from faststream_retry.ops.records import DeadLetter, Decoder, load_decoder, selection
+from faststream_retry.ops.records import DeadLetter, Decoder, Selection, load_decoder, selection
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -85,6 +85,19 @@ def _when(ms: int | None, *, short: bool = False) -> str:
         return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:23] + "Z"
     today = moment.date() == datetime.now(timezone.utc).date()
     return moment.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M")
+
+
+def _select(
+    ids: list[str] | None,
+    reasons: list[str] | None,
+    exceptions: list[str] | None,
+    since: str | None,
+    until: str | None,
+) -> Selection:
+    try:
+        return selection(ids or (), reasons or (), exceptions or (), since, until)
+    except OperationError as exc:
+        fail(str(exc))
 
 
 def _decoder(spec: str | None) -> Decoder | None:
@@ -185,7 +198,8 @@ def _counts(done: Pass | None) -> dict[str, Any]:
         "kept": done.kept,
         "moved": done.moved,
         "removed": done.dropped,
-        "quorum": done.quorum,
+        "kept_in_place": done.in_place,
+        "consumers": done.consumers,
     }
 
 
@@ -204,8 +218,13 @@ def list_(
     as_json: Json = False,
     url: Url = DEFAULT_URL,
 ) -> None:
-    """One row per dead letter, head first. Removes, reorders and spends nothing."""
-    chosen = selection(ids or (), reasons or (), exceptions or (), since, until)
+    """One row per dead letter, head first. Removes, reorders and spends nothing.
+
+    A queue not known to be classic (a quorum one) is read by republishing every
+    message to its tail, in order, whatever --limit says: a requeue would spend its
+    delivery count. Messages that arrive meanwhile land among them.
+    """
+    chosen = _select(ids, reasons, exceptions, since, until)
     decode = _decoder(decoder)
 
     async def go() -> ops.Outcome:
@@ -225,7 +244,7 @@ def list_(
         print_json([letter.summary() for letter in found.taken])
         return
     total = found.done.total if found.done else 0
-    title = f"{found.queue}: {total} dead letter{'s' if total != 1 else ''}"
+    title = f"{found.queue}: {total} dead letter{'s' if total != 1 else ''} (times in UTC)"
     if not chosen.everything:
         title += f", {len(found.taken)} selected"
     if len(found.taken) >= limit:
@@ -258,6 +277,9 @@ def show(
         return
     _show(letter)
 
+
+BODY_SHOWN = 20_000
+"""Characters of a body ``dlq show`` prints; a terminal is no place for megabytes."""
 
 _SHOWN_ABOVE = {*h.RETRY_STATE, h.REPLAYED}
 
@@ -299,7 +321,11 @@ def _show(letter: DeadLetter) -> None:
         out.print("\n[bold]traceback[/bold]")
         out.print(escape(letter.traceback))
     out.print(f"\n[bold]body[/bold] ({letter.size} bytes, {letter.body.kind})")
-    out.print(escape(letter.body.text))
+    shown = letter.body.text
+    if len(shown) > BODY_SHOWN:
+        rest = len(shown) - BODY_SHOWN
+        shown = f"{shown[:BODY_SHOWN]}\n… {rest} more characters (--json, or dlq export, has all)"
+    out.print(escape(shown))
 
 
 def _show_history(letter: DeadLetter) -> None:
@@ -351,7 +377,7 @@ def replay(
     Each copy is confirmed before its dead letter is acked. The old retry state is
     kept in a retry-replayed header. Dead letters that do not match stay, in order.
     """
-    chosen = selection(ids or (), reasons or (), exceptions or (), since, until)
+    chosen = _select(ids, reasons, exceptions, since, until)
 
     async def go() -> ops.Outcome:
         async with connect(url) as connection:
@@ -392,7 +418,11 @@ def _confirm_purge(queue: str, *, everything: bool, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        fail("purge removes dead letters for good: add --yes (dlq export saves them first)")
+        fail(
+            "purge removes dead letters for good: add --yes (dlq export saves them first; "
+            "while the app still dead-letters, purge --until the export's time removes only "
+            "what the export holds)"
+        )
     what = "EVERY dead letter" if everything else "the matching dead letters"
     if not typer.confirm(f"remove {what} in {dlq_of(queue)} for good?"):
         raise typer.Exit(EXIT_ERROR)
@@ -412,7 +442,7 @@ def purge(
     url: Url = DEFAULT_URL,
 ) -> None:
     """Remove dead letters for good; those that do not match stay, in order."""
-    chosen = selection(ids or (), reasons or (), exceptions or (), since, until)
+    chosen = _select(ids, reasons, exceptions, since, until)
     _confirm_purge(queue, everything=chosen.everything, yes=yes)
 
     async def go() -> ops.Outcome:
@@ -451,7 +481,7 @@ def export(
     url: Url = DEFAULT_URL,
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue."""
-    chosen = selection(ids or (), reasons or (), exceptions or (), since, until)
+    chosen = _select(ids, reasons, exceptions, since, until)
 
     async def go(stream: TextIO) -> ops.Outcome:
         async with connect(url) as connection:

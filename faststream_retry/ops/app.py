@@ -101,10 +101,21 @@ def load_app(spec: str, *, cwd: Path | None = None) -> LoadedApp:
 
 
 def _broker_of(found: object) -> RabbitBroker | None:
+    """Return the Rabbit broker of an app: its ``broker``, or the first of its brokers.
+
+    A ``FastStream`` app has ``broker``; faststream-fastapi's ``FastStreamAPI`` keeps
+    its brokers in ``_brokers`` only.
+    """
     if isinstance(found, RabbitBroker):
         return found
     broker = getattr(found, "broker", None)
-    return broker if isinstance(broker, RabbitBroker) else None
+    if isinstance(broker, RabbitBroker):
+        return broker
+    for attribute in ("brokers", "_brokers"):
+        brokers = getattr(found, attribute, None)
+        if isinstance(brokers, (list, tuple)):
+            return next((b for b in brokers if isinstance(b, RabbitBroker)), None)
+    return None
 
 
 def _middleware_of(broker: RabbitBroker) -> RetryMiddleware | None:

@@ -105,7 +105,10 @@ def write_line(record: Record) -> str:
             for name in _PROPERTIES
             if (value := getattr(props, name, None)) is not None
         },
-        "headers": encode_value(dict(props.headers or {})),
+        # The broker's delivery count is its own, set again on every delivery.
+        "headers": encode_value(
+            {k: v for k, v in (props.headers or {}).items() if k != "x-delivery-count"}
+        ),
         "body": base64.b64encode(record.body).decode(),
     }
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
