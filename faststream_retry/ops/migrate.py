@@ -20,7 +20,7 @@ from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from pamqp import commands as spec
 
 from faststream_retry.ops import migration
-from faststream_retry.ops.common import OperationError, depth
+from faststream_retry.ops.common import OperationError, depth, exclusive
 from faststream_retry.ops.doctor import amqp_of
 from faststream_retry.versions import MIN_VERSION, parse_version
 
@@ -101,6 +101,30 @@ async def migrate(
     role = migration.owned(queue, prefix)
     if isinstance(role, str):
         raise OperationError(f"refusing to migrate {queue!r}: {role}")
+    # One command at a time goes through a queue: a dlq replay meanwhile would miss
+    # what sits in the temporary queue.
+    async with exclusive(connection, queue):
+        return await _migrate(
+            connection,
+            queue,
+            role,
+            queue_type=queue_type,
+            prefix=prefix,
+            delivery_limit=delivery_limit,
+            progress=progress,
+        )
+
+
+async def _migrate(
+    connection: AbstractConnection,
+    queue: str,
+    role: Owned,
+    *,
+    queue_type: Literal["classic", "quorum"],
+    prefix: str,
+    delivery_limit: int,
+    progress: Callable[[str, int, int], None] | None,
+) -> MigrationResult:
     amqp = amqp_of(connection)
     version = parse_version(amqp.server_properties.get("version"))
     if version is not None and version < MIN_VERSION[queue_type]:

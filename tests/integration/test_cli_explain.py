@@ -10,6 +10,8 @@ import socket
 import textwrap
 from typing import TYPE_CHECKING
 
+import pytest
+
 from tests.cli import run_cli
 
 if TYPE_CHECKING:
@@ -243,3 +245,31 @@ async def test_a_bad_app_spec_exits_2_naming_the_problem(tmp_path: Path) -> None
         assert result.status == 2, (spec, result)
         assert message in " ".join(result.stderr.split()), (spec, result.stderr)
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.fastapi
+async def test_explain_takes_a_faststream_api_app_as_the_readme_wires_one(tmp_path: Path) -> None:
+    """faststream-fastapi's FastStreamAPI keeps its brokers in _brokers only."""
+    source = textwrap.dedent(
+        f"""
+        from fastapi import FastAPI
+        from faststream.rabbit import RabbitBroker
+        from faststream_fastapi import FastStreamAPI
+
+        from faststream_retry import RetryMiddleware
+
+        retry = RetryMiddleware()
+        broker = RabbitBroker({closed_port_url()!r}, middlewares=[retry])
+
+
+        @broker.subscriber("api-orders")
+        async def handle(body: str) -> None: ...
+
+
+        app = FastStreamAPI(broker, application=FastAPI())
+        """
+    )
+    (tmp_path / "apiapp.py").write_text(source)
+    done = await run_cli("explain", "apiapp:app", "--json", url=closed_port_url(), cwd=tmp_path)
+    assert done.status == 0, done.stderr
+    assert [q["queue"] for q in done.json()["queues"]] == ["api-orders"]
