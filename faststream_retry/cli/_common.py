@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from faststream_retry.ops.common import DEFAULT_URL, OperationError
+from faststream_retry.ops.walk import PassStoppedError, stop_all
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -39,6 +40,8 @@ EXIT_ACTION = 1
 """Exit status when the command worked and found something that needs action."""
 EXIT_ERROR = 2
 """Exit status when the command could not do what was asked."""
+GRACE_S = 10.0
+"""How long a command asked to stop may take to stop cleanly before it is cancelled."""
 
 out = Console(highlight=False, soft_wrap=True)
 """Results: tables, records. JSON goes to stdout unformatted (``print_json``)."""
@@ -73,22 +76,31 @@ def fail(message: str, status: int = EXIT_ERROR) -> NoReturn:
 def run(operation: Coroutine[Any, Any, T]) -> T:
     """Run ``operation``; an ``OperationError`` ends the command with its text.
 
-    SIGTERM and SIGHUP (a closed terminal, an SSH session gone) stop it as Ctrl-C does:
-    the operation is cancelled and its cleanup runs, so copies in flight are confirmed
-    and acked and held messages go back, rather than a kill leaving them twice.
+    Ctrl-C, SIGTERM and SIGHUP (a closed terminal, an SSH session gone) ask a pass over
+    a queue to stop after the message it is at: what is in flight is confirmed and
+    acked, held messages go back, and nothing is left twice. A command that does not
+    stop within ``GRACE_S`` (migrate, which a second run finishes) is cancelled.
     """
 
     async def main() -> T:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+
+        def stop() -> None:
+            stop_all()
             if task is not None:
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(signum, task.cancel)
+                loop.call_later(GRACE_S, task.cancel)
+
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, stop)
         return await operation
 
     try:
         return asyncio.run(main())
+    except PassStoppedError as exc:
+        err.print(escape(str(exc)))
+        raise typer.Exit(130) from None
     except OperationError as exc:
         fail(str(exc))
     except (KeyboardInterrupt, asyncio.CancelledError):

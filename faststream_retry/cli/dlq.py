@@ -184,6 +184,15 @@ def _letters_table(letters: list[DeadLetter], title: str) -> Table:
     return table
 
 
+def _note_consumers(done: Pass | None) -> None:
+    """Say what a pass could not see: what the queue's consumers hold unacked."""
+    if done is not None and done.consumers:
+        err.print(
+            f"note: {done.queue} has {done.consumers} consumer(s): the messages they hold "
+            "unacked were not seen"
+        )
+
+
 def _short(text: str, chars: int) -> str:
     line = " ".join(text.split()) or "-"
     return line if len(line) <= chars else line[: chars - 1] + "…"
@@ -240,6 +249,7 @@ def list_(
                 )
 
     found = run(go())
+    _note_consumers(found.done)
     if as_json:
         print_json([letter.summary() for letter in found.taken])
         return
@@ -394,6 +404,7 @@ def replay(
                 )
 
     done = run(go())
+    _note_consumers(done.done)
     verb = "would replay" if dry_run else "replayed"
     if as_json:
         print_json(
@@ -453,6 +464,7 @@ def purge(
                 )
 
     done = run(go())
+    _note_consumers(done.done)
     if as_json:
         print_json(
             {
@@ -496,6 +508,7 @@ def export(
                 )
 
     done = run(go(file))
+    _note_consumers(done.done)
     file.flush()
     err.print(f"exported {len(done.taken)} dead letters from {done.queue} to {file.name}")
 

@@ -49,7 +49,17 @@ if TYPE_CHECKING:
     from aiormq.abc import AbstractChannel as UnderlayChannel
     from aiormq.abc import DeliveredMessage
 
-__all__ = ["DROP", "KEEP", "Move", "Pass", "Seen", "publish", "walk"]
+__all__ = [
+    "DROP",
+    "KEEP",
+    "Move",
+    "Pass",
+    "PassStoppedError",
+    "Seen",
+    "publish",
+    "stop_all",
+    "walk",
+]
 
 DELIVERY_COUNT = "x-delivery-count"
 
@@ -186,6 +196,26 @@ class _Rate:
 
 WINDOW = 200
 """Copies in flight at once: the broker's confirms, not the round trips, set the pace."""
+_STOP = asyncio.Event()
+
+
+class PassStoppedError(OperationError):
+    """A pass stopped at ``stop_all()``: everything it did is settled, the rest untouched."""
+
+
+def stop_all() -> None:
+    """Make every pass in this process stop after the message it is at, for good.
+
+    For a process that is ending (a signal handler): passes that start later stop at
+    once too.
+
+    A pass stops cleanly: the copies in flight are confirmed and their originals
+    acked, held messages go back, then it raises ``PassStoppedError``. Cancelling the task
+    instead could land between a confirm and its ack, and leave a message twice.
+    """
+    _STOP.set()
+
+
 IDLE_CHECK_S = 2.0
 """How long a consuming pass waits for a delivery before it asks whether any are left."""
 
@@ -447,7 +477,7 @@ async def _walk(
         walker = _Walker(underlay, done, user=user, visit=visit, enough=enough, rate=rate)
         try:
             going = True
-            while going and done.visited < done.total:
+            while going and done.visited < done.total and not _STOP.is_set():
                 going = await walker.next()
                 if progress is not None:
                     progress(done)
@@ -455,6 +485,12 @@ async def _walk(
             await walker.finish()
         if walker.failure is not None:
             raise walker.failure
+        if _STOP.is_set() and done.visited < done.total:
+            raise PassStoppedError(
+                f"interrupted after {done.visited} of {done.total} messages of {queue!r}: "
+                "nothing was lost; what the pass went through was acked only after its copy "
+                "was confirmed" + ("" if done.in_place else ", and now waits behind the rest")
+            )
         return done
     finally:
         if not channel.is_closed:

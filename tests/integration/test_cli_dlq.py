@@ -582,6 +582,7 @@ async def test_sigterm_stops_a_pass_cleanly(
     process.send_signal(signal.SIGTERM)
     _, err = await process.communicate()
     assert process.returncode in {0, 130}, err.decode()
+    assert "Traceback" not in err.decode()
     await eventually_depth(amqp, f"{work_queue}.dlq", len(ids))
     left = await ids_in(amqp, f"{work_queue}.dlq")
     assert sorted(left) == ids  # every one, once
