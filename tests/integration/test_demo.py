@@ -32,6 +32,6 @@ def test_demo_settles_every_message_and_draws_the_trace(rabbit_url: str) -> None
     assert "webhook-queue dead-letter ERROR  attempt=4" in out
     # It ends as an operator would start: the dead letters, listed by the command.
     assert "$ faststream-retry dlq list webhook-queue" in out
-    assert "email-queue.dlq: 1 dead letter\n" in out
+    assert "email-queue.dlq: 1 dead letter (times in UTC)" in out
     assert "webhook-queue.dlq: 4 dead letters" in out
     assert "InvalidAddressError" in out
