@@ -452,7 +452,12 @@ def work_queue_findings(
                     "that crashes the consumer process is redelivered for ever. Set ",
                     f"x-delivery-limit (max_attempts={max_attempts} is a fair value) ",
                     f"and x-dead-letter-routing-key {route.dlq!r} with ",
-                    "x-dead-letter-exchange ''",
+                    "x-dead-letter-exchange '' (on a queue that exists, by a policy, which ",
+                    "needs no redeclaring: rabbitmqctl set_policy <name> ",
+                    f"'^{route.queue}$' '{{\"delivery-limit\": {max_attempts}, ",
+                    '"dead-letter-exchange": "", ',
+                    f'"dead-letter-routing-key": "{route.dlq}"}}\' --apply-to queues; ',
+                    "a policy is not visible to this check)",
                 )
             continue
         if "x-dead-letter-exchange" not in arguments:

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
+from aiormq.exceptions import AMQPError
 from rich.console import Console
 from rich.markup import escape
 
@@ -103,6 +104,12 @@ def run(operation: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(130) from None
     except OperationError as exc:
         fail(str(exc))
+    except (AMQPError, ConnectionError) as exc:
+        fail(
+            f"the connection to the broker broke ({exc!r}): nothing was acked before its "
+            "copy was confirmed, so at most the copies in flight are now in two places; "
+            "run the command again once the broker is back"
+        )
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Every move is confirm-then-ack: what was not acked is still in its queue.
         err.print("interrupted: nothing was lost (a message in flight may now be in both queues)")

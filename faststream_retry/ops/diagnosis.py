@@ -190,8 +190,9 @@ def mismatch_findings(mismatches: Iterable[Mismatch], options: TopologyOptions) 
         if m.kind == "exchange":
             fix = (
                 "an exchange holds no messages: stop the services that use prefix "
-                f"{options.prefix!r}, delete it (rabbitmqctl delete_exchange {m.name}) and "
-                "start the app, which declares it again"
+                f"{options.prefix!r}, delete it (rabbitmqadmin delete exchange name={m.name}, or "
+                "the management UI: rabbitmqctl cannot delete exchanges) and start the app, "
+                "which declares it again"
             )
         else:
             fix = "stop every service that consumes it, then run: " + migrate_command(
@@ -409,7 +410,8 @@ def old_tier_findings(old: Iterable[tuple[str, int]]) -> list[Finding]:
                     "a tier of an earlier tick or max_delay (or of another service on the same "
                     "prefix): it still releases its messages into their .retry queues",
                     "if no service uses it any more, wait until it is empty, then delete it "
-                    f"(rabbitmqctl delete_queue {name}; and its exchange)",
+                    f"(rabbitmqctl delete_queue {name}, with -p <vhost> outside '/'; its exchange "
+                    f"with rabbitmqadmin delete exchange name={name})",
                 )
             )
         else:
@@ -422,7 +424,8 @@ def old_tier_findings(old: Iterable[tuple[str, int]]) -> list[Finding]:
                     "a tier of an earlier tick or max_delay, or of another service on the "
                     "same prefix",
                     "if no service uses it any more, delete it "
-                    f"(rabbitmqctl delete_queue {name}; and its exchange)",
+                    f"(rabbitmqctl delete_queue {name}, with -p <vhost> outside '/'; its exchange "
+                    f"with rabbitmqadmin delete exchange name={name})",
                 )
             )
     return findings

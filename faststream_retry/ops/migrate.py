@@ -22,6 +22,8 @@ from pamqp import commands as spec
 from faststream_retry.ops import migration
 from faststream_retry.ops.common import OperationError, depth, exclusive
 from faststream_retry.ops.doctor import amqp_of
+from faststream_retry.ops.registry import registered_queues
+from faststream_retry.topology import retry_queue_name
 from faststream_retry.versions import MIN_VERSION, parse_version
 
 if TYPE_CHECKING:
@@ -168,7 +170,14 @@ async def _todo(
     """
     queue, temp = role.name, migration.temp_name(role.name)
     source, held = await depth(connection, queue), await depth(connection, temp)
-    for found in (source, held):
+    # Nothing consumes a tier or a .dlq: a running app shows in the consumers of its
+    # work queues and their .retry queues. Their copies would meet a queue being
+    # deleted (a classic one drops what it takes then) or declared again.
+    watched = (
+        [role.queue] if role.queue else list((await registered_queues(connection, prefix)).queues)
+    )
+    users = [await depth(connection, name) for q in watched for name in (q, retry_queue_name(q))]
+    for found in (source, held, *users):
         if found is not None and found.consumers:
             raise OperationError(
                 f"refusing to migrate {queue!r}: {found.name!r} has {found.consumers} "

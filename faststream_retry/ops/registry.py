@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from aiormq.exceptions import ChannelPreconditionFailed
+from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
 from faststream_retry.ops.common import depth
 from faststream_retry.topology import registry_name
@@ -61,6 +61,13 @@ async def registered_queues(connection: AbstractConnection, prefix: str) -> Regi
                 (),
                 f"{name} is not a classic queue: reading it would spend its records' delivery "
                 "count, so it was not read; name the queues or give --app",
+            )
+        except ChannelAccessRefused:
+            return Registry(
+                name,
+                (),
+                f"{name} was not read: reading it without spending anything needs the "
+                "configure permission on it; name the queues or give --app",
             )
         found: set[str] = set()
         # Every record stays unacked until the channel closes: a get cannot return one

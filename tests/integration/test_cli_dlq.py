@@ -564,7 +564,7 @@ async def test_sigterm_stops_a_pass_cleanly(
     amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
 ) -> None:
     """A closed terminal (SIGHUP) or a SIGTERM finishes what is in flight: nothing twice."""
-    ids = [f"m{i:04}" for i in range(3000)]
+    ids = [f"m{i:04}" for i in range(1500)]
     await seed(amqp, work_queue, [(i, "exhausted", b"x", None) for i in ids])
     process = await asyncio.create_subprocess_exec(
         *script(),
@@ -592,7 +592,7 @@ async def test_a_replay_takes_each_dead_letter_once_while_replayed_ones_fail_aga
     amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
 ) -> None:
     """What fails again during a replay lands behind it and is not replayed twice."""
-    ids = [f"m{i:04}" for i in range(1500)]
+    ids = [f"m{i:04}" for i in range(600)]
     await seed(amqp, work_queue, [(i, "exhausted", b"x", None) for i in ids])
     arrivals: list[str] = []
     channel = await amqp.channel()
@@ -652,3 +652,34 @@ async def test_bad_input_is_one_line_naming_the_fix(rabbit_url: str) -> None:
     vhost = await run_cli("dlq", "list", "q", url=rabbit_url.rstrip("/") + "/no-such-vhost")
     assert vhost.status == 2
     assert "check the user, the password and the vhost" in vhost.stderr
+
+
+async def test_dead_letters_arriving_during_a_pass_leave_nothing_twice(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str, tmp_path: Path
+) -> None:
+    """An app dead-letters while an operator exports: every message stays, once."""
+    old = [f"old{i:04}" for i in range(1000)]
+    new = [f"new{i:04}" for i in range(300)]
+    await seed(amqp, work_queue, [(i, "exhausted", b"x", None) for i in old])
+
+    async def dead_lettering() -> None:
+        channel = await amqp.channel()
+        for message_id in new:
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"y", message_id=message_id),
+                routing_key=f"{work_queue}.dlq",
+            )
+            await asyncio.sleep(1 / 300)
+        await channel.close()
+
+    arriving = asyncio.create_task(dead_lettering())
+    export = await run_cli("dlq", "export", work_queue, str(tmp_path / "d.jsonl"), url=rabbit_url)
+    await arriving
+    assert export.status == 0, export.stderr
+    exported = [
+        json.loads(line)["properties"]["message_id"] for line in (tmp_path / "d.jsonl").open()
+    ]
+    assert len(exported) == len(set(exported))
+    assert set(old) <= set(exported)
+    left = await ids_in(amqp, f"{work_queue}.dlq")
+    assert sorted(left) == sorted(old + new)  # each once

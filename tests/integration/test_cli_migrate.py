@@ -283,6 +283,31 @@ async def test_a_queue_with_consumers_is_refused_and_left_alone(
     await delete(amqp, dlq)
 
 
+async def test_a_dlq_whose_work_queue_is_consumed_is_refused(
+    rabbit_url: str, amqp: AbstractRobustConnection
+) -> None:
+    """Nothing consumes a .dlq: a running app shows on its work queue, whose failures it takes."""
+    queue = unique("busywork")
+    await declare(amqp, queue, {"x-queue-type": "classic"})
+    await declare(amqp, f"{queue}.dlq", {"x-queue-type": "classic"})
+    channel = await amqp.channel()
+    q = await channel.get_queue(queue)
+
+    async def handle(_: AbstractIncomingMessage) -> None:
+        """An app's handler."""
+
+    await q.consume(handle)
+    result = await run_cli(
+        "migrate", f"{queue}.dlq", "--queue-type", "quorum", "--yes", url=rabbit_url
+    )
+    assert result.status == 2
+    assert f"'{queue}' has 1 consumer(s)" in result.stderr
+    await channel.close()
+    assert await has_arguments(amqp, f"{queue}.dlq", {"x-queue-type": "classic"})
+    await delete(amqp, f"{queue}.dlq")
+    await delete(amqp, queue)
+
+
 @pytest.mark.parametrize(
     ("name", "why"),
     [

@@ -89,7 +89,7 @@ def test_an_exchange_mismatch_is_fixed_by_deleting_it() -> None:
     """An exchange holds no messages: nothing to migrate."""
     found = Mismatch("exchange", "p.delay.100", "type", "fanout", "direct")
     (finding,) = mismatch_findings([found], OPTIONS)
-    assert "rabbitmqctl delete_exchange p.delay.100" in finding.fix
+    assert "rabbitmqadmin delete exchange name=p.delay.100" in finding.fix
     assert "migrate" not in finding.fix
 
 
