@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from aiormq.exceptions import AMQPError
+from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 from rich.console import Console
 from rich.markup import escape
 
@@ -82,12 +82,15 @@ def run(operation: Coroutine[Any, Any, T]) -> T:
     acked, held messages go back, and nothing is left twice. A command that does not
     stop within ``GRACE_S`` (migrate, which a second run finishes) is cancelled.
     """
+    stopping = False
 
     async def main() -> T:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
+            nonlocal stopping
+            stopping = True
             stop_all()
             if task is not None:
                 loop.call_later(GRACE_S, task.cancel)
@@ -104,16 +107,23 @@ def run(operation: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(130) from None
     except OperationError as exc:
         fail(str(exc))
-    except (AMQPError, ConnectionError) as exc:
-        fail(
-            f"the connection to the broker broke ({exc!r}): nothing was acked before its "
-            "copy was confirmed, so at most the copies in flight are now in two places; "
-            "run the command again once the broker is back"
-        )
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    except (AMQPError, ConnectionError, ChannelInvalidStateError) as exc:
+        _broke(repr(exc))
+    except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+        if isinstance(exc, asyncio.CancelledError) and not stopping:
+            # Not asked to stop: aiormq cancels what waits on a connection that closed.
+            _broke(str(exc) or "cancelled")
         # Every move is confirm-then-ack: what was not acked is still in its queue.
         err.print("interrupted: nothing was lost (a message in flight may now be in both queues)")
         raise typer.Exit(130) from None
+
+
+def _broke(why: str) -> NoReturn:
+    fail(
+        f"the connection to the broker broke ({why}): nothing was acked before its copy "
+        "was confirmed, so at most the copies in flight are now in two places; run the "
+        "command again once the broker is back"
+    )
 
 
 def print_json(data: object) -> None:

@@ -35,7 +35,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
+from aiormq.exceptions import (
+    AMQPError,
+    ChannelInvalidStateError,
+    ChannelNotFoundEntity,
+    DeliveryError,
+)
 from pamqp import commands
 
 from faststream_retry.amqp.publisher import encodable_headers
@@ -170,7 +175,7 @@ async def publish(
         raise OperationError(f"{where} refused the message (is it full?): {exc!r}") from exc
     except ChannelNotFoundEntity as exc:
         raise OperationError(f"{where} does not exist") from exc
-    except (AMQPError, ConnectionError) as exc:
+    except (AMQPError, ConnectionError, ChannelInvalidStateError) as exc:
         raise OperationError(f"publishing to {where} failed: {exc!r}") from exc
     if not isinstance(result, commands.Basic.Ack):
         reply = getattr(getattr(result, "delivery", None), "reply_text", type(result).__name__)
