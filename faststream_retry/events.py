@@ -55,7 +55,14 @@ class Reason(Word):
     EXHAUSTED = "exhausted"
     """A transient failure on the last attempt the policy allows."""
     INVALID = "invalid"
-    """Its ``retry-due`` lies further ahead than any legitimate delay."""
+    """Its ``retry-due`` lies further ahead than any legitimate delay, or (the retry
+    worker) it reached the intake from a queue the worker may not send to."""
+    POISON = "poison"
+    """(The retry worker) it reached a quorum queue's delivery limit: a crash loop."""
+    EXPIRED = "expired"
+    """(The retry worker) it expired in its queue, which is configured not to retry that."""
+    MAXLEN = "maxlen"
+    """(The retry worker) its queue dropped it at its length limit, configured not to retry."""
 
 
 class Verdict(Word):
@@ -73,6 +80,8 @@ class Rule(Word):
     DEFAULT = "default"
     BUILTIN = "builtin"
     FALLBACK = "fallback"
+    DEAD_LETTERING = "dead_lettering"
+    """(The retry worker) RabbitMQ's dead-letter reason decided: no exception to classify."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from faststream_retry.cli import dlq, doctor, explain, migrate, status
+from faststream_retry.cli import dlq, doctor, explain, migrate, status, worker
 
 __all__ = ["app"]
 
 app = typer.Typer(
     name="faststream-retry",
-    help="See, explain, replay and migrate faststream-retry's retries and dead letters.",
+    help="See, explain, replay and migrate faststream-retry's retries and dead letters; run the retry worker.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
-for module in (status, explain, doctor, dlq, migrate):
+for module in (status, explain, doctor, dlq, migrate, worker):
     module.register(app)

@@ -1,0 +1,256 @@
+"""The retry worker's intake consumer: dead letters in, retry copies or dead letters out.
+
+Each delivery is decided by ``intake.intake_step`` and settled like a re-check step:
+acked only once its copy is confirmed, requeued after a pause otherwise. It runs on
+channels of its own: acks of the re-check consumers go out in ``multiple`` runs per
+channel, which must never cover an intake delivery still in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from typing import TYPE_CHECKING, Any
+
+from aio_pika import ExchangeType
+from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
+
+from faststream_retry import headers as h
+from faststream_retry._log import log
+from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
+from faststream_retry.amqp.recheck import settle
+from faststream_retry.errors import RetryTopologyError
+from faststream_retry.events import EventKind, Reason, RetryEvent, Rule, Verdict
+from faststream_retry.intake import DeadLetter, Refuse, Retry, intake_dlq_name, intake_step
+from faststream_retry.reporting import Copy
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+
+    from faststream_retry.amqp.publisher import Publisher
+    from faststream_retry.reporting import Reporter
+    from faststream_retry.topology import Plan, Route
+    from faststream_retry.worker_config import WorkerConfig
+
+__all__ = ["IntakeConsumer", "check_intake", "declare_intake", "intake_arguments"]
+
+
+def intake_arguments(config: WorkerConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return the arguments of the intake queue and of the intake's DLQ."""
+    options = config.retry.topology
+    base: dict[str, Any] = {"x-queue-type": options.queue_type}
+    if options.queue_type != "quorum":
+        return dict(base), dict(base)
+    # A delivery that crashes the worker again and again ends in the intake's DLQ,
+    # never nowhere; at-least-once so a node failing meanwhile cannot drop it.
+    return {
+        **base,
+        "x-delivery-limit": options.delivery_limit,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": intake_dlq_name(config.prefix),
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }, dict(base)
+
+
+async def declare_intake(channel: AbstractChannel, config: WorkerConfig) -> None:
+    """Declare the intake exchange (internal: only dead-lettering can publish to it) and queues."""
+    name = config.intake
+    arguments, dlq_arguments = intake_arguments(config)
+    await channel.declare_queue(
+        intake_dlq_name(config.prefix), durable=True, arguments=dlq_arguments, timeout=RPC_TIMEOUT_S
+    )
+    exchange = await channel.declare_exchange(
+        name, ExchangeType.FANOUT, durable=True, internal=True, timeout=RPC_TIMEOUT_S
+    )
+    queue = await channel.declare_queue(
+        name, durable=True, arguments=arguments, timeout=RPC_TIMEOUT_S
+    )
+    await queue.bind(exchange, routing_key="", timeout=RPC_TIMEOUT_S)
+
+
+async def check_intake(connection: AbstractRobustConnection, config: WorkerConfig) -> None:
+    """Declare the intake objects at start; a refusal becomes a message naming the fix.
+
+    Raises:
+        RetryTopologyError: one of them exists with other arguments, or the user may not
+            declare it.
+    """
+    channel = await connection.channel()
+    try:
+        await declare_intake(channel, config)
+    except ChannelPreconditionFailed as exc:
+        raise RetryTopologyError(
+            f"the worker's intake ({config.intake}, {intake_dlq_name(config.prefix)}) exists "
+            f"with other arguments: {exc.args[0] if exc.args else exc}. Another prefix or "
+            "queue_type was used before: set the same in the config, or delete those objects "
+            "once they are empty"
+        ) from exc
+    except ChannelAccessRefused as exc:
+        raise RetryTopologyError(
+            f"the worker may not declare its intake ({config.intake}): "
+            f"{exc.args[0] if exc.args else exc}. Give its user configure, write and read "
+            f"permissions on '^{config.prefix}\\.'"
+        ) from exc
+    finally:
+        await close_quietly(channel)
+
+
+class IntakeConsumer:
+    """Consumes ``<prefix>.intake`` and acts on each dead letter."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        plan: Callable[[], Plan],
+        cover: Callable[[str], Awaitable[Route]],
+        publisher: Publisher,
+        reporter: Reporter,
+        *,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        """Decide with ``config``'s rules on ``plan()``'s tiers; ``cover(queue)`` readies a queue.
+
+        ``cover`` declares a queue's ``.retry`` and ``.dlq`` and starts its re-check
+        consumer the first time a dead letter of it arrives (a queue a pattern names).
+        """
+        self._config = config
+        self._plan = plan
+        self._cover = cover
+        self._publisher = publisher
+        self._reporter = reporter
+        self._rand = rand
+        self._pause_s = config.retry.pause_s
+        self._pending: set[asyncio.Task[Any]] = set()
+        self._consumer: tuple[Any, str] | None = None
+
+    async def start(self, channel: AbstractChannel) -> str:
+        """Consume the intake queue on ``channel``; return the consumer tag."""
+        queue = await channel.get_queue(self._config.intake, ensure=False)
+        tag = await queue.consume(self._on_message, timeout=RPC_TIMEOUT_S)
+        self._consumer = (queue, tag)
+        return tag
+
+    async def stop(self, wait_s: float) -> None:
+        """Stop consuming and give the deliveries in flight up to ``wait_s`` to settle."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await consumer[0].cancel(consumer[1], timeout=RPC_TIMEOUT_S)
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=wait_s)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._pending.add(task)
+        try:
+            await self.handle(message)
+        finally:
+            if task is not None:
+                self._pending.discard(task)
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        """Decide what ``message`` needs, publish that copy, then settle the delivery."""
+        ok = False
+        try:
+            ok = await self._act(message)
+        except Exception:  # a hostile message must never kill the consumer
+            log.exception("faststream-retry worker: a dead letter from the intake failed")
+        except BaseException:
+            await settle(message, ok=ok, pause_s=0)
+            raise
+        await settle(message, ok=ok, pause_s=0 if ok else self._pause_s)
+
+    async def _act(self, message: AbstractIncomingMessage) -> bool:
+        plan = self._plan()
+        now = h.now_ms()
+        incoming = message.headers
+        step = intake_step(
+            exchange=message.exchange or "",
+            intake_exchange=self._config.intake,
+            headers=incoming,
+            rules=self._config.rules,
+            tiers=plan.tiers,
+            now_ms=now,
+            rand=self._rand,
+        )
+        tier_ms = None
+        if isinstance(step, Refuse):
+            event, copy = self._refuse(message, step, now)
+        else:
+            route = await self._cover(step.queue)
+            if isinstance(step, DeadLetter):
+                event, copy = self._dead_letter(message, route, step, now)
+            else:
+                wait = plan.tiers.wait(step.delay_ms)
+                tier_ms = wait.tier_ms
+                home = route.queue if wait.last and route.home_from_tier else route.retry_queue
+                headers = h.retry_headers(incoming, step.failure, now + step.delay_ms)
+                copy = Copy(plan.tier(wait.tier_ms), home, headers)
+                event = _event(step, message, now, EventKind.SCHEDULED)
+
+        async def send(copy: Copy) -> bool:
+            return await self._publisher.send(message, copy)
+
+        return await self._reporter.publish(event, copy, send, incoming=incoming, tier_ms=tier_ms)
+
+    def _dead_letter(
+        self, message: AbstractIncomingMessage, route: Route, step: DeadLetter, now: int
+    ) -> tuple[RetryEvent, Copy]:
+        headers = h.dead_letter_headers(
+            message.headers, step.failure, reason=step.reason, origin_queue=route.queue
+        )
+        return _event(step, message, now, EventKind.DEAD_LETTERED), Copy("", route.dlq, headers)
+
+    def _refuse(
+        self, message: AbstractIncomingMessage, step: Refuse, now: int
+    ) -> tuple[RetryEvent, Copy]:
+        intake = self._config.intake
+        failure = h.FailureRecord(
+            attempt=h.read_attempt(message.headers),
+            at_ms=now,
+            exception="refused",
+            error=step.problem,
+        )
+        headers = h.dead_letter_headers(
+            message.headers, failure, reason=Reason.INVALID, origin_queue=intake
+        )
+        event = RetryEvent(
+            EventKind.DEAD_LETTERED,
+            intake,
+            message.message_id,
+            failure.attempt,
+            now,
+            reason=Reason.INVALID,
+            exception=failure.exception,
+            error=h.truncate(step.problem, h.HISTORY_ERROR_LIMIT),
+            rule=Rule.DEAD_LETTERING,
+            classification=Verdict.PERMANENT,
+        )
+        return event, Copy("", intake_dlq_name(self._config.prefix), headers)
+
+
+def _event(
+    step: Retry | DeadLetter, message: AbstractIncomingMessage, now: int, kind: EventKind
+) -> RetryEvent:
+    dead = isinstance(step, DeadLetter)
+    delay = None if dead else step.delay_ms  # type: ignore[union-attr]
+    return RetryEvent(
+        kind,
+        step.queue,
+        message.message_id,
+        step.attempt,
+        now,
+        max_attempts=step.max_attempts,
+        delay_ms=delay,
+        due_ms=None if delay is None else now + delay,
+        reason=step.reason if isinstance(step, DeadLetter) else None,
+        exception=step.failure.exception,
+        error=h.truncate(step.failure.error, h.HISTORY_ERROR_LIMIT),
+        rule=Rule.DEAD_LETTERING,
+        classification=Verdict.PERMANENT if dead else Verdict.TRANSIENT,
+    )

@@ -1,0 +1,92 @@
+"""``faststream-retry worker --config retry.toml``: the standalone retry worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import unquote, urlsplit
+
+import typer
+
+from faststream_retry.cli._common import err, fail, out
+from faststream_retry.errors import RetryConfigError
+from faststream_retry.worker import RetryWorker
+from faststream_retry.worker_config import load_worker_config, policy_command
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``worker`` command to ``app``."""
+    app.command(name="worker")(worker_command)
+
+
+def worker_command(
+    config: Annotated[
+        Path,
+        typer.Option("--config", "-c", help="The worker's TOML config (see the README)."),
+    ],
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            envvar="RABBITMQ_URL",
+            help="The broker's AMQP URL; else RABBITMQ_URL, else the config's url.",
+        ),
+    ] = None,
+    print_policy: Annotated[
+        bool,
+        typer.Option(
+            "--print-policy",
+            help="Print the rabbitmqctl command that opts the configured queues in, and exit.",
+        ),
+    ] = False,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = "INFO",
+) -> None:
+    """Retry the dead letters of consumers in any language (runs until SIGTERM or Ctrl-C).
+
+    Work queues opt in by dead-lettering into the intake exchange <prefix>.intake:
+    declared with x-dead-letter-exchange, or, for queues that exist already, by a
+    policy (--print-policy prints it). A consumer rejects (requeue=false) what it
+    could not handle; the worker sends it back to that queue only, after the
+    config's backoff, and to <queue>.dlq once its attempts are spent. Any number
+    of workers may run at once.
+    """
+    try:
+        settings = load_worker_config(config)
+    except RetryConfigError as exc:
+        fail(str(exc))
+    if print_policy:
+        vhost = _vhost(url or settings.url)
+        out.print(policy_command(settings, vhost=vhost), markup=False)
+        err.print(
+            "A queue takes one policy (the highest priority): if one applies to these "
+            'queues already, add "dead-letter-exchange" to it instead. A queue declared '
+            "with its own x-dead-letter-exchange keeps that one.",
+            markup=False,
+        )
+        return
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        fail(f"--log-level is DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        worker = RetryWorker(settings, url=url)
+        asyncio.run(worker.run())
+    except RetryConfigError as exc:  # RetryTopologyError included: its text names the fix
+        fail(str(exc))
+    except (OSError, ConnectionError) as exc:
+        fail(f"cannot reach the broker: {exc}")
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _vhost(url: str | None) -> str:
+    if not url:
+        return "/"
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"

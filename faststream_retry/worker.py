@@ -1,0 +1,240 @@
+"""The standalone retry worker: the plugin's retries for consumers in any language.
+
+A work queue dead-letters what its consumer rejects into ``<prefix>.intake``; the worker
+sends each message back to that queue only, after a backoff held in the delay tiers, and
+dead-letters it to ``<queue>.dlq`` when its attempts are spent. It shares everything
+else with the FastStream path: the tiers and the re-check consumers (``Live``), the
+confirming publisher, the wire format, the spans and the metrics. Nothing is kept in
+memory, so any number of replicas may consume one intake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from typing import TYPE_CHECKING
+
+import aio_pika
+from aiormq.exceptions import ChannelNotFoundEntity
+
+from faststream_retry._log import log
+from faststream_retry.amqp.channels import RPC_TIMEOUT_S, ChannelPair, close_quietly
+from faststream_retry.amqp.declare import check_broker
+from faststream_retry.amqp.intake import IntakeConsumer, check_intake, declare_intake
+from faststream_retry.amqp.registry import record
+from faststream_retry.errors import RetryConfigError
+from faststream_retry.ops.registry import registered_queues
+from faststream_retry.plugin import Live
+from faststream_retry.reporting import Reporter
+from faststream_retry.telemetry import Telemetry
+from faststream_retry.topology import Handler, Plan, Route, queue_specs
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
+
+    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from faststream_retry.events import RetryHook
+    from faststream_retry.worker_config import WorkerConfig
+
+__all__ = ["DRAIN_S", "RetryWorker"]
+
+DRAIN_S = 30.0
+"""How long a stopping worker waits for the copies in flight to be confirmed."""
+
+
+class RetryWorker:
+    """Retries dead letters of the configured work queues; run it with ``run()`` or ``async with``.
+
+    Args:
+        config: the checked configuration (``load_worker_config``).
+        url: the broker; else the config's ``url``, else ``RABBITMQ_URL``.
+        hooks: called with every ``RetryEvent``, as the middleware's are.
+        tracer_provider: spans of each step, continuing the message's ``traceparent``.
+        meter_provider: the same metrics as the middleware's.
+    """
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        url: str | None = None,
+        hooks: Sequence[RetryHook] = (),
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        """Prepare; nothing touches the network before ``start``."""
+        self.config = config
+        self.url = url or config.url or os.environ.get("RABBITMQ_URL")
+        if not self.url:
+            raise RetryConfigError(
+                f"no broker to connect to: give --url, set url in {config.source}, or set "
+                "RABBITMQ_URL"
+            )
+        self.reporter = Reporter(
+            Telemetry(tracer_provider, meter_provider), list(hooks), log_retry_traceback="never"
+        )
+        self.connection: AbstractRobustConnection | None = None
+        self.live: Live | None = None
+        self._intake: IntakeConsumer | None = None
+        self._channels: ChannelPair | None = None
+        self._consuming = False
+        self._covering = asyncio.Lock()
+
+    @property
+    def plan(self) -> Plan:
+        """Return what the worker declares and consumes now (after ``start``)."""
+        if self.live is None:
+            raise RuntimeError("the worker is not started")
+        return self.live.plan
+
+    async def start(self) -> None:
+        """Connect, check and declare the topology, and start consuming.
+
+        Raises:
+            RetryTopologyError: a queue or exchange exists with other arguments, or the
+                user may not declare it (each named, with the fix).
+        """
+        connection = self.connection = await aio_pika.connect_robust(self.url)
+        try:
+            topology = await self._first_plan(connection)
+            await check_broker(connection, topology)
+            await check_intake(connection, self.config)
+            live = self.live = Live(topology, connection, self.config.retry, self.reporter)
+            await live.open()
+            await live.start_consumers()
+            for queue in topology.routes:
+                await record(connection, topology, queue)
+            await self._warn_missing(connection, list(topology.routes))
+            self._intake = IntakeConsumer(
+                self.config, lambda: self.plan, self._cover, live.publisher, self.reporter
+            )
+            self._channels = ChannelPair(
+                connection,
+                prefetch=self.config.retry.prefetch,
+                wait_s=self.config.retry.publish_timeout_s,
+                on_open=self._on_open,
+            )
+            self._consuming = True
+            await self._channels.open()
+        except BaseException:
+            await self.stop(0)
+            raise
+        tiers = topology.tiers
+        log.info(
+            "faststream-retry worker: consuming %s; tick %d ms, %d tiers up to %d ms; queues: %s",
+            self.config.intake,
+            tiers.tick_ms,
+            len(tiers.ttls_ms),
+            tiers.ttls_ms[-1],
+            ", ".join(e.name or f"{e.pattern} (pattern)" for e in self.config.queues),
+        )
+
+    async def stop(self, wait_s: float = DRAIN_S) -> None:
+        """Stop taking dead letters, let those in flight settle (up to ``wait_s``), disconnect."""
+        self._consuming = False
+        channels, self._channels = self._channels, None
+        if channels is not None:
+            await channels.stop_supervising()
+            channels.forget_consumers()
+        if self._intake is not None:
+            await self._intake.stop(wait_s)
+        if channels is not None:
+            await channels.close()
+        live, self.live = self.live, None
+        if live is not None:
+            await live.close()
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), RPC_TIMEOUT_S)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Start, run until ``stop`` is set or SIGTERM/SIGINT arrives, then drain and stop."""
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+        try:
+            await self.start()
+            await stop.wait()
+            log.info("faststream-retry worker: stopping; letting the messages in flight settle")
+        finally:
+            await self.stop()
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    async def __aenter__(self) -> RetryWorker:  # noqa: PYI034 - Self needs typing_extensions
+        """Start the worker."""
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the worker, draining what is in flight."""
+        await self.stop()
+
+    async def _first_plan(self, connection: AbstractRobustConnection) -> Plan:
+        """Plan the named queues, and those a pattern names that the registry recorded earlier.
+
+        A queue a pattern names is covered when its first dead letter arrives; after a
+        restart its ``.retry`` may still hold waiting messages, so it is consumed from
+        the start again.
+        """
+        options = self.config.retry.topology
+        tiers = self.config.tiers
+        queues = set(self.config.names)
+        if any(e.pattern is not None for e in self.config.queues):
+            registry = await registered_queues(connection, self.config.prefix)
+            queues |= {q for q in registry.queues if self.config.rules(q) is not None}
+        routes = {q: Route(q, (Handler(None),)) for q in sorted(queues)}
+        return Plan(options, tiers, routes, queue_specs(tiers, routes.values(), options))
+
+    async def _cover(self, queue: str) -> Route:
+        """Return ``queue``'s route; a new one's queues are declared and its ``.retry`` consumed."""
+        live = self.live
+        if live is None:
+            raise ConnectionError("the worker is stopping")
+        known = live.plan.route(queue)
+        if known is not None:
+            return known
+        async with self._covering:
+            route = await live.cover(Route(queue, (Handler(None),)))
+            await live.consume(route)
+            return route
+
+    async def _on_open(self, publish: AbstractChannel, consume: AbstractChannel) -> None:
+        # Every (re)open: the intake may have been deleted meanwhile.
+        await declare_intake(publish, self.config)
+        if self._consuming and self._intake is not None and self._channels is not None:
+            self._channels.track(await self._intake.start(consume))
+
+    async def _warn_missing(self, connection: AbstractRobustConnection, queues: list[str]) -> None:
+        """Warn of named work queues that do not exist: nothing can dead-letter from them yet."""
+        for queue in queues:
+            channel = await connection.channel()
+            try:
+                await channel.declare_queue(queue, passive=True, timeout=RPC_TIMEOUT_S)
+            except ChannelNotFoundEntity:
+                log.warning(
+                    "faststream-retry worker: queue %r does not exist (yet); its dead letters "
+                    "are retried once it exists and dead-letters into %r",
+                    queue,
+                    self.config.intake,
+                )
+            except Exception as exc:  # a diagnosis must not stop the worker
+                log.debug("could not look at %r: %r", queue, exc)
+            finally:
+                await close_quietly(channel)
