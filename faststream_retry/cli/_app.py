@@ -10,7 +10,10 @@ __all__ = ["app"]
 
 app = typer.Typer(
     name="faststream-retry",
-    help="See, explain, replay and migrate faststream-retry's retries and dead letters; run the retry worker.",
+    help=(
+        "See, explain, replay and migrate faststream-retry's retries and dead letters; "
+        "run the retry worker."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

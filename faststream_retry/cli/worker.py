@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
+from pathlib import Path  # noqa: TC003 - typer reads the annotation at runtime
 from typing import Annotated
 from urllib.parse import unquote, urlsplit
 
