@@ -1,0 +1,217 @@
+"""What the retry worker decides for a delivery from its intake (the pure step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from faststream_retry import headers as h
+from faststream_retry.events import Reason
+from faststream_retry.intake import (
+    PERMANENT,
+    DeadLetter,
+    Death,
+    OnDeath,
+    QueueRules,
+    Refuse,
+    Retry,
+    intake_dlq_name,
+    intake_name,
+    intake_step,
+    newest_death,
+)
+from faststream_retry.policy import Fixed, Schedule
+from faststream_retry.tiers import Tiers
+from tests.strategies import hostile_headers
+
+TIERS = Tiers.build(500, 60_000)
+INTAKE = "retry.intake"
+ORDERS = QueueRules(3, Schedule([1, 3]))
+
+
+def rules(queue: str) -> QueueRules | None:
+    return {"orders": ORDERS, "keep": QueueRules(3, Fixed(1), OnDeath.RETRY, OnDeath.RETRY)}.get(
+        queue
+    )
+
+
+def died(
+    queue: str = "orders", reason: str = "rejected", extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Headers of a message RabbitMQ dead-lettered from ``queue`` (newest entry first)."""
+    return {
+        "x-death": [
+            {"queue": queue, "reason": reason, "count": 1, "exchange": "orders-x"},
+            {"queue": "retry.delay.1000", "reason": "expired", "count": 1},
+        ],
+        **(extra or {}),
+    }
+
+
+def step(headers: Any, exchange: str = INTAKE) -> Retry | DeadLetter | Refuse:
+    return intake_step(
+        exchange=exchange,
+        intake_exchange=INTAKE,
+        headers=headers,
+        rules=rules,
+        tiers=TIERS,
+        now_ms=10_000,
+        rand=lambda: 0.5,
+    )
+
+
+def test_names_derive_from_the_prefix() -> None:
+    assert intake_name("p") == "p.intake"
+    assert intake_dlq_name("p") == "p.intake.dlq"
+
+
+class TestOrigin:
+    def test_the_newest_death_names_the_queue_and_the_reason(self) -> None:
+        assert newest_death(died()) == Death("orders", "rejected")
+        assert newest_death({"x-death": [{"queue": b"q", "reason": b"expired"}]}) == Death(
+            "q", "expired"
+        )
+
+    def test_unreadable_deaths_name_nothing(self) -> None:
+        cases: tuple[dict[str, Any] | None, ...] = (
+            None,
+            {},
+            {"x-death": []},
+            {"x-death": "orders"},
+            {"x-death": ["orders"]},
+            {"x-death": [{"queue": "", "reason": "rejected"}]},
+            {"x-death": [{"queue": 5, "reason": "rejected"}]},
+            {"x-death": [{"queue": "orders"}]},
+        )
+        for headers in cases:
+            assert newest_death(headers) is None, headers
+
+    def test_x_first_death_queue_is_never_read(self) -> None:
+        """RabbitMQ keeps an x-first-death-queue a publisher set: it cannot name the origin."""
+        result = step({"x-first-death-queue": "orders", "x-first-death-reason": "rejected"})
+        assert isinstance(result, Refuse)
+        assert "no readable x-death" in result.problem
+
+    def test_a_delivery_not_through_the_intake_exchange_is_refused(self) -> None:
+        """A publish straight to the intake queue by the default exchange is not a dead letter."""
+        result = step(died(), exchange="")
+        assert isinstance(result, Refuse)
+        assert result.queue == "orders"
+        assert "the default exchange" in result.problem
+        assert isinstance(step(died(), exchange="other"), Refuse)
+
+    def test_a_queue_outside_the_allowlist_is_refused(self) -> None:
+        result = step(died(queue="billing"))
+        assert result == Refuse(
+            "dead-lettered from 'billing', which the worker's config does not name", "billing"
+        )
+
+    @given(hostile_headers, st.booleans())
+    def test_any_headers_give_a_decision_and_never_raise(
+        self, headers: dict[str, Any], dead_lettered: bool
+    ) -> None:
+        result = step({**died(), **headers} if dead_lettered else headers)
+        assert isinstance(result, (Retry, DeadLetter, Refuse))
+        if not isinstance(result, Refuse):
+            assert result.queue in {"orders", "keep"}  # only ever a queue the allowlist names
+
+
+class TestRetry:
+    def test_a_rejection_is_retried_with_the_backoff_of_its_attempt(self) -> None:
+        first = step(died())
+        assert isinstance(first, Retry)
+        assert (first.queue, first.attempt, first.max_attempts, first.delay_ms) == (
+            "orders",
+            1,
+            3,
+            1000,
+        )
+        assert first.failure.exception == "rejected"
+        assert first.failure.error == "rejected (requeue=false) by a consumer of orders"
+        assert first.failure.delay_ms == 1000
+        assert first.failure.at_ms == 10_000
+        second = step(died(extra={h.ATTEMPT: 1}))
+        assert isinstance(second, Retry)
+        assert (second.attempt, second.delay_ms) == (2, 3000)
+
+    def test_the_attempt_is_the_plugins_header_never_the_x_death_count(self) -> None:
+        headers = died(extra={h.ATTEMPT: 1})
+        headers["x-death"][0]["count"] = 50
+        result = step(headers)
+        assert isinstance(result, Retry)
+        assert result.attempt == 2
+
+    def test_delays_are_rounded_up_to_the_tick(self) -> None:
+        def odd(queue: str) -> QueueRules | None:
+            return QueueRules(3, Fixed(0.7)) if queue == "orders" else None
+
+        result = intake_step(
+            exchange=INTAKE,
+            intake_exchange=INTAKE,
+            headers=died(),
+            rules=odd,
+            tiers=TIERS,
+            now_ms=0,
+            rand=lambda: 0.5,
+        )
+        assert isinstance(result, Retry)
+        assert result.delay_ms == 1000
+
+    def test_an_unknown_reason_is_retried_and_named(self) -> None:
+        result = step(died(reason="something_new"))
+        assert isinstance(result, Retry)
+        assert "reason something_new" in result.failure.error
+
+
+class TestDeadLetter:
+    def test_the_last_attempt_is_exhausted(self) -> None:
+        result = step(died(extra={h.ATTEMPT: 2}))
+        assert isinstance(result, DeadLetter)
+        assert (result.queue, result.attempt, result.reason) == ("orders", 3, Reason.EXHAUSTED)
+        assert result.failure.exception == "rejected"
+
+    def test_a_delivery_limit_is_poison_at_once(self) -> None:
+        """A consumer crash loop: a delay will not end it, so no retry is spent."""
+        result = step(died(reason="delivery_limit"))
+        assert isinstance(result, DeadLetter)
+        assert (result.attempt, result.reason) == (1, Reason.POISON)
+        assert "delivery limit of orders" in result.failure.error
+
+    def test_expired_and_maxlen_are_dead_letters_by_default(self) -> None:
+        expired = step(died(reason="expired"))
+        maxlen = step(died(reason="maxlen"))
+        assert isinstance(expired, DeadLetter)
+        assert isinstance(maxlen, DeadLetter)
+        assert expired.reason is Reason.EXPIRED
+        assert maxlen.reason is Reason.MAXLEN
+        assert expired.failure.error == "expired in orders (a message or queue TTL)"
+        assert maxlen.failure.error == "dropped from orders at its length limit"
+
+    def test_expired_and_maxlen_can_be_retried(self) -> None:
+        for reason in ("expired", "maxlen"):
+            result = step(died(queue="keep", reason=reason))
+            assert isinstance(result, Retry), reason
+            exhausted = step(died(queue="keep", reason=reason, extra={h.ATTEMPT: 2}))
+            assert isinstance(exhausted, DeadLetter)
+            assert exhausted.reason is Reason.EXHAUSTED
+
+    def test_the_permanent_header_dead_letters_at_once_with_its_text(self) -> None:
+        result = step(died(extra={PERMANENT: "customer 42 does not exist"}))
+        assert isinstance(result, DeadLetter)
+        assert result.reason is Reason.PERMANENT
+        assert result.failure.exception == PERMANENT
+        assert result.failure.error == "customer 42 does not exist"
+        assert isinstance(step(died(extra={PERMANENT: ""})), Retry)  # empty: not marked
+
+    @given(st.integers(min_value=0, max_value=2**31))
+    def test_every_attempt_count_ends_in_a_dead_letter_or_a_retry_below_max(
+        self, attempt: int
+    ) -> None:
+        result = step(died(extra={h.ATTEMPT: attempt}))
+        if isinstance(result, Retry):
+            assert result.attempt < ORDERS.max_attempts
+        else:
+            assert isinstance(result, DeadLetter)
+            assert result.reason is Reason.EXHAUSTED

@@ -1,0 +1,245 @@
+"""The retry worker's config: what it accepts, and errors that name the key and the valid values."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from faststream_retry.errors import RetryConfigError
+from faststream_retry.intake import OnDeath
+from faststream_retry.policy import Exponential, Schedule
+from faststream_retry.worker_config import (
+    load_worker_config,
+    parse_duration,
+    policy_command,
+    worker_config,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+FULL = """
+url = "amqp://guest:guest@127.0.0.1:5673/"
+prefix = "svc"
+queue_type = "classic"
+max_delay = "1h"
+prefetch = 10
+
+[defaults]
+max_attempts = 4
+backoff = { kind = "exponential", initial = "500ms", factor = 3, max = "1m", jitter = 0.2 }
+expired = "retry"
+
+[[queues]]
+name = "orders"
+
+[[queues]]
+pattern = "billing.*"
+max_attempts = 2
+backoff = { kind = "schedule", delays = ["1s", 5] }
+maxlen = "retry"
+"""
+
+
+def config(**top: Any) -> dict[str, Any]:
+    return {"queues": [{"name": "orders"}], **top}
+
+
+def refused(data: dict[str, Any]) -> str:
+    with pytest.raises(RetryConfigError) as info:
+        worker_config(data, "retry.toml")
+    return str(info.value)
+
+
+def test_a_full_file_reads_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "retry.toml"
+    path.write_text(FULL)
+    cfg = load_worker_config(path)
+    assert (cfg.prefix, cfg.intake, cfg.url, cfg.source) == (
+        "svc",
+        "svc.intake",
+        "amqp://guest:guest@127.0.0.1:5673/",
+        str(path),
+    )
+    assert cfg.retry.topology.queue_type == "classic"
+    assert cfg.retry.topology.max_delay_ms == 3_600_000
+    assert cfg.retry.prefetch == 10
+    orders = cfg.rules("orders")
+    assert orders is not None
+    assert orders.max_attempts == 4
+    assert orders.backoff == Exponential(0.5, factor=3, maximum=60, jitter=0.2)
+    assert (orders.expired, orders.maxlen) == (OnDeath.RETRY, OnDeath.DEAD)
+    billing = cfg.rules("billing.eu")
+    assert billing is not None
+    assert billing.max_attempts == 2
+    assert billing.backoff == Schedule([1, 5])
+    assert (billing.expired, billing.maxlen) == (OnDeath.RETRY, OnDeath.RETRY)
+    assert cfg.names == ("orders",)
+    assert cfg.tiers.tick_ms == 500
+
+
+def test_the_smallest_config_takes_the_middlewares_defaults() -> None:
+    cfg = worker_config(config())
+    rules = cfg.rules("orders")
+    assert rules is not None
+    assert rules.max_attempts == 5
+    assert rules.backoff == Exponential(
+        timedelta(seconds=1), factor=2, maximum=timedelta(minutes=5)
+    )
+    assert (rules.expired, rules.maxlen) == (OnDeath.DEAD, OnDeath.DEAD)
+    assert (cfg.prefix, cfg.url) == ("retry", None)
+    assert cfg.retry.topology.queue_type == "quorum"
+    assert cfg.retry.topology.max_delay_ms == 86_400_000
+
+
+class TestAllowlist:
+    def test_exact_names_come_before_patterns_and_the_first_pattern_wins(self) -> None:
+        cfg = worker_config(
+            {
+                "queues": [
+                    {"pattern": "a.*", "max_attempts": 2},
+                    {"pattern": "a.b*", "max_attempts": 3},
+                    {"name": "a.bc", "max_attempts": 4},
+                ]
+            }
+        )
+        assert [cfg.rules(q).max_attempts for q in ("a.x", "a.bx", "a.bc")] == [2, 2, 4]  # type: ignore[union-attr]
+
+    def test_a_pattern_takes_star_and_question_mark_only_and_matches_whole_names(self) -> None:
+        cfg = worker_config({"queues": [{"pattern": "o?ders.*"}]})
+        assert cfg.rules("orders.eu") is not None
+        assert cfg.rules("oXders.") is not None
+        assert cfg.rules("xorders.eu") is None
+        assert cfg.rules("orders") is None
+        assert cfg.rules("o+ders.eu") is not None  # ? is one character, whatever it is
+        assert worker_config({"queues": [{"pattern": "a.b"}]}).rules("aXb") is None  # . literal
+        assert "* and ? only" in refused({"queues": [{"pattern": "q[12]"}]})
+
+    def test_the_retry_machinerys_own_queues_are_never_allowed(self) -> None:
+        """A pattern such as * must not send messages back into .retry, .dlq or the tiers."""
+        cfg = worker_config({"queues": [{"pattern": "*"}]})
+        assert cfg.rules("orders") is not None
+        for own in ("orders.retry", "orders.dlq", "retry.intake", "retry.delay.1000"):
+            assert cfg.rules(own) is None, own
+        assert "retry machinery's own queue" in refused({"queues": [{"name": "orders.dlq"}]})
+
+    def test_the_policy_command_names_every_queue_as_a_whole_name(self) -> None:
+        cfg = worker_config(
+            {"prefix": "svc", "queues": [{"name": "email-queue"}, {"pattern": "billing.*"}]}
+        )
+        command = policy_command(cfg)
+        assert command == (
+            "rabbitmqctl set_policy --apply-to queues 'svc.intake' "
+            "'^(email\\-queue|billing\\..*)$' '{\"dead-letter-exchange\":\"svc.intake\"}'"
+        )
+        pattern = re.compile(command.split("'")[3])
+        assert pattern.fullmatch("email-queue")
+        assert pattern.fullmatch("billing.eu")
+        assert not pattern.fullmatch("billing")
+        assert not pattern.fullmatch("xemail-queue")
+        assert "-p 'shop' " in policy_command(cfg, vhost="shop")
+        assert "'it'\\''s'" in policy_command(cfg, name="it's")
+
+
+class TestErrorsNameTheKey:
+    @pytest.mark.parametrize(
+        ("data", "expected"),
+        [
+            ({}, "retry.toml: queues must list at least one queue"),
+            ({"queues": []}, "retry.toml: queues must list at least one queue"),
+            (
+                config(colour="red"),
+                "retry.toml: colour is not a setting; the settings here are url",
+            ),
+            (config(url="http://x"), "retry.toml: url must be an amqp:// or amqps:// URL"),
+            (config(prefix=5), "retry.toml: prefix must be a string, got 5"),
+            (config(prefix=""), "retry.toml: prefix must be a short non-empty str"),
+            (config(queue_type="stream"), "retry.toml: queue_type is 'classic' or 'quorum'"),
+            (config(prefetch=0), "retry.toml: prefetch must be an int >= 1"),
+            (config(prefetch=True), "retry.toml: prefetch must be an int, got True"),
+            (config(max_delay="soon"), "retry.toml: max_delay takes seconds (a number) or"),
+            (config(defaults=[]), "retry.toml: defaults must be a table"),
+            (config(defaults={"max_attempts": 0}), "defaults.max_attempts must be an int >= 1"),
+            (config(defaults={"retries": 3}), "defaults.retries is not a setting"),
+            (config(defaults={"expired": "drop"}), 'defaults.expired is "dead" or "retry"'),
+            ({"queues": ["orders"]}, "queues[0] must be a table with name or pattern"),
+            ({"queues": [{"max_attempts": 3}]}, "queues[0] needs exactly one of name or pattern"),
+            (
+                {"queues": [{"name": "a", "pattern": "b*"}]},
+                "queues[0] needs exactly one of name or pattern",
+            ),
+            ({"queues": [{"name": ""}]}, "queues[0].name must be a queue name of 1 to 255 bytes"),
+            ({"queues": [{"name": "a" * 256}]}, "queues[0].name must be a queue name of 1 to 255"),
+            ({"queues": [{"name": "a"}, {"name": "a"}]}, "queues[1] repeats 'a'"),
+            (
+                {"queues": [{"name": "a", "backoff": "fast"}]},
+                'queues[0].backoff must be a table such as { kind = "fixed", delay = "5s" }',
+            ),
+            (
+                {"queues": [{"name": "a", "backoff": {"kind": "linear"}}]},
+                "queues[0].backoff.kind is one of fixed, exponential, schedule, got 'linear'",
+            ),
+            (
+                {"queues": [{"name": "a", "backoff": {"kind": "fixed"}}]},
+                "queues[0].backoff.delay is missing",
+            ),
+            (
+                {"queues": [{"name": "a", "backoff": {"kind": "fixed", "delay": "5 weeks"}}]},
+                "queues[0].backoff.delay takes seconds (a number) or a string such as",
+            ),
+            (
+                {"queues": [{"name": "a", "backoff": {"kind": "fixed", "delay": 1, "max": 2}}]},
+                "queues[0].backoff.max is not a setting; the settings here are kind, delay",
+            ),
+            (
+                {"queues": [{"name": "a", "backoff": {"kind": "schedule", "delays": []}}]},
+                "queues[0].backoff.delays must be a list of durations",
+            ),
+            (
+                {"queues": [{"name": "a", "backoff": {"kind": "schedule", "delays": [1, "x"]}}]},
+                "queues[0].backoff.delays[1] takes seconds",
+            ),
+            (
+                {"queues": [{"name": "a", "backoff": {"kind": "exponential"}}]},
+                "queues[0].backoff.initial is missing",
+            ),
+            (
+                {
+                    "queues": [
+                        {"name": "a", "backoff": {"kind": "exponential", "initial": 1, "factor": 0}}
+                    ]
+                },
+                "queues[0].backoff Exponential(factor=...) must be a number >= 1",
+            ),
+            (
+                config(tick="2s", max_delay="1s"),
+                "retry.toml: max_delay (1000 ms) must be at least one tick (2000 ms)",
+            ),
+        ],
+    )
+    def test_the_message_names_the_key(self, data: dict[str, Any], expected: str) -> None:
+        assert expected in refused(data)
+
+    def test_a_missing_or_broken_file_is_named(self, tmp_path: Path) -> None:
+        with pytest.raises(RetryConfigError, match=r"nothing\.toml: cannot read the config"):
+            load_worker_config(tmp_path / "nothing.toml")
+        broken = tmp_path / "broken.toml"
+        broken.write_text("queues = [")
+        with pytest.raises(RetryConfigError, match=r"broken\.toml: not valid TOML"):
+            load_worker_config(broken)
+
+
+def test_durations_take_seconds_or_a_unit() -> None:
+    assert parse_duration(1, "k") == 1000
+    assert parse_duration(0.25, "k") == 250
+    assert parse_duration("250ms", "k") == 250
+    assert parse_duration("1.5s", "k") == 1500
+    assert parse_duration(" 2 m ", "k") == 120_000
+    assert parse_duration("1h", "k") == 3_600_000
+    assert parse_duration("1d", "k") == 86_400_000
+    for bad in (-1, float("inf"), float("nan"), True, "1", "1w", "-1s", None, [1]):
+        with pytest.raises(RetryConfigError, match=r"^k "):
+            parse_duration(bad, "k")
