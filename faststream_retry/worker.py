@@ -23,7 +23,7 @@ from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, ChannelPair, close_quietly
 from faststream_retry.amqp.declare import check_broker
 from faststream_retry.amqp.intake import IntakeConsumer, check_intake, declare_intake
-from faststream_retry.amqp.registry import record
+from faststream_retry.amqp.registry import survey
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.ops.registry import registered_queues
 from faststream_retry.plugin import Live
@@ -108,8 +108,9 @@ class RetryWorker:
             live = self.live = Live(topology, connection, self.config.retry, self.reporter)
             await live.open()
             await live.start_consumers()
-            for queue in topology.routes:
-                await record(connection, topology, queue)
+            # Declares the registry and records the queues covered: status, doctor, and
+            # this worker's next start (for queues a pattern names) read it.
+            await survey(connection, topology, topology.routes)
             await self._warn_missing(connection, list(topology.routes))
             self._intake = IntakeConsumer(
                 self.config, lambda: self.plan, self._cover, live.publisher, self.reporter

@@ -1,0 +1,436 @@
+"""The standalone retry worker on a real broker, with plain aio-pika consumers (not FastStream).
+
+A consumer only rejects what it could not handle; its queue dead-letters into the
+worker's intake, and the worker sends the message back to that queue alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+import pytest
+from aiormq.exceptions import ChannelAccessRefused
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from faststream_retry import headers as h
+from faststream_retry.intake import intake_dlq_name, intake_name
+from faststream_retry.topology import registry_name
+from faststream_retry.worker import RetryWorker
+from faststream_retry.worker_config import WorkerConfig, policy_command, worker_config
+from tests.cli import environment, run_cli, script
+from tests.rabbit import (
+    LATE_SLACK_MS,
+    drain,
+    eventually,
+    eventually_async,
+    queue_depth,
+    script_broker_ctl,
+    unique,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
+
+    from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Setup:
+    """One test's names: a prefix, a work queue fed by a fanout, a second queue on that fanout."""
+
+    def __init__(self) -> None:
+        self.prefix = unique("w")
+        self.queue = unique("orders")
+        self.audit = unique("audit")
+        self.fanout = unique("orders-fanout")
+        self.declared: list[str] = [self.queue, self.audit]
+
+    def config(self, *queues: dict[str, Any], **top: Any) -> WorkerConfig:
+        entries = list(queues) or [{"name": self.queue}]
+        data = {
+            "prefix": self.prefix,
+            "tick": 0.25,
+            "max_delay": 60,
+            "publish_failure_pause": 0.2,
+            "defaults": {"max_attempts": 3, "backoff": {"kind": "schedule", "delays": [0.5, 1]}},
+            "queues": entries,
+            **top,
+        }
+        return worker_config(data)
+
+    @property
+    def intake(self) -> str:
+        return intake_name(self.prefix)
+
+    async def declare(
+        self,
+        connection: AbstractRobustConnection,
+        queue: str | None = None,
+        arguments: dict[str, Any] | None = None,
+    ) -> aio_pika.abc.AbstractExchange:
+        """Declare the fanout, the work queue dead-lettering into the intake, and the audit queue."""
+        channel = await connection.channel()
+        fanout = await channel.declare_exchange(
+            self.fanout, aio_pika.ExchangeType.FANOUT, auto_delete=False
+        )
+        work = await channel.declare_queue(
+            queue or self.queue,
+            durable=True,
+            arguments={"x-dead-letter-exchange": self.intake} if arguments is None else arguments,
+        )
+        audit = await channel.declare_queue(self.audit, durable=True)
+        await work.bind(fanout)
+        await audit.bind(fanout)
+        return fanout
+
+    async def cleanup(self, connection: AbstractRobustConnection, worker: WorkerConfig) -> None:
+        channel = await connection.channel()
+        names = [*self.declared, intake_name(self.prefix), intake_dlq_name(self.prefix)]
+        names.append(registry_name(self.prefix))
+        for queue in list(self.declared):
+            names += [f"{queue}.retry", f"{queue}.dlq"]
+        names += [f"{self.prefix}.delay.{ttl}" for ttl in worker.tiers.ttls_ms]
+        for name in names:
+            with contextlib.suppress(Exception):
+                await channel.queue_delete(name)
+        exchanges = [self.fanout, intake_name(self.prefix)]
+        exchanges += [f"{self.prefix}.delay.{ttl}" for ttl in worker.tiers.ttls_ms]
+        for exchange in exchanges:
+            with contextlib.suppress(Exception):
+                await channel.exchange_delete(exchange)
+        with contextlib.suppress(Exception):
+            await channel.close()
+
+
+class Consumer:
+    """A plain consumer: rejects (requeue=false) each message until its n-th arrival, then acks."""
+
+    def __init__(self, succeed_on: Callable[[str], int | None]) -> None:
+        self.succeed_on = succeed_on
+        self.arrivals: dict[str, list[float]] = {}
+        self.acked: Counter[str] = Counter()
+        self.last: dict[str, AbstractIncomingMessage] = {}
+
+    async def __call__(self, message: AbstractIncomingMessage) -> None:
+        key = message.message_id or ""
+        self.arrivals.setdefault(key, []).append(time.monotonic())
+        self.last[key] = message
+        n = self.succeed_on(key)
+        if n is not None and len(self.arrivals[key]) >= n:
+            self.acked[key] += 1
+            await message.ack()
+        else:
+            await message.reject(requeue=False)
+
+
+@pytest.fixture
+def setup() -> Setup:
+    return Setup()
+
+
+@pytest.fixture
+async def consuming(
+    amqp: AbstractRobustConnection,
+) -> AsyncIterator[Callable[[str, Consumer], Any]]:
+    """Start a consumer on a queue, on a channel of its own; stopped afterwards."""
+    channels: list[Any] = []
+
+    async def start(queue: str, consumer: Consumer) -> None:
+        channel = await amqp.channel()
+        await channel.set_qos(prefetch_count=50)
+        channels.append(channel)
+        declared = await channel.get_queue(queue, ensure=False)
+        await declared.consume(consumer)
+
+    yield start
+    for channel in channels:
+        with contextlib.suppress(Exception):
+            await channel.close()
+
+
+async def publish(exchange: aio_pika.abc.AbstractExchange, *ids: str, **extra: Any) -> None:
+    for message_id in ids:
+        await exchange.publish(
+            aio_pika.Message(
+                f'{{"id": "{message_id}"}}'.encode(),
+                message_id=message_id,
+                content_type="application/json",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                **extra,
+            ),
+            routing_key="",
+        )
+
+
+async def test_a_rejected_message_comes_back_to_its_own_queue_only_with_the_planned_gaps(
+    amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str
+) -> None:
+    """Rejected twice, it arrives three times, 0.5 s then 1 s apart; the fanout's other queue
+    gets it once: the worker sends it back by the default exchange, never the fanout."""
+    config = setup.config()
+    fanout = await setup.declare(amqp)
+    consumer = Consumer(lambda _: 3)
+    audit = Consumer(lambda _: 1)
+    try:
+        async with RetryWorker(config, url=rabbit_url):
+            await consuming(setup.queue, consumer)
+            await consuming(setup.audit, audit)
+            await publish(fanout, "m1", "m2")
+            await eventually(lambda: sum(consumer.acked.values()) == 2, 20, "both acked")
+            for key in ("m1", "m2"):
+                times = consumer.arrivals[key]
+                assert len(times) == 3
+                gaps = [b - a for a, b in zip(times, times[1:])]
+                for gap, planned in zip(gaps, (0.5, 1.0)):
+                    assert planned - 0.05 <= gap < planned + LATE_SLACK_MS / 1000, gaps
+                assert h.read_attempt(consumer.last[key].headers) == 2
+            await asyncio.sleep(0.3)  # an extra copy would land within a tick or two
+            assert dict(audit.acked) == {"m1": 1, "m2": 1}
+            assert {k: len(v) for k, v in consumer.arrivals.items()} == {"m1": 3, "m2": 3}
+            assert await queue_depth(amqp, f"{setup.queue}.dlq") == 0
+            assert await queue_depth(amqp, intake_dlq_name(setup.prefix)) == 0
+    finally:
+        await setup.cleanup(amqp, config)
+
+
+async def test_a_message_rejected_every_time_ends_in_its_dlq_with_the_dlq_headers(
+    amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str
+) -> None:
+    """After max_attempts rejections: <queue>.dlq, reason exhausted, and dlq list reads it."""
+    config = setup.config()
+    fanout = await setup.declare(amqp)
+    consumer = Consumer(lambda _: None)
+    try:
+        async with RetryWorker(config, url=rabbit_url):
+            await consuming(setup.queue, consumer)
+            await publish(fanout, "doomed", headers={"tenant": "acme"}, correlation_id="c-1")
+            dlq = f"{setup.queue}.dlq"
+            await eventually_async(lambda: _has(amqp, dlq, 1), 20, "the dead letter")
+            listed = await run_cli("dlq", "list", setup.queue, "--json", url=rabbit_url)
+            assert listed.status == 0, listed.stderr
+            assert [(r["message_id"], r["reason"], r["attempts"]) for r in listed.json()] == [
+                ("doomed", "exhausted", 3)
+            ]
+            dead = await drain(amqp, dlq, 1)
+        assert [m.message_id for m in dead] == ["doomed"]
+        assert len(consumer.arrivals["doomed"]) == 3
+        headers = dict(dead[0].headers or {})
+        assert headers[h.REASON] == "exhausted"
+        assert headers[h.ATTEMPT] == 3
+        assert headers[h.ORIGIN_QUEUE] == setup.queue
+        assert headers[h.EXCEPTION] == "rejected"
+        assert headers[h.ERROR] == f"rejected (requeue=false) by a consumer of {setup.queue}"
+        assert [e["attempt"] for e in headers[h.HISTORY]] == [1, 2, 3]
+        assert headers["tenant"] == "acme"
+        assert not any(k.startswith(("x-death", "x-first-death")) for k in headers), headers
+        assert dead[0].correlation_id == "c-1"
+        assert dead[0].body == b'{"id": "doomed"}'
+    finally:
+        await setup.cleanup(amqp, config)
+
+
+async def _has(connection: AbstractRobustConnection, queue: str, n: int) -> bool:
+    return await queue_depth(connection, queue) >= n
+
+
+async def test_a_quorum_queues_delivery_limit_is_poison_at_once(
+    amqp: AbstractRobustConnection, setup: Setup, rabbit_url: str
+) -> None:
+    """A consumer that crashes on a message every time: dead-lettered as poison, no retry."""
+    config = setup.config()
+    arguments = {
+        "x-queue-type": "quorum",
+        "x-delivery-limit": 1,
+        "x-dead-letter-exchange": setup.intake,
+    }
+    fanout = await setup.declare(amqp, arguments=arguments)
+    deliveries: list[str] = []
+    channel = await amqp.channel()
+    try:
+        async with RetryWorker(config, url=rabbit_url):
+            await publish(fanout, "crasher")
+            queue = await channel.get_queue(setup.queue, ensure=False)
+            dlq = f"{setup.queue}.dlq"
+            while not await _has(amqp, dlq, 1):
+                message = await queue.get(fail=False)
+                if message is not None:  # the crash: handed back, the delivery count goes up
+                    deliveries.append(message.message_id or "")
+                    await message.nack(requeue=True)
+                await asyncio.sleep(0.05)
+                assert len(deliveries) <= 3, "never dead-lettered"
+            dead = await drain(amqp, dlq, 1)
+        assert deliveries == ["crasher", "crasher"]  # x-delivery-limit=1: two deliveries
+        headers = dict(dead[0].headers or {})
+        assert (headers[h.REASON], headers[h.ATTEMPT], headers[h.EXCEPTION]) == (
+            "poison",
+            1,
+            "delivery_limit",
+        )
+        assert await queue_depth(amqp, setup.queue) == 0
+    finally:
+        await channel.close()
+        await setup.cleanup(amqp, config)
+
+
+async def test_a_forged_x_death_never_sends_a_message_to_a_queue_outside_the_allowlist(
+    amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str
+) -> None:
+    """Dead-lettered from a queue the config does not name, or published straight to the
+    intake queue, with an x-death naming an allowed queue: the intake's DLQ, reason invalid.
+    Publishing to the intake exchange itself is refused by the broker (it is internal)."""
+    config = setup.config()
+    fanout = await setup.declare(amqp)
+    consumer = Consumer(lambda _: 1)
+    outsider = unique("outsider")
+    setup.declared.append(outsider)
+    forged = {
+        "x-death": [{"queue": setup.queue, "reason": "rejected", "count": 1}],
+        "x-first-death-queue": setup.queue,
+    }
+    channel = await amqp.channel()
+    try:
+        async with RetryWorker(config, url=rabbit_url):
+            await consuming(setup.queue, consumer)
+            evil = await channel.declare_queue(
+                outsider, durable=True, arguments={"x-dead-letter-exchange": setup.intake}
+            )
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"1", message_id="via-outsider", headers=forged),
+                routing_key=outsider,
+            )
+            taken = await evil.get(timeout=5)
+            await taken.reject(requeue=False)
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"2", message_id="straight-in", headers=forged),
+                routing_key=setup.intake,
+            )
+            refused = await drain(amqp, intake_dlq_name(setup.prefix), 2)
+            side = await amqp.channel()
+            intake = await side.get_exchange(setup.intake, ensure=False)
+            with pytest.raises(ChannelAccessRefused, match="internal exchange"):
+                await intake.publish(aio_pika.Message(b"3", headers=forged), routing_key="")
+            await publish(fanout, "control")  # the queue works: a control message is handled
+            await eventually(lambda: consumer.acked["control"] == 1, 10, "the control message")
+        assert sorted(m.message_id or "" for m in refused) == ["straight-in", "via-outsider"]
+        for message in refused:
+            headers = dict(message.headers or {})
+            assert headers[h.REASON] == "invalid"
+            assert headers[h.ORIGIN_QUEUE] == setup.intake
+        errors = {m.message_id: dict(m.headers or {})[h.ERROR] for m in refused}
+        assert "the default exchange" in errors["straight-in"]
+        assert f"dead-lettered from {outsider!r}" in errors["via-outsider"]
+        assert set(consumer.arrivals) == {"control"}
+        assert await queue_depth(amqp, f"{setup.queue}.dlq") == 0
+    finally:
+        await channel.close()
+        await setup.cleanup(amqp, config)
+
+
+async def test_a_queue_opted_in_by_a_policy_is_retried_without_being_redeclared(
+    amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str
+) -> None:
+    """An existing queue declared with no dead-letter exchange: the policy --print-policy
+    prints gives it one, and the queue keeps its declaration (redeclaring it as before works)."""
+    ctl = script_broker_ctl(rabbit_url)
+    if ctl is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs the script's broker, whose rabbitmqctl sets the policy")
+        pytest.skip("needs the rabbitmqctl of the broker scripts/rabbitmq/start.sh runs")
+    config = setup.config()
+    fanout = await setup.declare(amqp, arguments={})
+    consumer = Consumer(lambda _: 2)
+    command = shlex.split(policy_command(config))
+    assert command[:2] == ["rabbitmqctl", "set_policy"]
+    policy = command[-3]
+    try:
+        async with RetryWorker(config, url=rabbit_url):
+            subprocess.run([str(ctl), *command[1:]], check=True, capture_output=True)
+            await consuming(setup.queue, consumer)
+            await publish(fanout, "p1")
+            await eventually(lambda: consumer.acked["p1"] == 1, 15, "the retried message")
+        assert len(consumer.arrivals["p1"]) == 2
+        channel = await amqp.channel()
+        await channel.declare_queue(setup.queue, durable=True)  # same declaration: no 406
+        await channel.close()
+    finally:
+        subprocess.run([str(ctl), "clear_policy", policy], check=False, capture_output=True)
+        await setup.cleanup(amqp, config)
+
+
+async def test_a_pattern_queue_is_covered_on_its_first_dead_letter_and_again_after_a_restart(
+    amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str
+) -> None:
+    """A queue a pattern names gets its .retry and .dlq when its first dead letter comes; a
+    wait longer than one tier passes .retry, and a worker started later still releases it."""
+    pattern_queue = f"{setup.queue}.eu"
+    setup.declared.append(pattern_queue)
+    config = setup.config(
+        {"pattern": f"{setup.queue}.*", "backoff": {"kind": "fixed", "delay": 1.5}}
+    )
+    await setup.declare(amqp, queue=pattern_queue)
+    consumer = Consumer(lambda _: 2)
+    channel = await amqp.channel()
+    try:
+        async with RetryWorker(config, url=rabbit_url) as worker:
+            assert pattern_queue not in worker.plan.routes
+            await consuming(pattern_queue, consumer)
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"x", message_id="long"), routing_key=pattern_queue
+            )
+            await eventually(lambda: pattern_queue in worker.plan.routes, 10, "the route")
+        # Stopped while the copy waits (1 s tier, then .retry, then 0.5 s): a new worker
+        # finds the queue in the registry and consumes its .retry from the start.
+        async with RetryWorker(config, url=rabbit_url) as again:
+            assert pattern_queue in again.plan.routes
+            await eventually(lambda: consumer.acked["long"] == 1, 15, "the long wait")
+        times = consumer.arrivals["long"]
+        assert len(times) == 2
+        assert times[1] - times[0] >= 1.45
+        assert await queue_depth(amqp, f"{pattern_queue}.retry") == 0
+    finally:
+        await channel.close()
+        await setup.cleanup(amqp, config)
+
+
+async def test_each_step_continues_the_messages_trace(
+    amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str
+) -> None:
+    """The span of a retry and of the dead letter continue the traceparent the message carries."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    config = setup.config(defaults={"max_attempts": 2, "backoff": {"kind": "fixed", "delay": 0.5}})
+    fanout = await setup.declare(amqp)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    parent = f"00-{trace_id}-00f067aa0ba902b7-01"
+    try:
+        async with RetryWorker(config, url=rabbit_url, tracer_provider=provider):
+            await consuming(setup.queue, Consumer(lambda _: None))
+            await publish(fanout, "traced", headers={"traceparent": parent})
+            await eventually(lambda: len(exporter.get_finished_spans()) >= 2, 15, "two spans")
+        retry, dead = exporter.get_finished_spans()[:2]
+        assert (retry.name, dead.name) == (
+            f"{setup.queue} retry scheduled",
+            f"{setup.queue} dead-letter",
+        )
+        assert all(format(s.context.trace_id, "032x") == trace_id for s in (retry, dead))
+        assert retry.parent is not None
+        assert dead.parent is not None
+        assert format(retry.parent.span_id, "016x") == "00f067aa0ba902b7"
+        assert dead.parent.span_id == retry.context.span_id  # the copy carried it on
+    finally:
+        await setup.cleanup(amqp, config)
