@@ -30,6 +30,8 @@ from faststream_retry.policy import (
     retry_policy,
 )
 from faststream_retry.testing import RetryRecorder
+from faststream_retry.worker import RetryWorker
+from faststream_retry.worker_config import WorkerConfig, load_worker_config
 
 __all__ = [
     "BUILTIN_PERMANENT",
@@ -50,11 +52,14 @@ __all__ = [
     "RetryPolicy",
     "RetryRecorder",
     "RetryTopologyError",
+    "RetryWorker",
     "Rule",
     "Schedule",
     "TransientError",
     "Verdict",
+    "WorkerConfig",
     "__version__",
+    "load_worker_config",
     "retry_policy",
 ]
 
