@@ -63,11 +63,19 @@ def test_exception_header_values() -> None:
 
 def test_reason_and_rule_values() -> None:
     """``retry-reason`` values and the ``faststream_retry.rule`` label, as words."""
-    assert [str(r) for r in faststream_retry.Reason] == ["permanent", "exhausted", "invalid"]
+    assert [str(r) for r in faststream_retry.Reason] == [
+        "permanent",
+        "exhausted",
+        "invalid",
+        "poison",
+        "expired",
+        "maxlen",
+    ]
     assert [f"{r}" for r in faststream_retry.Rule] == [
         "explicit",
         "handler",
         "default",
         "builtin",
         "fallback",
+        "dead_lettering",
     ]
