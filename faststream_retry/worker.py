@@ -25,6 +25,7 @@ from faststream_retry.amqp.declare import check_broker
 from faststream_retry.amqp.intake import IntakeConsumer, check_intake, declare_intake
 from faststream_retry.amqp.registry import survey
 from faststream_retry.errors import RetryConfigError
+from faststream_retry.ops.common import connect_failure
 from faststream_retry.ops.registry import registered_queues
 from faststream_retry.plugin import Live
 from faststream_retry.reporting import Reporter
@@ -97,10 +98,16 @@ class RetryWorker:
         """Connect, check and declare the topology, and start consuming.
 
         Raises:
+            ConnectionError: the broker cannot be reached or refused the login.
             RetryTopologyError: a queue or exchange exists with other arguments, or the
                 user may not declare it (each named, with the fix).
         """
-        connection = self.connection = await aio_pika.connect_robust(self.url)
+        try:
+            connection = self.connection = await aio_pika.connect_robust(
+                self.url, timeout=RPC_TIMEOUT_S
+            )
+        except Exception as exc:  # refused, unreachable, a wrong vhost: one line says which
+            raise ConnectionError(connect_failure(self.url or "", exc)) from exc
         try:
             topology = await self._first_plan(connection)
             await check_broker(connection, topology)

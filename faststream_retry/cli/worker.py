@@ -79,8 +79,8 @@ def worker_command(
         asyncio.run(worker.run())
     except RetryConfigError as exc:  # RetryTopologyError included: its text names the fix
         fail(str(exc))
-    except (OSError, ConnectionError) as exc:
-        fail(f"cannot reach the broker: {exc}")
+    except ConnectionError as exc:
+        fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

@@ -27,6 +27,7 @@ __all__ = [
     "OperationError",
     "QueueDepth",
     "connect",
+    "connect_failure",
     "depth",
     "dlq_of",
     "exclusive",
@@ -59,11 +60,16 @@ async def connect(
     try:
         connection = await aio_pika.connect(url, timeout=timeout)
     except Exception as exc:  # any failure to connect is the same answer to an operator
-        raise OperationError(f"cannot connect to {_safe(url)}: {_why(exc)}") from exc
+        raise OperationError(connect_failure(url, exc)) from exc
     try:
         yield connection
     finally:
         await connection.close()
+
+
+def connect_failure(url: str, exc: BaseException) -> str:
+    """Say, in one line without the password, why connecting to ``url`` failed."""
+    return f"cannot connect to {_safe(url)}: {_why(exc)}"
 
 
 def _why(exc: BaseException) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.cli import ROOT
 
@@ -28,5 +29,50 @@ def test_python_dash_m_runs_the_command() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    for command in ("status", "explain", "doctor", "dlq", "migrate"):
+    for command in ("status", "explain", "doctor", "dlq", "migrate", "worker"):
         assert command in done.stdout
+
+
+def _worker(*args: str, config: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "300", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "faststream_retry", "worker", "--config", config, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+
+
+def test_the_worker_names_a_config_mistake_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "retry.toml"
+    path.write_text('[[queues]]\nname = "orders"\nmax_attempts = "three"\n')
+    done = _worker(config=str(path))
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert f"{path}: queues[0].max_attempts must be an int >= 1, got 'three'" in done.stderr
+
+
+def test_the_worker_cannot_start_without_a_broker_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "retry.toml"
+    path.write_text('[[queues]]\nname = "orders"\n')
+    done = _worker(config=str(path))
+    assert done.returncode == 2
+    assert "no broker to connect to: give --url" in done.stderr
+    refused = _worker("--url", "amqp://guest:secret@127.0.0.1:1/", config=str(path))
+    assert refused.returncode == 2
+    assert "cannot connect to amqp://guest:***@127.0.0.1:1/" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_print_policy_prints_the_command_for_the_configured_queues(tmp_path: Path) -> None:
+    path = tmp_path / "retry.toml"
+    path.write_text('prefix = "svc"\n[[queues]]\nname = "orders"\n[[queues]]\npattern = "b.*"\n')
+    done = _worker("--print-policy", "--url", "amqp://u:p@h:5672/shop", config=str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "rabbitmqctl set_policy -p 'shop' --apply-to queues 'svc.intake' "
+        "'^(orders|b\\..*)$' '{\"dead-letter-exchange\":\"svc.intake\"}'"
+    )
+    assert "one policy" in done.stderr
