@@ -522,3 +522,55 @@ async def _consumers(connection: AbstractRobustConnection, queue: str, n: int) -
 
 async def _empty(connection: AbstractRobustConnection, queue: str) -> bool:
     return await queue_depth(connection, queue) == 0
+
+
+async def test_the_worker_comes_back_after_the_broker_drops_its_connections(
+    amqp: AbstractRobustConnection, setup: Setup, rabbit_url: str
+) -> None:
+    """Connections closed while copies wait between tiers: the re-check consumers come back
+    and send them home, and the intake is consumed again (later rejections are retried)."""
+    ctl = script_broker_ctl(rabbit_url)
+    if ctl is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs the script's broker, whose rabbitmqctl closes connections")
+        pytest.skip("needs the rabbitmqctl of the broker scripts/rabbitmq/start.sh runs")
+    # 1.5 s is the 1 s tier, .retry, then the 0.5 s tier: the re-check consumer's job.
+    config = setup.config(defaults={"max_attempts": 3, "backoff": {"kind": "fixed", "delay": 1.5}})
+    fanout = await setup.declare(amqp)
+    consumer = Consumer(lambda _: 2)
+    before = [f"b{i}" for i in range(20)]
+    after = [f"a{i}" for i in range(5)]
+    fresh: AbstractRobustConnection | None = None
+    try:
+        async with RetryWorker(config, url=rabbit_url):
+            first = await amqp.channel()
+            work = await first.get_queue(setup.queue, ensure=False)
+            await work.consume(consumer)
+            await publish(fanout, *before)
+            await eventually(lambda: len(consumer.arrivals) == 20, 10, "the first rejections")
+            await first.close()  # the test's own consumer is not what is under test
+            closed = await asyncio.to_thread(
+                subprocess.run,
+                [str(ctl), "close_all_connections", "test: drop everyone"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert closed.returncode == 0, closed.stderr
+            # The test's connection was dropped too: a new one, rather than wait for it.
+            fresh = await aio_pika.connect_robust(rabbit_url)
+            second = await fresh.channel()
+            work = await second.get_queue(setup.queue, ensure=False)
+            await work.consume(consumer)
+            await eventually(lambda: set(consumer.acked) == set(before), 40, "the waiting ones")
+            await publish(fanout, *after)
+            await eventually(
+                lambda: set(consumer.acked) == {*before, *after}, 40, "retries after it"
+            )
+        assert await queue_depth(fresh, f"{setup.queue}.dlq") == 0
+        assert await queue_depth(fresh, f"{setup.queue}.retry") == 0
+        assert await queue_depth(fresh, setup.intake) == 0
+    finally:
+        if fresh is not None:
+            await setup.cleanup(fresh, config)
+            await fresh.close()
