@@ -286,7 +286,6 @@ async def test_a_node_consumer_s_rejections_come_back_to_its_queue_only(
             timeout=60,
             what=f"{MAX_ATTEMPTS} arrivals of {bad} and 3 of {ok}",
         )
-        dead = await drain(amqp, names.dlq, expect=1, timeout=30)
 
         # Whatever was routed to the queues before this marker arrives before it.
         marker = unique("marker")
@@ -298,6 +297,7 @@ async def test_a_node_consumer_s_rejections_come_back_to_its_queue_only(
             what="the marker in both queues",
         )
         await channel.close()
+        dead = await drain(amqp, names.dlq, expect=1, timeout=30)
 
         for message_id, count in ((ok, 3), (bad, MAX_ATTEMPTS)):
             seen = arrivals(names.queue, message_id)
@@ -316,6 +316,7 @@ async def test_a_node_consumer_s_rejections_come_back_to_its_queue_only(
         )
 
         assert [m.message_id for m in dead] == [bad]
+        assert sorted([*acked, bad]) == sorted([*sent, marker])  # each once, by the Counters
         letter = headers_of(dead[0])
         assert letter["retry-reason"] == "exhausted"
         assert letter["retry-attempt"] == MAX_ATTEMPTS
