@@ -77,12 +77,20 @@ class OnDeath(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class QueueRules:
-    """How the worker treats one work queue's dead letters."""
+    """How the worker treats one work queue's dead letters.
+
+    ``direct_release``: a retry's last tier dead-letters the copy straight into the
+    queue (one hop less). Only for a queue that never refuses a publish (no
+    ``x-overflow: reject-publish`` by argument or policy) and is never deleted while
+    copies wait: a refused copy stays in the tier for minutes and holds up the other
+    copies in it. Otherwise the re-check step releases it, with a confirm.
+    """
 
     max_attempts: int
     backoff: Backoff
     expired: OnDeath = OnDeath.DEAD
     maxlen: OnDeath = OnDeath.DEAD
+    direct_release: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,11 +71,17 @@ class Handler:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A work queue, its handlers, and the arguments its owner declared it with."""
+    """A work queue, its handlers, and the arguments its owner declared it with.
+
+    ``known`` says whether those arguments are what the queue really has. The retry
+    worker serves queues whose declarations it cannot see (another team's, a policy's);
+    their copies take the re-check step home, whose release the queue confirms.
+    """
 
     queue: str
     handlers: tuple[Handler, ...]
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    known: bool = True
     retry_queue: str = field(init=False)
     dlq: str = field(init=False)
 
@@ -92,10 +98,11 @@ class Route:
         ``reject-publish``): a quorum tier would keep the refused copies and retry them
         only every few minutes, and its dead-letter worker, stuck on them, would hold
         up every other queue's copies in that shared tier. Its copies take the
-        re-check step instead, whose release waits in a tier again when refused.
+        re-check step instead, whose release waits in a tier again when refused. Nor
+        for a queue whose arguments are not ``known``: it may be such a queue.
         """
         overflow = self.arguments.get("x-overflow")
-        return overflow not in ("reject-publish", "reject-publish-dlx")
+        return self.known and overflow not in ("reject-publish", "reject-publish-dlx")
 
     def policies(self, default: RetryPolicy) -> list[RetryPolicy]:
         """Return the effective policy of each handler."""
@@ -186,7 +193,12 @@ def merge_routes(routes: Iterable[Route]) -> dict[str, Route]:
         merged[route.queue] = (
             route
             if known is None
-            else Route(route.queue, known.handlers + route.handlers, known.arguments)
+            else Route(
+                route.queue,
+                known.handlers + route.handlers,
+                known.arguments,
+                known.known and route.known,
+            )
         )
     return merged
 

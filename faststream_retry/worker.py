@@ -207,7 +207,7 @@ class RetryWorker:
         if any(e.pattern is not None for e in self.config.queues):
             registry = await registered_queues(connection, self.config.prefix)
             queues |= {q for q in registry.queues if self.config.rules(q) is not None}
-        routes = {q: Route(q, (Handler(None),)) for q in sorted(queues)}
+        routes = {q: self._route(q) for q in sorted(queues)}
         return Plan(options, tiers, routes, queue_specs(tiers, routes.values(), options))
 
     async def _cover(self, queue: str) -> Route:
@@ -219,9 +219,14 @@ class RetryWorker:
         if known is not None:
             return known
         async with self._covering:
-            route = await live.cover(Route(queue, (Handler(None),)))
+            route = await live.cover(self._route(queue))
             await live.consume(route)
             return route
+
+    def _route(self, queue: str) -> Route:
+        """Return the route of an allowlisted queue, whose arguments the worker cannot see."""
+        rules = self.config.rules(queue)
+        return Route(queue, (Handler(None),), known=rules is not None and rules.direct_release)
 
     async def _on_open(self, publish: AbstractChannel, consume: AbstractChannel) -> None:
         # Every (re)open: the intake may have been deleted meanwhile.

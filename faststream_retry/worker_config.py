@@ -12,6 +12,7 @@ Every error names the key (``queues[1].backoff.initial``) and what it accepts. T
     backoff = { kind = "exponential", initial = "1s", factor = 2, max = "5m", jitter = 0.1 }
     expired = "dead"                # a message that expired in its queue: "dead" or "retry"
     maxlen = "dead"                 # one its queue dropped at its length limit
+    direct_release = false          # true: the last tier delivers straight to the queue
 
     [[queues]]
     name = "orders"                 # an exact name ...
@@ -66,7 +67,7 @@ _TOP_KEYS = (
     "defaults",
     "queues",
 )
-_RULE_KEYS = ("max_attempts", "backoff", "expired", "maxlen")
+_RULE_KEYS = ("max_attempts", "backoff", "expired", "maxlen", "direct_release")
 _BACKOFF_KEYS = {
     "fixed": ("kind", "delay"),
     "exponential": ("kind", "initial", "factor", "max", "jitter"),
@@ -334,7 +335,12 @@ def _rules(table: Mapping[str, Any], base: QueueRules, where: str, fail: Any) ->
         if value not in ("dead", "retry"):
             raise fail(f"{where}{key}", f'is "dead" or "retry", got {value!r}')
         on[key] = OnDeath(value)
-    return QueueRules(max_attempts, backoff, expired=on["expired"], maxlen=on["maxlen"])
+    direct = table.get("direct_release", base.direct_release)
+    if not isinstance(direct, bool):
+        raise fail(f"{where}direct_release", f"is true or false, got {direct!r}")
+    return QueueRules(
+        max_attempts, backoff, expired=on["expired"], maxlen=on["maxlen"], direct_release=direct
+    )
 
 
 def _backoff(value: object, key: str, fail: Any) -> Backoff:  # noqa: ANN401

@@ -422,17 +422,18 @@ async def test_each_step_continues_the_messages_trace(
         async with RetryWorker(config, url=rabbit_url, tracer_provider=provider):
             await consuming(setup.queue, Consumer(lambda _: None))
             await publish(fanout, "traced", headers={"traceparent": parent})
-            await eventually(lambda: len(exporter.get_finished_spans()) >= 2, 15, "two spans")
-        retry, dead = exporter.get_finished_spans()[:2]
-        assert (retry.name, dead.name) == (
+            await eventually(lambda: len(exporter.get_finished_spans()) >= 3, 15, "three spans")
+        spans = exporter.get_finished_spans()
+        assert [s.name for s in spans] == [
             f"{setup.queue} retry scheduled",
+            f"{setup.queue} retry release",  # the re-check step releases it
             f"{setup.queue} dead-letter",
-        )
-        assert all(format(s.context.trace_id, "032x") == trace_id for s in (retry, dead))
-        assert retry.parent is not None
-        assert dead.parent is not None
-        assert format(retry.parent.span_id, "016x") == "00f067aa0ba902b7"
-        assert dead.parent.span_id == retry.context.span_id  # the copy carried it on
+        ]
+        assert all(format(s.context.trace_id, "032x") == trace_id for s in spans)
+        parents = [s.parent.span_id if s.parent else None for s in spans]
+        assert format(parents[0] or 0, "016x") == "00f067aa0ba902b7"
+        # Each copy carries its step's context on: one chain from the producer's span.
+        assert parents[1:] == [spans[0].context.span_id, spans[1].context.span_id]
     finally:
         await setup.cleanup(amqp, config)
 
@@ -574,3 +575,49 @@ async def test_the_worker_comes_back_after_the_broker_drops_its_connections(
         if fresh is not None:
             await setup.cleanup(fresh, config)
             await fresh.close()
+
+
+async def test_a_retry_due_while_its_queue_is_full_comes_back_once_there_is_room(
+    amqp: AbstractRobustConnection, setup: Setup, rabbit_url: str
+) -> None:
+    """A queue that refuses publishes when full (x-overflow: reject-publish), which the worker
+    cannot see: the release is refused, waits in a tier again, and arrives soon after there is
+    room. With direct_release = true (a last tier delivering straight in) it failed: RabbitMQ
+    held the refused copy in the tier for minutes."""
+    config = setup.config(defaults={"max_attempts": 3, "backoff": {"kind": "fixed", "delay": 0.5}})
+    await setup.declare(
+        amqp,
+        arguments={
+            "x-dead-letter-exchange": setup.intake,
+            "x-max-length": 1,
+            "x-overflow": "reject-publish",
+        },
+    )
+    channel = await amqp.channel()
+    try:
+        async with RetryWorker(config, url=rabbit_url):
+            queue = await channel.get_queue(setup.queue, ensure=False)
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"a", message_id="A"), routing_key=setup.queue
+            )
+            first = await queue.get(timeout=5)
+            await first.reject(requeue=False)
+            await channel.default_exchange.publish(  # the queue is full when A is due
+                aio_pika.Message(b"b", message_id="B"), routing_key=setup.queue
+            )
+            await asyncio.sleep(1.5)  # A is due at 0.5 s: let its release be refused
+            blocker = await queue.get(timeout=5)
+            assert blocker.message_id == "B"
+            await blocker.ack()
+            room = time.monotonic()
+            back = None
+            while back is None and time.monotonic() < room + 10:
+                back = await queue.get(fail=False)
+                await asyncio.sleep(0.05)
+            assert back is not None, "A did not come back within 10 s of there being room"
+            assert back.message_id == "A"
+            assert h.read_attempt(back.headers) == 1
+            await back.ack()
+    finally:
+        await channel.close()
+        await setup.cleanup(amqp, config)

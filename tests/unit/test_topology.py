@@ -11,6 +11,7 @@ from faststream_retry.topology import (
     QueueType,
     Route,
     TopologyOptions,
+    merge_routes,
     plan,
     registry_name,
 )
@@ -148,6 +149,16 @@ class TestHomeFromTier:
     ) -> None:
         """A last tier delivers straight home unless the queue refuses publishes when full."""
         assert Route("q", (), arguments).home_from_tier is home
+
+    def test_a_queue_whose_arguments_are_not_known_takes_the_re_check_step(self) -> None:
+        """The retry worker cannot see another team's declaration: its queues are released."""
+        assert Route("q", (), {}, known=False).home_from_tier is False
+
+    def test_merged_routes_are_known_only_if_each_is(self) -> None:
+        merged = merge_routes([Route("q", (), {}), Route("q", (), {}, known=False)])
+        assert merged["q"].known is False
+        assert merge_routes([Route("q", ()), Route("q", ())])["q"].known is True
+        assert merge_routes([Route("q", (), known=False), Route("q", ())])["q"].known is False
 
 
 class TestTick:

@@ -41,6 +41,7 @@ pattern = "billing.*"
 max_attempts = 2
 backoff = { kind = "schedule", delays = ["1s", 5] }
 maxlen = "retry"
+direct_release = true
 """
 
 
@@ -77,6 +78,7 @@ def test_a_full_file_reads_as_written(tmp_path: Path) -> None:
     assert billing.max_attempts == 2
     assert billing.backoff == Schedule([1, 5])
     assert (billing.expired, billing.maxlen) == (OnDeath.RETRY, OnDeath.RETRY)
+    assert (orders.direct_release, billing.direct_release) == (False, True)
     assert cfg.names == ("orders",)
     assert cfg.tiers.tick_ms == 500
 
@@ -90,6 +92,7 @@ def test_the_smallest_config_takes_the_middlewares_defaults() -> None:
         timedelta(seconds=1), factor=2, maximum=timedelta(minutes=5)
     )
     assert (rules.expired, rules.maxlen) == (OnDeath.DEAD, OnDeath.DEAD)
+    assert rules.direct_release is False
     assert (cfg.prefix, cfg.url) == ("retry", None)
     assert cfg.retry.topology.queue_type == "quorum"
     assert cfg.retry.topology.max_delay_ms == 86_400_000
@@ -165,6 +168,10 @@ class TestErrorsNameTheKey:
             (config(defaults={"max_attempts": 0}), "defaults.max_attempts must be an int >= 1"),
             (config(defaults={"retries": 3}), "defaults.retries is not a setting"),
             (config(defaults={"expired": "drop"}), 'defaults.expired is "dead" or "retry"'),
+            (
+                config(defaults={"direct_release": "yes"}),
+                "defaults.direct_release is true or false, got 'yes'",
+            ),
             ({"queues": ["orders"]}, "queues[0] must be a table with name or pattern"),
             ({"queues": [{"max_attempts": 3}]}, "queues[0] needs exactly one of name or pattern"),
             (
