@@ -22,7 +22,7 @@ from faststream_retry.intake import (
     intake_step,
     newest_death,
 )
-from faststream_retry.policy import Fixed, Schedule
+from faststream_retry.policy import Exponential, Fixed, Schedule
 from faststream_retry.tiers import Tiers
 from tests.strategies import hostile_headers
 
@@ -62,6 +62,12 @@ def step(headers: Any, exchange: str = INTAKE) -> Retry | DeadLetter | Refuse:
     )
 
 
+def failure(result: Retry | DeadLetter) -> tuple[int, int, str, str, int]:
+    """The failure record a decision carries: attempt, time, exception, error, delay."""
+    f = result.failure
+    return (f.attempt, f.at_ms, f.exception, f.error, f.delay_ms)
+
+
 def test_names_derive_from_the_prefix() -> None:
     assert intake_name("p") == "p.intake"
     assert intake_dlq_name("p") == "p.intake.dlq"
@@ -88,19 +94,34 @@ class TestOrigin:
         for headers in cases:
             assert newest_death(headers) is None, headers
 
+    def test_bytes_that_are_not_utf8_are_replaced_not_fatal(self) -> None:
+        headers = {"x-death": [{"queue": b"q\xff", "reason": b"rejected\xfe"}]}
+        assert newest_death(headers) == Death("q\ufffd", "rejected\ufffd")
+
     def test_x_first_death_queue_is_never_read(self) -> None:
         """RabbitMQ keeps an x-first-death-queue a publisher set: it cannot name the origin."""
         result = step({"x-first-death-queue": "orders", "x-first-death-reason": "rejected"})
-        assert isinstance(result, Refuse)
-        assert "no readable x-death" in result.problem
+        assert result == Refuse("no readable x-death: RabbitMQ did not dead-letter it")
 
     def test_a_delivery_not_through_the_intake_exchange_is_refused(self) -> None:
         """A publish straight to the intake queue by the default exchange is not a dead letter."""
         result = step(died(), exchange="")
+        assert result == Refuse(
+            "published to the intake queue through 'the default exchange', "
+            "not dead-lettered through 'retry.intake'",
+            "orders",
+        )
+        assert step(died(), exchange="other") == Refuse(
+            "published to the intake queue through 'other', not dead-lettered through "
+            "'retry.intake'",
+            "orders",
+        )
+
+    def test_a_direct_publish_without_x_death_is_refused_without_a_queue(self) -> None:
+        result = step({}, exchange="")
         assert isinstance(result, Refuse)
-        assert result.queue == "orders"
-        assert "the default exchange" in result.problem
-        assert isinstance(step(died(), exchange="other"), Refuse)
+        assert result.queue is None
+        assert result.problem.startswith("published to the intake queue through")
 
     def test_a_queue_outside_the_allowlist_is_refused(self) -> None:
         result = step(died(queue="billing"))
@@ -128,13 +149,17 @@ class TestRetry:
             3,
             1000,
         )
-        assert first.failure.exception == "rejected"
-        assert first.failure.error == "rejected (requeue=false) by a consumer of orders"
-        assert first.failure.delay_ms == 1000
-        assert first.failure.at_ms == 10_000
+        assert failure(first) == (
+            1,
+            10_000,
+            "rejected",
+            "rejected (requeue=false) by a consumer of orders",
+            1000,
+        )
         second = step(died(extra={h.ATTEMPT: 1}))
         assert isinstance(second, Retry)
         assert (second.attempt, second.delay_ms) == (2, 3000)
+        assert failure(second)[0] == 2
 
     def test_the_attempt_is_the_plugins_header_never_the_x_death_count(self) -> None:
         headers = died(extra={h.ATTEMPT: 1})
@@ -159,25 +184,69 @@ class TestRetry:
         assert isinstance(result, Retry)
         assert result.delay_ms == 1000
 
+    def test_jitter_draws_from_rand(self) -> None:
+        def jittered(queue: str) -> QueueRules | None:
+            return QueueRules(3, Exponential(1, jitter=0.5)) if queue == "orders" else None
+
+        def delay(draw: float) -> int:
+            result = intake_step(
+                exchange=INTAKE,
+                intake_exchange=INTAKE,
+                headers=died(),
+                rules=jittered,
+                tiers=TIERS,
+                now_ms=0,
+                rand=lambda: draw,
+            )
+            assert isinstance(result, Retry)
+            return result.delay_ms
+
+        assert (delay(0.0), delay(1.0)) == (500, 1500)  # 1 s, jittered by half either way
+
     def test_an_unknown_reason_is_retried_and_named(self) -> None:
         result = step(died(reason="something_new"))
         assert isinstance(result, Retry)
-        assert "reason something_new" in result.failure.error
+        assert failure(result)[2:4] == (
+            "something_new",
+            "dead-lettered from orders (reason something_new)",
+        )
 
 
 class TestDeadLetter:
     def test_the_last_attempt_is_exhausted(self) -> None:
         result = step(died(extra={h.ATTEMPT: 2}))
         assert isinstance(result, DeadLetter)
-        assert (result.queue, result.attempt, result.reason) == ("orders", 3, Reason.EXHAUSTED)
-        assert result.failure.exception == "rejected"
+        assert (result.queue, result.attempt, result.max_attempts, result.reason) == (
+            "orders",
+            3,
+            3,
+            Reason.EXHAUSTED,
+        )
+        assert failure(result) == (
+            3,
+            10_000,
+            "rejected",
+            "rejected (requeue=false) by a consumer of orders",
+            0,  # no delay: it is not retried
+        )
 
     def test_a_delivery_limit_is_poison_at_once(self) -> None:
         """A consumer crash loop: a delay will not end it, so no retry is spent."""
         result = step(died(reason="delivery_limit"))
         assert isinstance(result, DeadLetter)
-        assert (result.attempt, result.reason) == (1, Reason.POISON)
-        assert "delivery limit of orders" in result.failure.error
+        assert (result.queue, result.attempt, result.max_attempts, result.reason) == (
+            "orders",
+            1,
+            3,
+            Reason.POISON,
+        )
+        assert failure(result) == (
+            1,
+            10_000,
+            "delivery_limit",
+            "reached the delivery limit of orders: its consumer crashed or requeued it every time",
+            0,
+        )
 
     def test_expired_and_maxlen_are_dead_letters_by_default(self) -> None:
         expired = step(died(reason="expired"))
@@ -198,11 +267,15 @@ class TestDeadLetter:
             assert exhausted.reason is Reason.EXHAUSTED
 
     def test_the_permanent_header_dead_letters_at_once_with_its_text(self) -> None:
-        result = step(died(extra={PERMANENT: "customer 42 does not exist"}))
+        result = step(died(extra={PERMANENT: "customer 42 does not exist", h.ATTEMPT: 1}))
         assert isinstance(result, DeadLetter)
-        assert result.reason is Reason.PERMANENT
-        assert result.failure.exception == PERMANENT
-        assert result.failure.error == "customer 42 does not exist"
+        assert (result.queue, result.attempt, result.max_attempts, result.reason) == (
+            "orders",
+            2,
+            3,
+            Reason.PERMANENT,
+        )
+        assert failure(result) == (2, 10_000, PERMANENT, "customer 42 does not exist", 0)
         assert isinstance(step(died(extra={PERMANENT: ""})), Retry)  # empty: not marked
 
     @given(st.integers(min_value=0, max_value=2**31))

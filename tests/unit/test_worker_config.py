@@ -10,7 +10,7 @@ import pytest
 
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.intake import OnDeath
-from faststream_retry.policy import Exponential, Schedule
+from faststream_retry.policy import Exponential, Fixed, RetryPolicy, Schedule
 from faststream_retry.worker_config import (
     load_worker_config,
     parse_duration,
@@ -81,6 +81,8 @@ def test_a_full_file_reads_as_written(tmp_path: Path) -> None:
     assert (orders.direct_release, billing.direct_release) == (False, True)
     assert cfg.names == ("orders",)
     assert cfg.tiers.tick_ms == 500
+    # The [defaults] table is the shared RetryConfig's default policy too.
+    assert cfg.retry.default == RetryPolicy(max_attempts=4, backoff=orders.backoff)
 
 
 def test_the_smallest_config_takes_the_middlewares_defaults() -> None:
@@ -96,6 +98,61 @@ def test_the_smallest_config_takes_the_middlewares_defaults() -> None:
     assert (cfg.prefix, cfg.url) == ("retry", None)
     assert cfg.retry.topology.queue_type == "quorum"
     assert cfg.retry.topology.max_delay_ms == 86_400_000
+    assert cfg.retry.topology.tick_ms is None  # the GCD of the backoffs' delays
+    assert cfg.retry.topology.delivery_limit == 20
+    assert cfg.retry.prefetch == 200
+    assert (cfg.retry.pause_s, cfg.retry.publish_timeout_s) == (1.0, 30.0)
+    assert cfg.retry.default == RetryPolicy()
+    assert cfg.source == "<config>"
+    assert str(refused_unnamed(config(prefix=""))).startswith("<config>: prefix ")
+
+
+def refused_unnamed(data: dict[str, Any]) -> RetryConfigError:
+    with pytest.raises(RetryConfigError) as info:
+        worker_config(data)
+    return info.value
+
+
+def test_the_worker_options_read_as_written() -> None:
+    cfg = worker_config(
+        config(
+            url="amqps://broker:5671/",
+            tick="1s",
+            delivery_limit=7,
+            publish_failure_pause="1000s",
+            publish_timeout="2000s",
+        )
+    )
+    assert cfg.url == "amqps://broker:5671/"
+    assert cfg.retry.topology.tick_ms == 1000
+    assert cfg.retry.topology.delivery_limit == 7
+    assert (cfg.retry.pause_s, cfg.retry.publish_timeout_s) == (1000.0, 2000.0)
+
+
+def test_each_backoff_kind_reads_as_written() -> None:
+    cfg = worker_config(
+        {
+            "queues": [
+                {"name": "f", "backoff": {"kind": "fixed", "delay": "1000s"}},
+                {"name": "e", "backoff": {"kind": "exponential", "initial": "1000s"}},
+                {"name": "m", "backoff": {"kind": "exponential", "initial": 1, "max": "1000s"}},
+                {"name": "s", "backoff": {"kind": "schedule", "delays": ["1000s", 2000]}},
+            ]
+        }
+    )
+    backoffs = [cfg.rules(q).backoff for q in "fems"]  # type: ignore[union-attr]
+    assert backoffs == [
+        Fixed(1000),
+        Exponential(1000, factor=2, maximum=None, jitter=0),  # factor and jitter by default
+        Exponential(1, factor=2, maximum=1000, jitter=0),
+        Schedule([1000, 2000]),
+    ]
+
+
+def test_a_named_entry_matches_its_name_only() -> None:
+    entry = worker_config(config()).queues[0]
+    assert entry.matches("orders")
+    assert not entry.matches("orders2")
 
 
 class TestAllowlist:
@@ -147,7 +204,91 @@ class TestAllowlist:
         assert "'it'\\''s'" in policy_command(cfg, name="it's")
 
 
+class TestLimits:
+    def test_one_attempt_and_a_255_byte_name_are_allowed(self) -> None:
+        cfg = worker_config({"queues": [{"name": "a" * 255, "max_attempts": 1}]})
+        assert cfg.rules("a" * 255).max_attempts == 1  # type: ignore[union-attr]
+        assert worker_config({"queues": [{"pattern": "b" * 254 + "*"}]}).rules("b" * 300)
+
+    def test_brackets_are_refused_one_at_a_time(self) -> None:
+        for pattern in ("q[1", "q]1"):
+            assert refused({"queues": [{"pattern": pattern}]}) == (
+                f"retry.toml: queues[0].pattern may use * and ? only, got {pattern!r}"
+            )
+
+
+def _backoff(**backoff: Any) -> dict[str, Any]:
+    return {"queues": [{"name": "a", "backoff": backoff}]}
+
+
+_TAKES = 'takes seconds (a number) or a string such as "250ms", "5s", "10m", "2h", "1d"'
+
+
 class TestErrorsNameTheKey:
+    @pytest.mark.parametrize(
+        ("data", "expected"),
+        [
+            (config(prefix=5), "prefix must be a string, got 5"),
+            (config(queue_type=5), "queue_type must be a string, got 5"),
+            (config(delivery_limit="x"), "delivery_limit must be an int, got 'x'"),
+            (config(tick="soon"), f"tick {_TAKES}, got 'soon'"),
+            (config(publish_failure_pause="x"), f"publish_failure_pause {_TAKES}, got 'x'"),
+            (config(publish_timeout="x"), f"publish_timeout {_TAKES}, got 'x'"),
+            (
+                {"queues": [{"name": "a", "colour": "red"}]},
+                (
+                    "queues[0].colour is not a setting; the settings here are name, pattern, "
+                    "max_attempts, backoff, expired, maxlen"
+                ),
+            ),
+            (
+                {"queues": [{"pattern": ""}]},
+                "queues[0].pattern must be a queue name of 1 to 255 bytes, got ''",
+            ),
+            (
+                {"queues": [{"name": "orders.retry"}]},
+                (
+                    "queues[0].name names the retry machinery's own queue 'orders.retry'; "
+                    "name the work queue"
+                ),
+            ),
+            (
+                {"queues": [{"name": "a", "max_attempts": True}]},
+                "queues[0].max_attempts must be an int >= 1, got True",
+            ),
+            (
+                _backoff(kind="exponential", initial="soon"),
+                f"queues[0].backoff.initial {_TAKES}, got 'soon'",
+            ),
+            (
+                _backoff(kind="exponential", initial=1, max="soon"),
+                f"queues[0].backoff.max {_TAKES}, got 'soon'",
+            ),
+            (_backoff(kind="fixed"), "queues[0].backoff.delay is missing"),
+            (
+                _backoff(kind="fixed", delay=0),
+                "queues[0].backoff Fixed(delay=...) must be positive",
+            ),
+            (
+                _backoff(kind="schedule", delays=[1, 0]),
+                "queues[0].backoff Schedule(delays=...) delays must be positive",
+            ),
+            (
+                # the tick is the GCD of the delays (2 s), longer than max_delay
+                {
+                    "max_delay": "1s",
+                    "queues": [{"name": "a", "backoff": {"kind": "fixed", "delay": 2}}],
+                },
+                "max_delay (1000 ms) must be at least one tick (2000 ms)",
+            ),
+        ],
+    )
+    def test_the_whole_message_is_the_source_the_key_and_the_problem(
+        self, data: dict[str, Any], expected: str
+    ) -> None:
+        """The file is named once, then the key: no prefix is repeated and no key is lost."""
+        assert refused(data) == f"retry.toml: {expected}"
+
     @pytest.mark.parametrize(
         ("data", "expected"),
         [
@@ -231,8 +372,10 @@ class TestErrorsNameTheKey:
         assert expected in refused(data)
 
     def test_a_missing_or_broken_file_is_named(self, tmp_path: Path) -> None:
-        with pytest.raises(RetryConfigError, match=r"nothing\.toml: cannot read the config"):
-            load_worker_config(tmp_path / "nothing.toml")
+        missing = tmp_path / "nothing.toml"
+        with pytest.raises(RetryConfigError) as info:
+            load_worker_config(missing)
+        assert str(info.value) == f"{missing}: cannot read the config: No such file or directory"
         broken = tmp_path / "broken.toml"
         broken.write_text("queues = [")
         with pytest.raises(RetryConfigError, match=r"broken\.toml: not valid TOML"):
@@ -250,3 +393,22 @@ def test_durations_take_seconds_or_a_unit() -> None:
     for bad in (-1, float("inf"), float("nan"), True, "1", "1w", "-1s", None, [1]):
         with pytest.raises(RetryConfigError, match=r"^k "):
             parse_duration(bad, "k")
+
+
+def test_durations_round_up_to_the_ms_but_not_float_noise() -> None:
+    assert parse_duration(0, "k") == 0
+    assert parse_duration(0.0004, "k") == 1  # never shortened to 0
+    assert parse_duration(0.1 * 3, "k") == 300  # 300.00000000000006 ms is 300 ms
+    assert parse_duration(0.0010000001, "k") == 1  # below a nanosecond: float noise
+    assert parse_duration(0.000001001, "k") == 1
+
+
+def test_the_file_is_read_as_utf8_whatever_the_locale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A locale that is not UTF-8 (Windows' cp1252, say) does not change the names read."""
+    path = tmp_path / "retry.toml"
+    path.write_text('[[queues]]\nname = "café"\n', encoding="utf-8")
+    # What open() takes for "no encoding given" is asked of io.text_encoding: say latin-1.
+    monkeypatch.setattr("io.text_encoding", lambda encoding, *_: encoding or "latin-1")
+    assert load_worker_config(path).names == ("café",)
