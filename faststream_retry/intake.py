@@ -182,8 +182,12 @@ def intake_step(
     if exchange != intake_exchange or death is None or queue_rules is None:
         return _refusal(exchange, intake_exchange, death)
     attempt = h.read_attempt(headers) + 1
-    why = _WHY.get(death.reason, "dead-lettered from {queue} (reason " + death.reason + ")")
-    error = why.format(queue=death.queue)
+    known = _WHY.get(death.reason)
+    error = (
+        known.format(queue=death.queue)
+        if known is not None
+        else f"dead-lettered from {death.queue} (reason {death.reason})"
+    )
     max_attempts = queue_rules.max_attempts
 
     def record(exception: str, text: str, delay_ms: int = 0) -> h.FailureRecord:
@@ -211,7 +215,8 @@ def _refusal(exchange: str, intake_exchange: str, death: Death | None) -> Refuse
     """Say why a delivery is not a dead letter the worker may send back."""
     if exchange != intake_exchange:
         return Refuse(
-            f"published to the intake queue through {exchange or 'the default exchange'!r}, "
+            "published to the intake queue through "
+            f"{repr(exchange) if exchange else 'the default exchange'}, "
             f"not dead-lettered through {intake_exchange!r}",
             death.queue if death else None,
         )

@@ -44,7 +44,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 __all__ = ["QueueEntry", "WorkerConfig", "load_worker_config", "parse_duration", "policy_command"]
 
@@ -197,12 +197,6 @@ def worker_config(data: Mapping[str, Any], source: str = "<config>") -> WorkerCo
             'must list at least one queue: [[queues]] with name = "..." or pattern = "..."',
         )
     queues = tuple(_entry(item, i, base, fail) for i, item in enumerate(entries))
-    seen: set[str] = set()
-    for i, entry in enumerate(queues):
-        key = entry.name if entry.name is not None else f"pattern:{entry.pattern}"
-        if key in seen:
-            raise fail(f"queues[{i}]", f"repeats {key!r}; list each queue once")
-        seen.add(key)
     try:
         retry = RetryConfig.build(
             RetryPolicy(max_attempts=base.max_attempts, backoff=base.backoff),
@@ -224,15 +218,32 @@ def worker_config(data: Mapping[str, Any], source: str = "<config>") -> WorkerCo
             outage_hold=1,
         )
     except RetryConfigError as exc:
-        if str(exc).startswith(source):
+        if str(exc).startswith(f"{source}: "):
             raise
         raise RetryConfigError(f"{source}: {exc}") from exc
+    _check_names(queues, retry.topology.prefix, fail)
     config = WorkerConfig(retry, queues, url, source)
     try:
         config.tiers  # noqa: B018 - every backoff must fit under max_delay
     except RetryConfigError as exc:
         raise RetryConfigError(f"{source}: {exc}") from exc
     return config
+
+
+def _check_names(queues: tuple[QueueEntry, ...], prefix: str, fail: Any) -> None:  # noqa: ANN401
+    """Refuse an entry listed twice, and a name under the prefix (the machinery's own)."""
+    seen: set[str] = set()
+    for i, entry in enumerate(queues):
+        key = entry.name if entry.name is not None else f"pattern:{entry.pattern}"
+        if key in seen:
+            raise fail(f"queues[{i}]", f"repeats {key!r}; list each queue once")
+        seen.add(key)
+        if entry.name is not None and entry.name.startswith(prefix + "."):
+            raise fail(
+                f"queues[{i}].name",
+                f"{entry.name!r} is under the prefix {prefix!r}, whose names are the retry "
+                "machinery's own; set another prefix or name the work queue",
+            )
 
 
 def policy_command(config: WorkerConfig, *, vhost: str = "/", name: str | None = None) -> str:
@@ -348,33 +359,34 @@ def _backoff(value: object, key: str, fail: Any) -> Backoff:  # noqa: ANN401
         example = '{ kind = "fixed", delay = "5s" }'
         raise fail(key, f"must be a table such as {example}, got {value!r}")
     kind = value.get("kind")
-    if kind not in _BACKOFF_KEYS:
+    if not isinstance(kind, str) or kind not in _BACKOFF_KEYS:
         raise fail(f"{key}.kind", f"is one of {', '.join(_BACKOFF_KEYS)}, got {kind!r}")
     _known(value, _BACKOFF_KEYS[kind], key + ".", fail)
+    for name in _BACKOFF_KEYS[kind][1:2]:  # the one every kind needs: delay, initial, delays
+        if name not in value:
+            raise fail(f"{key}.{name}", "is missing")
+    # Durations are read first, each naming its key; what the constructor then refuses
+    # (a factor below 1, a maximum below the initial delay) is named by the table.
+    if kind == "fixed":
+        delay = _duration(value["delay"], f"{key}.delay", fail) / 1000
+        return _built(lambda: Fixed(delay), key, fail)
+    if kind == "schedule":
+        listed = value["delays"]
+        if not isinstance(listed, list) or not listed:
+            raise fail(f"{key}.delays", f"must be a list of durations, got {listed!r}")
+        delays = [_duration(d, f"{key}.delays[{i}]", fail) / 1000 for i, d in enumerate(listed)]
+        return _built(lambda: Schedule(delays), key, fail)
+    initial = _duration(value["initial"], f"{key}.initial", fail) / 1000
+    maximum = value.get("max")
+    top = None if maximum is None else _duration(maximum, f"{key}.max", fail) / 1000
+    factor, jitter = value.get("factor", 2), value.get("jitter", 0)
+    return _built(
+        lambda: Exponential(initial, factor=factor, maximum=top, jitter=jitter), key, fail
+    )
+
+
+def _built(make: Callable[[], Backoff], key: str, fail: Any) -> Backoff:  # noqa: ANN401
     try:
-        if kind == "fixed":
-            if "delay" not in value:
-                raise fail(f"{key}.delay", "is missing")
-            return Fixed(_duration(value["delay"], f"{key}.delay", fail) / 1000)
-        if kind == "schedule":
-            delays = value.get("delays")
-            if not isinstance(delays, list) or not delays:
-                raise fail(f"{key}.delays", f"must be a list of durations, got {delays!r}")
-            return Schedule(
-                [_duration(d, f"{key}.delays[{i}]", fail) / 1000 for i, d in enumerate(delays)]
-            )
-        if "initial" not in value:
-            raise fail(f"{key}.initial", "is missing")
-        maximum = value.get("max")
-        factor = value.get("factor", 2)
-        jitter = value.get("jitter", 0)
-        return Exponential(
-            _duration(value["initial"], f"{key}.initial", fail) / 1000,
-            factor=factor,
-            maximum=None if maximum is None else _duration(maximum, f"{key}.max", fail) / 1000,
-            jitter=jitter,
-        )
+        return make()
     except RetryConfigError as exc:
-        if "Exponential(" in str(exc) or "Schedule(" in str(exc) or "Fixed(" in str(exc):
-            raise fail(key, str(exc)) from exc
-        raise
+        raise fail(key, str(exc)) from exc

@@ -107,7 +107,7 @@ class TestOrigin:
         """A publish straight to the intake queue by the default exchange is not a dead letter."""
         result = step(died(), exchange="")
         assert result == Refuse(
-            "published to the intake queue through 'the default exchange', "
+            "published to the intake queue through the default exchange, "
             "not dead-lettered through 'retry.intake'",
             "orders",
         )
@@ -202,6 +202,12 @@ class TestRetry:
             return result.delay_ms
 
         assert (delay(0.0), delay(1.0)) == (500, 1500)  # 1 s, jittered by half either way
+
+    def test_a_reason_with_braces_is_named_as_written(self) -> None:
+        """Only RabbitMQ writes it, but it is read as data, never as a format template."""
+        result = step(died(reason="odd{0}}"))
+        assert isinstance(result, Retry)
+        assert result.failure.error == "dead-lettered from orders (reason odd{0}})"
 
     def test_an_unknown_reason_is_retried_and_named(self) -> None:
         result = step(died(reason="something_new"))

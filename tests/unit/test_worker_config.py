@@ -238,7 +238,7 @@ class TestErrorsNameTheKey:
                 {"queues": [{"name": "a", "colour": "red"}]},
                 (
                     "queues[0].colour is not a setting; the settings here are name, pattern, "
-                    "max_attempts, backoff, expired, maxlen"
+                    "max_attempts, backoff, expired, maxlen, direct_release"
                 ),
             ),
             (
@@ -272,6 +272,21 @@ class TestErrorsNameTheKey:
             (
                 _backoff(kind="schedule", delays=[1, 0]),
                 "queues[0].backoff Schedule(delays=...) delays must be positive",
+            ),
+            (  # a kind TOML can write that is not a word: named, not a TypeError
+                _backoff(kind=["fixed"]),
+                "queues[0].backoff.kind is one of fixed, exponential, schedule, got ['fixed']",
+            ),
+            (  # a text echoing a constructor's name is the duration's error, said once
+                _backoff(kind="fixed", delay="Fixed("),
+                f"queues[0].backoff.delay {_TAKES}, got 'Fixed('",
+            ),
+            (
+                {"queues": [{"name": "retry.orders"}]},
+                (
+                    "queues[0].name 'retry.orders' is under the prefix 'retry', whose names "
+                    "are the retry machinery's own; set another prefix or name the work queue"
+                ),
             ),
             (
                 # the tick is the GCD of the delays (2 s), longer than max_delay
@@ -412,3 +427,10 @@ def test_the_file_is_read_as_utf8_whatever_the_locale(
     # What open() takes for "no encoding given" is asked of io.text_encoding: say latin-1.
     monkeypatch.setattr("io.text_encoding", lambda encoding, *_: encoding or "latin-1")
     assert load_worker_config(path).names == ("café",)
+
+
+def test_a_source_that_begins_an_error_text_is_still_named() -> None:
+    """A file called "p" and an error from the shared options that starts with "p"."""
+    with pytest.raises(RetryConfigError) as info:
+        worker_config(config(prefix="x" * 101), "p")
+    assert str(info.value).startswith("p: prefix must be a short non-empty str")
