@@ -47,7 +47,8 @@ __all__ = [
 PERMANENT = "retry-permanent"
 """A header that makes a dead-lettered message permanent: it goes to ``<queue>.dlq`` at once.
 
-Its value (text) is the error the dead letter shows. For a consumer that republishes a
+Its value, a text, is the error the dead letter shows; ``true`` works too. Other values
+(false, 0, an empty text) mark nothing. For a consumer that republishes a
 message it gave up on rather than rejecting it, or a producer that knows better.
 """
 
@@ -127,7 +128,9 @@ class DeadLetter:
 class Refuse:
     """Not a dead letter the worker may act on: to the intake's DLQ as ``invalid``.
 
-    ``queue`` is the queue the ``x-death`` names, when there is one (information only).
+    ``queue`` is the queue RabbitMQ dead-lettered it from, when that is known: only for a
+    delivery through the intake exchange, whose newest ``x-death`` entry RabbitMQ wrote.
+    It is recorded as the dead letter's origin (information only: nothing routes by it).
     """
 
     problem: str
@@ -196,6 +199,8 @@ def intake_step(
         )
 
     permanent = h.read_text(headers, PERMANENT)
+    if not permanent and headers is not None and headers.get(PERMANENT) is True:
+        permanent = "marked permanent (retry-permanent: true)"
     if permanent:
         return DeadLetter(
             death.queue, attempt, max_attempts, Reason.PERMANENT, record(PERMANENT, permanent)
@@ -218,7 +223,7 @@ def _refusal(exchange: str, intake_exchange: str, death: Death | None) -> Refuse
             "published to the intake queue through "
             f"{repr(exchange) if exchange else 'the default exchange'}, "
             f"not dead-lettered through {intake_exchange!r}",
-            death.queue if death else None,
+            None,  # whatever x-death it carries, a publisher wrote it
         )
     if death is None:
         return Refuse("no readable x-death: RabbitMQ did not dead-letter it")

@@ -137,7 +137,9 @@ class Live:
         self.channels.forget_consumers()
         await self.recheck.stop(self._wait_s)
 
-    async def cover(self, route: Route) -> Route:
+    async def cover(
+        self, route: Route, why: str = "its subscriber joined the running broker"
+    ) -> Route:
         """Cover ``route`` from now on: declare its queues and record it; no consumer yet.
 
         For a subscriber that joins the running broker. Its queues exist when this
@@ -155,10 +157,7 @@ class Live:
             await declare_late_route(self.connection, topology, route)
             self.plan = self.recheck.plan = topology
         await record(self.connection, topology, route.queue)
-        log.info(
-            "faststream-retry: now covering %r (its subscriber joined the running broker)",
-            route.queue,
-        )
+        log.info("faststream-retry: now covering %r (%s)", route.queue, why)
         return route
 
     async def consume(self, route: Route) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import aio_pika
 from aiormq.exceptions import ChannelNotFoundEntity
@@ -25,7 +26,7 @@ from faststream_retry.amqp.declare import check_broker
 from faststream_retry.amqp.intake import IntakeConsumer, check_intake, declare_intake
 from faststream_retry.amqp.registry import survey
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.ops.common import connect_failure
+from faststream_retry.ops.common import connect_failure, safe_url
 from faststream_retry.ops.registry import registered_queues
 from faststream_retry.plugin import Live
 from faststream_retry.reporting import Reporter
@@ -54,7 +55,7 @@ class RetryWorker:
 
     Args:
         config: the checked configuration (``load_worker_config``).
-        url: the broker; else the config's ``url``, else ``RABBITMQ_URL``.
+        url: the broker; else ``RABBITMQ_URL``, else the config's ``url``.
         hooks: called with every ``RetryEvent``, as the middleware's are.
         tracer_provider: spans of each step, continuing the message's ``traceparent``.
         meter_provider: the same metrics as the middleware's.
@@ -71,11 +72,18 @@ class RetryWorker:
     ) -> None:
         """Prepare; nothing touches the network before ``start``."""
         self.config = config
-        self.url = url or config.url or os.environ.get("RABBITMQ_URL")
+        self.url = url or os.environ.get("RABBITMQ_URL") or config.url
         if not self.url:
             raise RetryConfigError(
-                f"no broker to connect to: give --url, set url in {config.source}, or set "
-                "RABBITMQ_URL"
+                f"no broker to connect to: give --url, set RABBITMQ_URL, or set url in "
+                f"{config.source}"
+            )
+        parts = urlsplit(self.url)
+        if parts.scheme not in {"amqp", "amqps"} or not parts.hostname:
+            # aio-pika would retry a URL without a host for ever, silently.
+            raise RetryConfigError(
+                f"the broker's URL is amqp://user:password@host:port/vhost (or amqps://), "
+                f"got {safe_url(self.url)!r}"
             )
         self.reporter = Reporter(
             Telemetry(tracer_provider, meter_provider), list(hooks), log_retry_traceback="never"
@@ -109,6 +117,9 @@ class RetryWorker:
         except Exception as exc:  # refused, unreachable, a wrong vhost: one line says which
             raise ConnectionError(connect_failure(self.url or "", exc)) from exc
         try:
+            # aio-pika reconnects by itself and says little; an operator wants both lines.
+            connection.close_callbacks.add(_lost)
+            connection.reconnect_callbacks.add(_back)
             topology = await self._first_plan(connection)
             await check_broker(connection, topology)
             await check_intake(connection, self.config)
@@ -172,7 +183,18 @@ class RetryWorker:
                 loop.add_signal_handler(sig, stop.set)
                 installed.append(sig)
         try:
-            await self.start()
+            # A signal during the start (a slow broker, a long check) stops it too.
+            starting = asyncio.ensure_future(self.start())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+                log.info("faststream-retry worker: stopped while starting")
+                return
+            stopping.cancel()
+            starting.result()  # the start's error, if any
             await stop.wait()
             log.info("faststream-retry worker: stopping; letting the messages in flight settle")
         finally:
@@ -219,7 +241,7 @@ class RetryWorker:
         if known is not None:
             return known
         async with self._covering:
-            route = await live.cover(self._route(queue))
+            route = await live.cover(self._route(queue), "its first dead letter arrived")
             await live.consume(route)
             return route
 
@@ -251,3 +273,14 @@ class RetryWorker:
                 log.debug("could not look at %r: %r", queue, exc)
             finally:
                 await close_quietly(channel)
+
+
+def _lost(_connection: object, *args: object) -> None:
+    exc = args[0] if args else None
+    # None or a cancellation: closed on purpose, by stop().
+    if isinstance(exc, BaseException) and not isinstance(exc, asyncio.CancelledError):
+        log.warning("faststream-retry worker: lost the broker (%r); reconnecting", exc)
+
+
+def _back(_connection: object, *_args: object) -> None:
+    log.info("faststream-retry worker: reconnected to the broker")

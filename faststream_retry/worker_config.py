@@ -222,6 +222,7 @@ def worker_config(data: Mapping[str, Any], source: str = "<config>") -> WorkerCo
             raise
         raise RetryConfigError(f"{source}: {exc}") from exc
     _check_names(queues, retry.topology.prefix, fail)
+    _check_delays(data, queues, retry.topology.max_delay_ms, fail)
     config = WorkerConfig(retry, queues, url, source)
     try:
         config.tiers  # noqa: B018 - every backoff must fit under max_delay
@@ -246,14 +247,53 @@ def _check_names(queues: tuple[QueueEntry, ...], prefix: str, fail: Any) -> None
             )
 
 
+def _check_delays(
+    data: Mapping[str, Any],
+    queues: tuple[QueueEntry, ...],
+    max_delay_ms: int,
+    fail: Any,  # noqa: ANN401
+) -> None:
+    """Refuse a delay a queue would use that is longer than ``max_delay``.
+
+    The middleware cuts such a delay to ``max_delay``; a config file says what it means,
+    so a wait it cannot keep is an error, not a surprise. The key named is the one that
+    set the backoff: the queue's, ``defaults.backoff``, or the built-in default.
+    """
+    defaults = data.get("defaults", {})
+    for i, (entry, item) in enumerate(zip(queues, data["queues"], strict=True)):
+        longest = max(entry.rules.backoff.named_delays_ms())
+        if longest <= max_delay_ms:
+            continue
+        if "backoff" in item:
+            key = f"queues[{i}].backoff"
+        elif "backoff" in defaults:
+            key = f"defaults.backoff (which queues[{i}] uses)"
+        else:
+            key = f"the default backoff (which queues[{i}] uses; set defaults.backoff)"
+        raise fail(
+            key,
+            f"names a delay of {_seconds(longest)}, longer than max_delay "
+            f"({_seconds(max_delay_ms)}): raise max_delay or shorten the delay",
+        )
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:g} s"
+
+
 def policy_command(config: WorkerConfig, *, vhost: str = "/", name: str | None = None) -> str:
     """Return the ``rabbitmqctl set_policy`` command that opts the configured queues in.
 
     A policy changes queues that already exist without redeclaring them. RabbitMQ applies
     one policy per queue (the highest priority): a queue that has one already needs the
-    ``dead-letter-exchange`` key added to it instead.
+    ``dead-letter-exchange`` key added to it instead. The pattern leaves out the retry
+    machinery's own queues (``.retry``, ``.dlq``, the prefix's) that a pattern entry
+    would match: a ``.dlq`` dead-lettering into the intake would move dead letters.
     """
-    pattern = "^(" + "|".join(e.regex for e in config.queues) + ")$"
+    own = "(?!" + re.escape(config.prefix + ".") + ")(?!.*\\.(retry|dlq)$)"
+    if all(e.name is not None for e in config.queues):
+        own = ""  # exact names are checked at load: none of them is the machinery's
+    pattern = "^" + own + "(" + "|".join(e.regex for e in config.queues) + ")$"
     definition = '{"dead-letter-exchange":"' + config.intake + '"}'
     vhost_part = "" if vhost == "/" else f"-p {_shell(vhost)} "
     return (
@@ -385,8 +425,25 @@ def _backoff(value: object, key: str, fail: Any) -> Backoff:  # noqa: ANN401
     )
 
 
+# The constructors name their arguments; the config's keys for them.
+_ARGUMENT_KEYS = {
+    "(delay=": "delay",
+    "(delays=": "delays",
+    "(initial=": "initial",
+    "(factor=": "factor",
+    "(maximum=": "max",
+    "(jitter=": "jitter",
+}
+
+
 def _built(make: Callable[[], Backoff], key: str, fail: Any) -> Backoff:  # noqa: ANN401
     try:
         return make()
     except RetryConfigError as exc:
-        raise fail(key, str(exc)) from exc
+        text = str(exc)
+        for argument, name in _ARGUMENT_KEYS.items():
+            if argument in text:
+                # "Exponential(factor=...) must be a number >= 1" -> "....factor must be ..."
+                rest = text.split("...) ", 1)[-1].removeprefix(f"{argument[1:-1]} ")
+                raise fail(f"{key}.{name}", rest) from exc
+        raise fail(key, text) from exc

@@ -216,8 +216,10 @@ class IntakeConsumer:
             exception="refused",
             error=step.problem,
         )
+        # The queue it died in, when RabbitMQ says so, for the operator who replays it
+        # there (dlq replay <prefix>.intake --to <queue>) once the config names it.
         headers = h.dead_letter_headers(
-            message.headers, failure, reason=Reason.INVALID, origin_queue=intake
+            message.headers, failure, reason=Reason.INVALID, origin_queue=step.queue or intake
         )
         event = RetryEvent(
             EventKind.DEAD_LETTERED,

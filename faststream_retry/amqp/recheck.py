@@ -194,18 +194,30 @@ class RecheckConsumer:
             # delivery is settled first as the copy says, or the broker would deliver
             # it again later, a duplicate of the copy.
             await settle(message, ok=Outcome.CONFIRMED in outcomes, pause_s=0)
-            self._runs(message).settled(message)
+            runs = self._runs(message)
+            if runs is not None:
+                runs.settled(message)
             raise
+        runs = self._runs(message)
+        if runs is None:
+            return  # its channel closed: the broker delivers it again, nothing to ack
         if ok:
             # Acked with the other deliveries confirmed in this turn, in one frame.
-            self._runs(message).ack(message)
+            runs.ack(message)
             return
         await settle(message, ok=False, pause_s=self._pause_s)
-        self._runs(message).settled(message)
+        runs.settled(message)
 
-    def _runs(self, message: AbstractIncomingMessage) -> AckRuns:
-        """Return the ack runs of the channel ``message`` came on."""
-        channel = message.channel
+    def _runs(self, message: AbstractIncomingMessage) -> AckRuns | None:
+        """Return the ack runs of the channel ``message`` came on; ``None`` once it closed.
+
+        aio-pika raises on reading a closed channel: a broker restart closes it under
+        every delivery in flight, and each would end its task in a traceback.
+        """
+        try:
+            channel = message.channel
+        except Exception:  # ChannelInvalidStateError, whatever the aio-pika version
+            return None
         runs = self._acks.get(channel)
         if runs is None:
             runs = self._acks[channel] = AckRuns(channel)
@@ -301,4 +313,6 @@ async def settle(message: AbstractIncomingMessage, *, ok: bool, pause_s: float) 
             await asyncio.sleep(pause_s)  # pause before the requeue: no hot loop
         await message.nack(requeue=True)
     except Exception as exc:  # channel gone: the broker redelivers the unacked copy
-        log.warning("could not settle message %s: %r", message.message_id, exc)
+        # A broker restart closes the channel under every delivery in flight: one line
+        # each at WARNING would flood the log with what the reconnect line says.
+        log.debug("could not settle message %s: %r", message.message_id, exc)

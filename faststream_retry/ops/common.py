@@ -33,6 +33,7 @@ __all__ = [
     "exclusive",
     "lock_name",
     "plain_classic",
+    "safe_url",
 ]
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
@@ -56,7 +57,7 @@ async def connect(
         OperationError: the broker cannot be reached or refused the login.
     """
     if not url.startswith(("amqp://", "amqps://")):
-        raise OperationError(f"the broker's URL starts amqp:// or amqps://, got {_safe(url)}")
+        raise OperationError(f"the broker's URL starts amqp:// or amqps://, got {safe_url(url)}")
     try:
         connection = await aio_pika.connect(url, timeout=timeout)
     except Exception as exc:  # any failure to connect is the same answer to an operator
@@ -69,7 +70,7 @@ async def connect(
 
 def connect_failure(url: str, exc: BaseException) -> str:
     """Say, in one line without the password, why connecting to ``url`` failed."""
-    return f"cannot connect to {_safe(url)}: {_why(exc)}"
+    return f"cannot connect to {safe_url(url)}: {_why(exc)}"
 
 
 def _why(exc: BaseException) -> str:
@@ -83,7 +84,7 @@ def _why(exc: BaseException) -> str:
     return text
 
 
-def _safe(url: str) -> str:
+def safe_url(url: str) -> str:
     """Return ``url`` without its password, for error texts."""
     scheme, sep, rest = url.partition("://")
     creds, at, host = rest.rpartition("@")

@@ -327,10 +327,11 @@ async def test_a_forged_x_death_never_sends_a_message_to_a_queue_outside_the_all
             await publish(fanout, "control")  # the queue works: a control message is handled
             await eventually(lambda: consumer.acked["control"] == 1, 10, "the control message")
         assert sorted(m.message_id or "" for m in refused) == ["straight-in", "via-outsider"]
+        origins = {m.message_id: dict(m.headers or {})[h.ORIGIN_QUEUE] for m in refused}
+        # RabbitMQ's word for the outsider; the forged one is not believed.
+        assert origins == {"via-outsider": outsider, "straight-in": setup.intake}
         for message in refused:
-            headers = dict(message.headers or {})
-            assert headers[h.REASON] == "invalid"
-            assert headers[h.ORIGIN_QUEUE] == setup.intake
+            assert dict(message.headers or {})[h.REASON] == "invalid"
         errors = {m.message_id: str(dict(m.headers or {})[h.ERROR]) for m in refused}
         assert "the default exchange" in errors["straight-in"]
         assert f"dead-lettered from {outsider!r}" in errors["via-outsider"]
@@ -351,7 +352,8 @@ async def test_a_queue_opted_in_by_a_policy_is_retried_without_being_redeclared(
         if os.environ.get("CI") == "true":
             pytest.fail("CI runs the script's broker, whose rabbitmqctl sets the policy")
         pytest.skip("needs the rabbitmqctl of the broker scripts/rabbitmq/start.sh runs")
-    config = setup.config()
+    # A pattern, so the policy's own pattern must leave out the .retry and .dlq it matches.
+    config = setup.config({"pattern": f"{setup.queue}*"})
     fanout = await setup.declare(amqp, arguments={})
     consumer = Consumer(lambda _: 2)
     command = shlex.split(policy_command(config))
@@ -364,6 +366,16 @@ async def test_a_queue_opted_in_by_a_policy_is_retried_without_being_redeclared(
             await publish(fanout, "p1")
             await eventually(lambda: consumer.acked["p1"] == 1, 15, "the retried message")
         assert len(consumer.arrivals["p1"]) == 2
+        listed = subprocess.run(
+            [str(ctl), "list_queues", "name", "policy", "--no-table-headers", "--quiet"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
+        policies = dict(line.split("\t", 1) for line in listed if "\t" in line)
+        assert policies[setup.queue].strip() == policy
+        for own in (f"{setup.queue}.retry", f"{setup.queue}.dlq", setup.intake):
+            assert policies[own].strip() == "", own
         channel = await amqp.channel()
         await channel.declare_queue(setup.queue, durable=True)  # same declaration: no 406
         await channel.close()

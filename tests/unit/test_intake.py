@@ -109,12 +109,11 @@ class TestOrigin:
         assert result == Refuse(
             "published to the intake queue through the default exchange, "
             "not dead-lettered through 'retry.intake'",
-            "orders",
+            None,  # its x-death names orders, but a publisher wrote it
         )
         assert step(died(), exchange="other") == Refuse(
             "published to the intake queue through 'other', not dead-lettered through "
             "'retry.intake'",
-            "orders",
         )
 
     def test_a_direct_publish_without_x_death_is_refused_without_a_queue(self) -> None:
@@ -283,6 +282,11 @@ class TestDeadLetter:
         )
         assert failure(result) == (2, 10_000, PERMANENT, "customer 42 does not exist", 0)
         assert isinstance(step(died(extra={PERMANENT: ""})), Retry)  # empty: not marked
+        marked = step(died(extra={PERMANENT: True}))
+        assert isinstance(marked, DeadLetter)
+        assert marked.failure.error == "marked permanent (retry-permanent: true)"
+        for unmarked in (False, 0, 1, None, [1]):
+            assert isinstance(step(died(extra={PERMANENT: unmarked})), Retry), unmarked
 
     @given(st.integers(min_value=0, max_value=2**31))
     def test_every_attempt_count_ends_in_a_dead_letter_or_a_retry_below_max(

@@ -193,12 +193,16 @@ class TestAllowlist:
         command = policy_command(cfg)
         assert command == (
             "rabbitmqctl set_policy --apply-to queues 'svc.intake' "
-            "'^(email\\-queue|billing\\..*)$' '{\"dead-letter-exchange\":\"svc.intake\"}'"
+            "'^(?!svc\\.)(?!.*\\.(retry|dlq)$)(email\\-queue|billing\\..*)$' "
+            '\'{"dead-letter-exchange":"svc.intake"}\''
         )
         pattern = re.compile(command.split("'")[3])
         assert pattern.fullmatch("email-queue")
         assert pattern.fullmatch("billing.eu")
         assert not pattern.fullmatch("billing")
+        assert not pattern.fullmatch("billing.eu.dlq")  # the machinery's own: never opted in
+        assert not pattern.fullmatch("billing.eu.retry")
+        assert not pattern.fullmatch("svc.intake.dlq")
         assert not pattern.fullmatch("xemail-queue")
         assert "-p 'shop' " in policy_command(cfg, vhost="shop")
         assert "'it'\\''s'" in policy_command(cfg, name="it's")
@@ -267,11 +271,11 @@ class TestErrorsNameTheKey:
             (_backoff(kind="fixed"), "queues[0].backoff.delay is missing"),
             (
                 _backoff(kind="fixed", delay=0),
-                "queues[0].backoff Fixed(delay=...) must be positive",
+                "queues[0].backoff.delay must be positive",
             ),
             (
                 _backoff(kind="schedule", delays=[1, 0]),
-                "queues[0].backoff Schedule(delays=...) delays must be positive",
+                "queues[0].backoff.delays must be positive",
             ),
             (  # a kind TOML can write that is not a word: named, not a TypeError
                 _backoff(kind=["fixed"]),
@@ -289,12 +293,33 @@ class TestErrorsNameTheKey:
                 ),
             ),
             (
-                # the tick is the GCD of the delays (2 s), longer than max_delay
                 {
                     "max_delay": "1s",
                     "queues": [{"name": "a", "backoff": {"kind": "fixed", "delay": 2}}],
                 },
-                "max_delay (1000 ms) must be at least one tick (2000 ms)",
+                (
+                    "queues[0].backoff names a delay of 2 s, longer than max_delay (1 s): "
+                    "raise max_delay or shorten the delay"
+                ),
+            ),
+            (  # the longest delay counts, not the first: 2 min into a 1 min max_delay
+                {
+                    "max_delay": "1m",
+                    "defaults": {"backoff": {"kind": "schedule", "delays": ["1s", "2m"]}},
+                    "queues": [{"name": "a"}],
+                },
+                (
+                    "defaults.backoff (which queues[0] uses) names a delay of 120 s, longer "
+                    "than max_delay (60 s): raise max_delay or shorten the delay"
+                ),
+            ),
+            (
+                {"max_delay": "1m", "queues": [{"name": "a"}]},
+                (
+                    "the default backoff (which queues[0] uses; set defaults.backoff) names a "
+                    "delay of 300 s, longer than max_delay (60 s): raise max_delay or shorten "
+                    "the delay"
+                ),
             ),
         ],
     )
@@ -375,7 +400,7 @@ class TestErrorsNameTheKey:
                         {"name": "a", "backoff": {"kind": "exponential", "initial": 1, "factor": 0}}
                     ]
                 },
-                "queues[0].backoff Exponential(factor=...) must be a number >= 1",
+                "queues[0].backoff.factor must be a number >= 1, got 0",
             ),
             (
                 config(tick="2s", max_delay="1s"),
