@@ -53,6 +53,8 @@ _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*")
 _DURATION_HELP = 'seconds (a number) or a string such as "250ms", "5s", "10m", "2h", "1d"'
 _PATTERN = re.compile(r"[^*?\[\]]*")
 _MAX_NAME_BYTES = 255
+# The worker has no outage mode (outage_after=None switches it off): the hold is unused.
+_NO_OUTAGE = 0
 
 _TOP_KEYS = (
     "url",
@@ -95,10 +97,14 @@ class QueueEntry:
         """Return the entry as a regular expression RabbitMQ's policies understand."""
         if self.name is not None:
             return re.escape(self.name)
-        return "".join(
-            ".*" if char == "*" else "." if char == "?" else re.escape(char)
-            for char in self.pattern or ""
-        )
+        return _pattern_regex(self.pattern or "")
+
+
+def _pattern_regex(pattern: str) -> str:
+    """Return a ``*`` / ``?`` pattern as a regular expression (Python's and RabbitMQ's)."""
+    return "".join(
+        ".*" if char == "*" else "." if char == "?" else re.escape(char) for char in pattern
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +221,7 @@ def worker_config(data: Mapping[str, Any], source: str = "<config>") -> WorkerCo
             log_retry_traceback="never",
             outage_after=None,
             outage_probe=None,
-            outage_hold=1,
+            outage_hold=_NO_OUTAGE,
         )
     except RetryConfigError as exc:
         if str(exc).startswith(f"{source}: "):
@@ -369,7 +375,7 @@ def _entry(item: object, i: int, base: QueueRules, fail: Any) -> QueueEntry:  # 
         return QueueEntry(rules, name=name)
     if "[" in text or "]" in text:
         raise fail(key, f"may use * and ? only, got {text!r}")
-    regex = re.compile(QueueEntry(rules, pattern=text).regex)
+    regex = re.compile(_pattern_regex(text))
     return QueueEntry(rules, pattern=text, _regex=regex)
 
 

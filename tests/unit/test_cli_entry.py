@@ -73,6 +73,7 @@ def test_print_policy_prints_the_command_for_the_configured_queues(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "rabbitmqctl set_policy -p 'shop' --apply-to queues 'svc.intake' "
-        "'^(orders|b\\..*)$' '{\"dead-letter-exchange\":\"svc.intake\"}'"
+        "'^(?!svc\\.)(?!.*\\.(retry|dlq)$)(orders|b\\..*)$' "
+        '\'{"dead-letter-exchange":"svc.intake"}\''
     )
     assert "one policy" in done.stderr
