@@ -219,11 +219,11 @@ def intake_step(
 def _refusal(exchange: str, intake_exchange: str, death: Death | None) -> Refuse:
     """Say why a delivery is not a dead letter the worker may send back."""
     if exchange != intake_exchange:
+        # No queue: whatever x-death it carries, a publisher wrote it.
         return Refuse(
             "published to the intake queue through "
             f"{repr(exchange) if exchange else 'the default exchange'}, "
-            f"not dead-lettered through {intake_exchange!r}",
-            None,  # whatever x-death it carries, a publisher wrote it
+            f"not dead-lettered through {intake_exchange!r}"
         )
     if death is None:
         return Refuse("no readable x-death: RabbitMQ did not dead-letter it")

@@ -266,11 +266,11 @@ def _check_delays(
     set the backoff: the queue's, ``defaults.backoff``, or the built-in default.
     """
     defaults = data.get("defaults", {})
-    for i, (entry, item) in enumerate(zip(queues, data["queues"], strict=True)):
+    for i, entry in enumerate(queues):
         longest = max(entry.rules.backoff.named_delays_ms())
         if longest <= max_delay_ms:
             continue
-        if "backoff" in item:
+        if "backoff" in data["queues"][i]:
             key = f"queues[{i}].backoff"
         elif "backoff" in defaults:
             key = f"defaults.backoff (which queues[{i}] uses)"
@@ -450,6 +450,6 @@ def _built(make: Callable[[], Backoff], key: str, fail: Any) -> Backoff:  # noqa
         for argument, name in _ARGUMENT_KEYS.items():
             if argument in text:
                 # "Exponential(factor=...) must be a number >= 1" -> "....factor must be ..."
-                rest = text.split("...) ", 1)[-1].removeprefix(f"{argument[1:-1]} ")
+                rest = text.partition("...) ")[2].removeprefix(f"{argument[1:-1]} ")
                 raise fail(f"{key}.{name}", rest) from exc
-        raise fail(key, text) from exc
+        raise fail(key, text) from exc  # a Backoff of the future, naming no argument

@@ -12,6 +12,7 @@ from faststream_retry.errors import RetryConfigError
 from faststream_retry.intake import OnDeath
 from faststream_retry.policy import Exponential, Fixed, RetryPolicy, Schedule
 from faststream_retry.worker_config import (
+    _built,
     load_worker_config,
     parse_duration,
     policy_command,
@@ -459,3 +460,47 @@ def test_a_source_that_begins_an_error_text_is_still_named() -> None:
     with pytest.raises(RetryConfigError) as info:
         worker_config(config(prefix="x" * 101), "p")
     assert str(info.value).startswith("p: prefix must be a short non-empty str")
+
+
+_FIXED_2S = {"kind": "fixed", "delay": "2s"}
+_FIXED_3S = {"kind": "fixed", "delay": "3s"}
+
+
+def test_a_delay_as_long_as_max_delay_fits_and_each_queue_is_checked() -> None:
+    """max_delay bounds every queue's delays, the first that fits does not end the check."""
+    fits = {"max_delay": "2s", "queues": [{"name": "a", "backoff": _FIXED_2S}]}
+    assert worker_config(fits).rules("a") is not None
+    second = {
+        "max_delay": "2s",
+        "queues": [{"name": "a", "backoff": _FIXED_2S}, {"name": "b", "backoff": _FIXED_3S}],
+    }
+    assert refused(second) == (
+        "retry.toml: queues[1].backoff names a delay of 3 s, longer than max_delay (2 s): "
+        "raise max_delay or shorten the delay"
+    )
+
+
+def test_a_max_delay_below_the_smallest_tick_is_named() -> None:
+    """Delays under 100 ms still get a 100 ms tick: a max_delay below it cannot hold one."""
+    data = {
+        "max_delay": "50ms",
+        "queues": [{"name": "a", "backoff": {"kind": "fixed", "delay": "50ms"}}],
+    }
+    assert refused(data) == "retry.toml: max_delay (50 ms) must be at least one tick (100 ms)"
+
+
+def test_the_policy_for_exact_names_only_is_the_names() -> None:
+    """Exact names are checked at load, so no guard against the machinery's names is added."""
+    cfg = worker_config({"queues": [{"name": "orders"}, {"name": "email-queue"}]})
+    assert policy_command(cfg).split("'")[3] == "^(orders|email\\-queue)$"
+
+
+def test_a_refusal_naming_no_argument_is_the_tables() -> None:
+    """A backoff whose refusal names none of the known arguments: the table's key, the text."""
+
+    def refuse() -> Fixed:
+        raise RetryConfigError("not today")
+
+    with pytest.raises(RetryConfigError) as info:
+        _built(refuse, "queues[0].backoff", lambda key, text: RetryConfigError(f"{key} {text}"))
+    assert str(info.value) == "queues[0].backoff not today"
