@@ -155,17 +155,20 @@ class IntakeConsumer:
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Decide what ``message`` needs, publish that copy, then settle the delivery."""
-        ok = False
+        confirmed: list[bool] = []
         try:
-            ok = await self._act(message)
+            await self._act(message, confirmed)
         except Exception:  # a hostile message must never kill the consumer
             log.exception("faststream-retry worker: a dead letter from the intake failed")
         except BaseException:
-            await settle(message, ok=ok, pause_s=0)
+            # Cancelled (a stop, a lost connection) after the copy was confirmed: acked,
+            # or the broker would deliver it again, a second copy.
+            await settle(message, ok=any(confirmed), pause_s=0)
             raise
+        ok = any(confirmed)
         await settle(message, ok=ok, pause_s=0 if ok else self._pause_s)
 
-    async def _act(self, message: AbstractIncomingMessage) -> bool:
+    async def _act(self, message: AbstractIncomingMessage, confirmed: list[bool]) -> None:
         plan = self._plan()
         now = h.now_ms()
         incoming = message.headers
@@ -182,7 +185,14 @@ class IntakeConsumer:
         if isinstance(step, Refuse):
             event, copy = self._refuse(message, step, now)
         else:
-            route = await self._cover(step.queue)
+            try:
+                route = await self._cover(step.queue)
+            except RetryTopologyError as exc:
+                # Its .retry or .dlq exists with other arguments, or may not be declared:
+                # kept in the intake's DLQ with the reason, not retried every second.
+                refusal = Refuse(f"cannot retry in {step.queue!r}: {exc}", step.queue)
+                await self._send(message, confirmed, *self._refuse(message, refusal, now))
+                return
             if isinstance(step, DeadLetter):
                 event, copy = self._dead_letter(message, route, step, now)
             else:
@@ -193,10 +203,24 @@ class IntakeConsumer:
                 copy = Copy(plan.tier(wait.tier_ms), home, headers)
                 event = _event(step, message, now, EventKind.SCHEDULED)
 
-        async def send(copy: Copy) -> bool:
-            return await self._publisher.send(message, copy)
+        await self._send(message, confirmed, event, copy, tier_ms)
 
-        return await self._reporter.publish(event, copy, send, incoming=incoming, tier_ms=tier_ms)
+    async def _send(
+        self,
+        message: AbstractIncomingMessage,
+        confirmed: list[bool],
+        event: RetryEvent,
+        copy: Copy,
+        tier_ms: int | None = None,
+    ) -> None:
+        """Publish ``copy`` and report ``event``; ``confirmed`` learns the outcome at once."""
+
+        async def send(copy: Copy) -> bool:
+            ok = await self._publisher.send(message, copy)
+            confirmed.append(ok)
+            return ok
+
+        await self._reporter.publish(event, copy, send, incoming=message.headers, tier_ms=tier_ms)
 
     def _dead_letter(
         self, message: AbstractIncomingMessage, route: Route, step: DeadLetter, now: int

@@ -634,3 +634,36 @@ async def test_a_retry_due_while_its_queue_is_full_comes_back_once_there_is_room
     finally:
         await channel.close()
         await setup.cleanup(amqp, config)
+
+
+async def test_a_pattern_queue_whose_dlq_exists_otherwise_is_kept_in_the_intakes_dlq(
+    amqp: AbstractRobustConnection, setup: Setup, rabbit_url: str
+) -> None:
+    """Its .dlq exists as a classic queue and the worker declares quorum ones: the dead letter
+    is kept in the intake's DLQ with the reason, once, not retried every second."""
+    pattern_queue = f"{setup.queue}.eu"
+    setup.declared.append(pattern_queue)
+    config = setup.config({"pattern": f"{setup.queue}.*"})
+    await setup.declare(amqp, queue=pattern_queue)
+    channel = await amqp.channel()
+    await channel.declare_queue(f"{pattern_queue}.dlq", durable=True)  # classic
+    try:
+        async with RetryWorker(config, url=rabbit_url):
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"x", message_id="stuck"), routing_key=pattern_queue
+            )
+            queue = await channel.get_queue(pattern_queue, ensure=False)
+            taken = await queue.get(timeout=5)
+            await taken.reject(requeue=False)
+            kept = await drain(amqp, intake_dlq_name(setup.prefix), 1)
+            await asyncio.sleep(0.5)  # a second copy would follow within the pause
+            assert await queue_depth(amqp, intake_dlq_name(setup.prefix)) == 0
+        assert [m.message_id for m in kept] == ["stuck"]
+        headers = dict(kept[0].headers or {})
+        assert headers[h.REASON] == "invalid"
+        assert headers[h.ORIGIN_QUEUE] == pattern_queue
+        assert str(headers[h.ERROR]).startswith(f"cannot retry in {pattern_queue!r}: ")
+        assert await queue_depth(amqp, f"{pattern_queue}.dlq") == 0
+    finally:
+        await channel.close()
+        await setup.cleanup(amqp, config)
