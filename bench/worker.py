@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -41,7 +42,15 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.recheck import BODY, PREFETCH, URL
-from faststream_retry import Fixed, RetryMiddleware, RetryPolicy, RetryWorker, TransientError
+from faststream_retry import (
+    EventKind,
+    Fixed,
+    RetryEvent,
+    RetryMiddleware,
+    RetryPolicy,
+    RetryWorker,
+    TransientError,
+)
 from faststream_retry.intake import intake_dlq_name, intake_name
 from faststream_retry.topology import Plan, registry_name
 from faststream_retry.worker_config import worker_config
@@ -69,6 +78,14 @@ class Recorder:
     extra: int = 0
     last: float = 0.0
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    events: Counter[str] = field(default_factory=Counter)
+    release_lateness_ms: list[int] = field(default_factory=list)
+
+    def hook(self, event: RetryEvent) -> None:
+        """Count the plugin's events: N scheduled, no hop, no dead letter."""
+        self.events[event.kind.value] += 1
+        if event.kind is EventKind.RELEASED and event.lateness_ms is not None:
+            self.release_lateness_ms.append(event.lateness_ms)
 
     def call(self, message_id: str | None) -> bool:
         """Record an arrival; return whether the consumer must fail it."""
@@ -99,6 +116,8 @@ class Result:
     twice: int
     early: int
     left: int
+    events: Counter[str]
+    release_p50_ms: float
 
 
 async def publish_burst(connection: AbstractRobustConnection, queue: str, n: int) -> float:
@@ -168,6 +187,10 @@ def result(rec: Recorder, elapsed: float, *, complete: bool, left: int) -> Resul
         twice=rec.extra,
         early=sum(1 for x in late if x < 0),
         left=left,
+        events=rec.events,
+        release_p50_ms=statistics.median(rec.release_lateness_ms)
+        if rec.release_lateness_ms
+        else float("nan"),
     )
 
 
@@ -179,6 +202,7 @@ async def middleware(connection: AbstractRobustConnection, n: int) -> Result:
         default=RetryPolicy(max_attempts=MAX_ATTEMPTS, backoff=Fixed(DELAY_S)),
         prefix=prefix,
         prefetch=PREFETCH,
+        hooks=[rec.hook],
     )
     broker = RabbitBroker(URL, logger=None, default_channel=Channel(prefetch_count=PREFETCH))
     retry.install(broker)
@@ -217,7 +241,7 @@ async def worker(connection: AbstractRobustConnection, n: int, *, direct: bool) 
         queue, durable=True, arguments={"x-dead-letter-exchange": intake_name(prefix)}
     )
     await channel.close()
-    retry_worker = RetryWorker(config, url=URL)
+    retry_worker = RetryWorker(config, url=URL, hooks=[rec.hook])
     await retry_worker.start()
     plan = retry_worker.plan
 
@@ -261,7 +285,9 @@ async def main(n: int, rounds: int) -> None:
             print(
                 f"round {round_ + 1}: {name}: {res.seconds:.2f} s, {res.rate:,.0f} msg/s, "
                 f"lateness p50 {ms(res.p50_ms)} ms, max {ms(res.max_ms)} ms; "
-                f"lost {res.lost}, twice {res.twice}, early {res.early}, left in queues {res.left}",
+                f"lost {res.lost}, twice {res.twice}, early {res.early}, left {res.left}; "
+                f"events {dict(res.events)}, RELEASED events: lateness p50 "
+                f"{ms(res.release_p50_ms)} ms",
                 file=sys.stderr,
             )
     await connection.close()
@@ -304,7 +330,13 @@ async def main(n: int, rounds: int) -> None:
             "early": sum(r.early for r in values),
             "left in a queue": sum(r.left for r in values),
         }
-        console.print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        events = sum((r.events for r in values), Counter[str]())
+        console.print(
+            f"{name}: "
+            + ", ".join(f"{k} {v}" for k, v in counts.items())
+            + "; events: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(events.items()))
+        )
 
 
 if __name__ == "__main__":
