@@ -15,9 +15,11 @@ rounds, the order turning from one round to the next, median):
 
 Each rate is N / (first publish to N-th success); the ratio is to the middleware's rate in
 the same run. *Lateness* is the second arrival - the first - the 1 s delay: for the worker
-it includes the dead-lettering into its intake. Every prefix and queue is new each round
-and deleted after it; a message lost, handled three times or more, early, or left behind
-in a queue is counted and printed under the table.
+it includes the dead-lettering into its intake and the wait there, which *scheduled
+after* shows on its own (first failure to the ``SCHEDULED`` event, whose due time starts
+the delay). Every prefix and queue is new each round and deleted after it. A message
+lost, handled three times, early, or left behind in a queue is counted, and so are the
+plugin's events (N scheduled, no hop, no dead letter), under the table.
 
     python -m bench.worker [N] [ROUNDS]      (RABBITMQ_URL, default 127.0.0.1:5673)
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import statistics
 import sys
 import time
@@ -72,6 +75,8 @@ class Recorder:
 
     n: int
     first: dict[str, float] = field(default_factory=dict)
+    first_ms: dict[str, float] = field(default_factory=dict)
+    """The first arrival's wall-clock time, to compare with the events' ``at_ms``."""
     calls: dict[str, int] = field(default_factory=dict)
     lateness_ms: list[float] = field(default_factory=list)
     done: int = 0
@@ -80,10 +85,14 @@ class Recorder:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     events: Counter[str] = field(default_factory=Counter)
     release_lateness_ms: list[int] = field(default_factory=list)
+    scheduled_after_ms: list[float] = field(default_factory=list)
 
     def hook(self, event: RetryEvent) -> None:
         """Count the plugin's events: N scheduled, no hop, no dead letter."""
         self.events[event.kind.value] += 1
+        failed_ms = self.first_ms.get(event.message_id or "")
+        if event.kind is EventKind.SCHEDULED and failed_ms is not None:
+            self.scheduled_after_ms.append(event.at_ms - failed_ms)
         if event.kind is EventKind.RELEASED and event.lateness_ms is not None:
             self.release_lateness_ms.append(event.lateness_ms)
 
@@ -94,6 +103,7 @@ class Recorder:
         calls = self.calls[key] = self.calls.get(key, 0) + 1
         if calls == 1:
             self.first[key] = now
+            self.first_ms[key] = time.time() * 1000
             return True
         if calls > 2:  # a third arrival: handled twice
             self.extra += 1
@@ -118,6 +128,7 @@ class Result:
     left: int
     events: Counter[str]
     release_p50_ms: float
+    scheduled_p50_ms: float
 
 
 async def publish_burst(connection: AbstractRobustConnection, queue: str, n: int) -> float:
@@ -176,21 +187,25 @@ async def delete_plan(connection: AbstractRobustConnection, plan: Plan, *queues:
     return await delete(connection, names, plan.exchanges)
 
 
+def median_or_nan(values: Iterable[float]) -> float:
+    listed = list(values)
+    return statistics.median(listed) if listed else float("nan")
+
+
 def result(rec: Recorder, elapsed: float, *, complete: bool, left: int) -> Result:
     late = sorted(rec.lateness_ms)
     return Result(
         seconds=elapsed if complete else float("nan"),
         rate=rec.n / elapsed if complete else 0.0,
-        p50_ms=statistics.median(late) if late else float("nan"),
+        p50_ms=median_or_nan(late),
         max_ms=late[-1] if late else float("nan"),
         lost=rec.n - rec.done,
         twice=rec.extra,
         early=sum(1 for x in late if x < 0),
         left=left,
         events=rec.events,
-        release_p50_ms=statistics.median(rec.release_lateness_ms)
-        if rec.release_lateness_ms
-        else float("nan"),
+        release_p50_ms=median_or_nan(rec.release_lateness_ms),
+        scheduled_p50_ms=median_or_nan(rec.scheduled_after_ms),
     )
 
 
@@ -265,7 +280,7 @@ async def worker(connection: AbstractRobustConnection, n: int, *, direct: bool) 
 
 
 def ms(value: float) -> str:
-    return f"{value:,.0f}"
+    return "-" if math.isnan(value) else f"{round(value):,}"
 
 
 async def main(n: int, rounds: int) -> None:
@@ -286,7 +301,8 @@ async def main(n: int, rounds: int) -> None:
                 f"round {round_ + 1}: {name}: {res.seconds:.2f} s, {res.rate:,.0f} msg/s, "
                 f"lateness p50 {ms(res.p50_ms)} ms, max {ms(res.max_ms)} ms; "
                 f"lost {res.lost}, twice {res.twice}, early {res.early}, left {res.left}; "
-                f"events {dict(res.events)}, RELEASED events: lateness p50 "
+                f"events {dict(res.events)}; scheduled p50 {ms(res.scheduled_p50_ms)} ms "
+                f"after the first failure; RELEASED events' lateness p50 "
                 f"{ms(res.release_p50_ms)} ms",
                 file=sys.stderr,
             )
@@ -302,6 +318,7 @@ async def main(n: int, rounds: int) -> None:
         "median msg/s",
         "runs",
         "ratio to middleware",
+        "scheduled after, p50 ms",
         "lateness p50, ms",
         "lateness max, ms",
     ):
@@ -314,14 +331,16 @@ async def main(n: int, rounds: int) -> None:
             f"{median:,.0f}",
             " / ".join(f"{r.rate:,.0f}" for r in values),
             f"{median / baseline:.2f}",
+            ms(statistics.median(r.scheduled_p50_ms for r in values)),
             ms(statistics.median(r.p50_ms for r in values)),
             ms(max(r.max_ms for r in values)),
         )
     console = Console(width=150)
     console.print(table)
     console.print(
-        "lateness p50: the median of the rounds' medians; max: the worst of all rounds. "
-        "Rates of a round with a message lost are 0."
+        "scheduled after: first failure to the copy's scheduling (the worker: its intake); "
+        "lateness: 2nd arrival - 1st - the delay. p50: the median of the rounds' medians; "
+        "max: the worst of all rounds. Rates of a round with a message lost are 0."
     )
     for name, values in results.items():
         counts = {
