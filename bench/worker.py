@@ -54,6 +54,7 @@ from faststream_retry import (
     RetryWorker,
     TransientError,
 )
+from faststream_retry import headers as h
 from faststream_retry.intake import intake_dlq_name, intake_name
 from faststream_retry.topology import Plan, registry_name
 from faststream_retry.worker_config import worker_config
@@ -75,7 +76,7 @@ class Recorder:
 
     n: int
     first: dict[str, float] = field(default_factory=dict)
-    first_ms: dict[str, float] = field(default_factory=dict)
+    first_ms: dict[str, int] = field(default_factory=dict)
     """The first arrival's wall-clock time, to compare with the events' ``at_ms``."""
     calls: dict[str, int] = field(default_factory=dict)
     lateness_ms: list[float] = field(default_factory=list)
@@ -103,7 +104,7 @@ class Recorder:
         calls = self.calls[key] = self.calls.get(key, 0) + 1
         if calls == 1:
             self.first[key] = now
-            self.first_ms[key] = time.time() * 1000
+            self.first_ms[key] = h.now_ms()  # as the events' at_ms: whole ms
             return True
         if calls > 2:  # a third arrival: handled twice
             self.extra += 1
