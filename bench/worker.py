@@ -18,8 +18,8 @@ the same run. *Lateness* is the second arrival - the first - the 1 s delay: for 
 it includes the dead-lettering into its intake and the wait there, which *scheduled
 after* shows on its own (first failure to the ``SCHEDULED`` event, whose due time starts
 the delay). Every prefix and queue is new each round and deleted after it. A message
-lost, handled three times, early, or left behind in a queue is counted, and so are the
-plugin's events (N scheduled, no hop, no dead letter), under the table.
+lost, arriving a third time (handled twice), early, or left in a queue is counted, and the
+plugin's events too (N scheduled, no hop, no dead letter), under the table.
 
     python -m bench.worker [N] [ROUNDS]      (RABBITMQ_URL, default 127.0.0.1:5673)
 """
