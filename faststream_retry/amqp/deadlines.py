@@ -16,9 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-__all__ = ["Deadlines"]
+__all__ = ["STALL_S", "Deadlines"]
 
 _T = TypeVar("_T")
+
+STALL_S = 1.0
+"""A watchdog that wakes this much later than it asked was frozen with its process."""
 
 
 class Deadlines:
@@ -57,7 +60,17 @@ class Deadlines:
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         while self._since:
+            before = loop.time()
             await asyncio.sleep(self._look_s)
+            stalled = loop.time() - before - self._look_s
+            if stalled > STALL_S:
+                # The process stood still (SIGSTOP, a frozen VM or container, a long GC
+                # pause), not the broker: the confirms of that time wait unread in the
+                # socket. Cancelling now would requeue messages whose copies are
+                # confirmed, duplicates; the stall is not counted, and I/O goes first.
+                for task in self._since:
+                    self._since[task] += stalled
+                continue
             late = loop.time() - self._timeout_s
             for task, since in list(self._since.items()):
                 if since <= late and task not in self._expired:

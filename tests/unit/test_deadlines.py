@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -72,3 +73,22 @@ def test_the_watchdog_stops_when_nothing_is_in_flight() -> None:
         return watchdog.done()
 
     assert asyncio.run(main())
+
+
+def test_a_stall_of_the_process_is_not_counted_against_the_broker() -> None:
+    """Frozen longer than the timeout (SIGSTOP, a frozen VM): its confirm, read just after
+    the thaw, still counts. Cancelled, the message would be requeued with its copy out."""
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines(0.5)
+        confirm: asyncio.Future[str] = loop.create_future()
+
+        def freeze() -> None:
+            time.sleep(1.6)  # the whole process stands still
+            loop.call_later(0.2, confirm.set_result, "ack")  # read once it runs again
+
+        loop.call_later(0.05, freeze)
+        return await deadlines.run(confirm)
+
+    assert asyncio.run(main()) == "ack"
