@@ -14,7 +14,8 @@ hostile or buggy producer can put on the wire and never raises. Rules:
 ``retry-last-failed-at``   epoch ms of the latest failure (written, never read)
 ``retry-history``          the last ``HISTORY_LIMIT`` failures, each a table; anything
                            that is not such a list is dropped and the history restarts
-``retry-reason``           on dead letters: ``permanent``, ``exhausted`` or ``invalid``
+``retry-reason``           on dead letters: ``permanent``, ``exhausted`` or ``invalid``;
+                           the retry worker also writes ``poison``, ``expired``, ``maxlen``
 ``retry-exception``        on dead letters: the exception's qualified type name
 ``retry-error``            on dead letters: ``str(exception)``, truncated; an exception
                            whose ``str()`` raises reads ``<unprintable Name: str() raised
@@ -31,8 +32,9 @@ hostile or buggy producer can put on the wire and never raises. Rules:
                            never reads it to decide anything
 =========================  ===============================================================
 
-RabbitMQ's own ``x-death``, ``x-first-death-*`` and ``x-last-death-*`` are removed on
-every republish, and so are ``CC`` and ``BCC`` (sender-selected routing, which would send
+RabbitMQ's own ``x-death``, ``x-first-death-*``, ``x-last-death-*`` and
+``x-delivery-count`` (a quorum queue's count of redeliveries, of that queue only) are
+removed on every republish, and so are ``CC`` and ``BCC`` (sender-selected routing, which would send
 the copy to other queues too). The bytes the plugin adds are bounded
 (``MAX_ADDED_BYTES``). Every text the plugin writes is valid UTF-8: a lone surrogate
 (``"\udc80"``, from bytes decoded with ``surrogateescape``) is written as the six
@@ -139,7 +141,7 @@ _MAX_DUE = 2**63
 # The broker's death records, and RabbitMQ's sender-selected distribution (CC, BCC): a
 # copy that kept those would be routed to those queues too, at every publish and every
 # dead-lettering out of a tier.
-_DROPPED_HEADERS = ("x-death", "CC", "BCC")
+_DROPPED_HEADERS = ("x-death", "x-delivery-count", "CC", "BCC")
 _BROKER_DEATH_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
@@ -311,8 +313,8 @@ def read_history(headers: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     return _read_history(headers)
 
 
-# What a replay resets: the retry state, and the broker's count of the last life.
-_RESET = (*RETRY_STATE, "x-delivery-count")
+# What a replay resets: the retry state (carry_over drops the broker's delivery count).
+_RESET = RETRY_STATE
 
 
 def replayed_headers(headers: Mapping[str, Any] | None, at_ms: int) -> dict[str, Any]:

@@ -69,6 +69,10 @@ class TestWriters:
         )
         assert kept == {"x-app": 1}
 
+    def test_a_quorum_queues_delivery_count_never_travels_on_a_copy(self) -> None:
+        """It counts that queue's redeliveries: on a copy in another queue it would mislead."""
+        assert h.carry_over({"x-delivery-count": 3, "x-app": 1}) == {"x-app": 1}
+
     def test_sender_selected_routing_never_travels_on_a_copy(self) -> None:
         """CC and BCC would route every copy (and its dead-lettering) to those queues too."""
         incoming = {"CC": ["victim"], "BCC": ["other"], "cc": "app's own", "x-app": 1}
