@@ -55,6 +55,13 @@ _PATTERN = re.compile(r"[^*?\[\]]*")
 _MAX_NAME_BYTES = 255
 # The worker has no outage mode (outage_after=None switches it off): the hold is unused.
 _NO_OUTAGE = 0
+# A backoff reaches its largest delay long before this many retries (factor >= 1, capped).
+_MAX_RETRIES_CHECKED = 200
+
+
+def _no_jitter() -> float:
+    return 0.5  # jitter's factor is 1 - j + 2j * rand(): 1 at 0.5
+
 
 _TOP_KEYS = (
     "url",
@@ -262,12 +269,16 @@ def _check_delays(
     """Refuse a delay a queue would use that is longer than ``max_delay``.
 
     The middleware cuts such a delay to ``max_delay``; a config file says what it means,
-    so a wait it cannot keep is an error, not a surprise. The key named is the one that
-    set the backoff: the queue's, ``defaults.backoff``, or the built-in default.
+    so a wait it cannot keep is an error, not a surprise. Only the delays its attempts
+    reach count (without jitter, which may go past by its fraction and is cut): the
+    default backoff's 5 minute cap is never reached by 5 attempts. The key named is the
+    one that set the backoff: the queue's, ``defaults.backoff``, or the built-in default.
     """
     defaults = data.get("defaults", {})
     for i, entry in enumerate(queues):
-        longest = max(entry.rules.backoff.named_delays_ms())
+        rules = entry.rules
+        retries = range(1, min(rules.max_attempts, _MAX_RETRIES_CHECKED))
+        longest = max((rules.backoff.delay_ms(n, _no_jitter) for n in retries), default=0)
         if longest <= max_delay_ms:
             continue
         if "backoff" in data["queues"][i]:

@@ -314,11 +314,11 @@ class TestErrorsNameTheKey:
                     "than max_delay (60 s): raise max_delay or shorten the delay"
                 ),
             ),
-            (
-                {"max_delay": "1m", "queues": [{"name": "a"}]},
+            (  # 1, 2, 4, ... 256 s: the ninth retry's delay is past a minute
+                {"max_delay": "1m", "defaults": {"max_attempts": 10}, "queues": [{"name": "a"}]},
                 (
                     "the default backoff (which queues[0] uses; set defaults.backoff) names a "
-                    "delay of 300 s, longer than max_delay (60 s): raise max_delay or shorten "
+                    "delay of 256 s, longer than max_delay (60 s): raise max_delay or shorten "
                     "the delay"
                 ),
             ),
@@ -504,3 +504,16 @@ def test_a_refusal_naming_no_argument_is_the_tables() -> None:
     with pytest.raises(RetryConfigError) as info:
         _built(refuse, "queues[0].backoff", lambda key, text: RetryConfigError(f"{key} {text}"))
     assert str(info.value) == "queues[0].backoff not today"
+
+
+def test_only_the_delays_its_attempts_reach_must_fit_max_delay() -> None:
+    """The default backoff's 5 minute cap is never reached by 5 attempts (1, 2, 4, 8 s)."""
+    assert worker_config({"max_delay": "1m", "queues": [{"name": "a"}]}).rules("a") is not None
+    unused = {"kind": "schedule", "delays": ["1s", "2m"]}  # the 2 min one is never used
+    cfg = worker_config(
+        {"max_delay": "1m", "queues": [{"name": "a", "max_attempts": 2, "backoff": unused}]}
+    )
+    assert cfg.rules("a") is not None
+    jittered = {"kind": "exponential", "initial": "1s", "factor": 2, "jitter": 0.5}
+    fits = {"max_delay": "8s", "queues": [{"name": "a", "backoff": jittered}]}
+    assert worker_config(fits).rules("a") is not None  # 8 s; jitter's excess is cut
