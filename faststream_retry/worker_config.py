@@ -55,12 +55,6 @@ _PATTERN = re.compile(r"[^*?\[\]]*")
 _MAX_NAME_BYTES = 255
 # The worker has no outage mode (outage_after=None switches it off): the hold is unused.
 _NO_OUTAGE = 0
-# A backoff reaches its largest delay long before this many retries (factor >= 1, capped).
-_MAX_RETRIES_CHECKED = 200
-
-
-def _no_jitter() -> float:
-    return 0.5  # jitter's factor is 1 - j + 2j * rand(): 1 at 0.5
 
 
 _TOP_KEYS = (
@@ -276,9 +270,7 @@ def _check_delays(
     """
     defaults = data.get("defaults", {})
     for i, entry in enumerate(queues):
-        rules = entry.rules
-        retries = range(1, min(rules.max_attempts, _MAX_RETRIES_CHECKED))
-        longest = max((rules.backoff.delay_ms(n, _no_jitter) for n in retries), default=0)
+        longest = _longest_reached_ms(entry.rules)
         if longest <= max_delay_ms:
             continue
         if "backoff" in data["queues"][i]:
@@ -292,6 +284,21 @@ def _check_delays(
             f"names a delay of {_seconds(longest)}, longer than max_delay "
             f"({_seconds(max_delay_ms)}): raise max_delay or shorten the delay",
         )
+
+
+def _longest_reached_ms(rules: QueueRules) -> int:
+    """Return the longest delay ``rules``' retries wait, without jitter; 0 with no retry."""
+    retries = rules.max_attempts - 1
+    if retries < 1:
+        return 0
+    backoff = rules.backoff
+    if isinstance(backoff, Schedule):
+        return max(backoff.named_delays_ms()[:retries])
+    return backoff.delay_ms(retries, _no_jitter)  # Fixed and Exponential never shrink
+
+
+def _no_jitter() -> float:
+    return 0.5  # jitter's factor is 1 - j + 2j * rand(): 1 at 0.5
 
 
 def _seconds(ms: int) -> str:

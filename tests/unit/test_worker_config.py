@@ -514,6 +514,8 @@ def test_only_the_delays_its_attempts_reach_must_fit_max_delay() -> None:
         {"max_delay": "1m", "queues": [{"name": "a", "max_attempts": 2, "backoff": unused}]}
     )
     assert cfg.rules("a") is not None
+    two = {"max_delay": "2s", "queues": [{"name": "a", "max_attempts": 2, "backoff": _FIXED_3S}]}
+    assert "names a delay of 3 s" in refused(two)  # one retry, and it waits 3 s
     jittered = {"kind": "exponential", "initial": "1s", "factor": 2, "jitter": 0.5}
     fits = {"max_delay": "8s", "queues": [{"name": "a", "backoff": jittered}]}
     assert worker_config(fits).rules("a") is not None  # 8 s; jitter's excess is cut
