@@ -388,6 +388,14 @@ def replay(
     kept in a retry-replayed header. Dead letters that do not match stay, in order.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
+    if to is None and queue.removesuffix(".dlq").endswith(".intake"):
+        # The retry worker's intake takes only dead-lettered messages: a replay into it
+        # would be refused again, straight back here.
+        fail(
+            f"{queue} looks like the retry worker's intake: its dead letters go back to "
+            "their own queues. Give --to QUEUE (each one's retry-origin-queue names it; "
+            "see dlq list --json)"
+        )
 
     async def go() -> ops.Outcome:
         async with connect(url) as connection:

@@ -77,3 +77,20 @@ def test_print_policy_prints_the_command_for_the_configured_queues(tmp_path: Pat
         '\'{"dead-letter-exchange":"svc.intake"}\''
     )
     assert "one policy" in done.stderr
+
+
+def test_a_replay_into_the_workers_intake_asks_for_a_destination() -> None:
+    """The intake refuses what was not dead-lettered into it: without --to it would loop."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "300", "NO_COLOR": "1"}
+    for queue in ("retry.intake", "retry.intake.dlq"):
+        done = subprocess.run(
+            [sys.executable, "-m", "faststream_retry", "dlq", "replay", queue],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "Give --to QUEUE" in done.stderr
+        assert "Traceback" not in done.stderr
