@@ -52,7 +52,14 @@ def load_app(spec: str, *, cwd: Path | None = None) -> LoadedApp:
     """
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise OperationError(f"--app takes module:attribute (like faststream run), got {spec!r}")
+        hint = (
+            " (the retry worker has no app: it runs from its --config)"
+            if spec.endswith(".toml")
+            else ""
+        )
+        raise OperationError(
+            f"the app is given as module:attribute (like faststream run), got {spec!r}{hint}"
+        )
     folder = str((cwd or Path.cwd()).resolve())
     if folder not in sys.path:
         # As `faststream run` does: the app's module is found from where the command runs.
