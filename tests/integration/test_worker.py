@@ -21,16 +21,20 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 import pytest
 from aiormq.exceptions import ChannelAccessRefused
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from faststream_retry import headers as h
 from faststream_retry.intake import intake_dlq_name, intake_name
+from faststream_retry.telemetry import ATTR, METRICS
 from faststream_retry.topology import registry_name
 from faststream_retry.worker import RetryWorker
 from faststream_retry.worker_config import WorkerConfig, policy_command, worker_config
 from tests.cli import environment, run_cli, script
+from tests.integration.test_metrics import points, total
 from tests.rabbit import (
     LATE_SLACK_MS,
     drain,
@@ -419,19 +423,26 @@ async def test_a_pattern_queue_is_covered_on_its_first_dead_letter_and_again_aft
         await setup.cleanup(amqp, config)
 
 
-async def test_each_step_continues_the_messages_trace(
+async def test_each_step_continues_the_messages_trace_and_is_counted(
     amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str
 ) -> None:
-    """The span of a retry and of the dead letter continue the traceparent the message carries."""
+    """The spans of a retry, its release and the dead letter continue the traceparent the
+    message carries, and each step is counted in the middleware's metrics."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
     config = setup.config(defaults={"max_attempts": 2, "backoff": {"kind": "fixed", "delay": 0.5}})
     fanout = await setup.declare(amqp)
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     parent = f"00-{trace_id}-00f067aa0ba902b7-01"
     try:
-        async with RetryWorker(config, url=rabbit_url, tracer_provider=provider):
+        async with RetryWorker(
+            config,
+            url=rabbit_url,
+            tracer_provider=provider,
+            meter_provider=MeterProvider(metric_readers=[reader]),
+        ):
             await consuming(setup.queue, Consumer(lambda _: None))
             await publish(fanout, "traced", headers={"traceparent": parent})
             await eventually(lambda: len(exporter.get_finished_spans()) >= 3, 15, "three spans")
@@ -446,6 +457,12 @@ async def test_each_step_continues_the_messages_trace(
         assert format(parents[0] or 0, "016x") == "00f067aa0ba902b7"
         # Each copy carries its step's context on: one chain from the producer's span.
         assert parents[1:] == [spans[0].context.span_id, spans[1].context.span_id]
+        # And the middleware's metrics, with the same names and labels.
+        found = points(reader)
+        queue = {ATTR.QUEUE: setup.queue}
+        assert total(found, METRICS.SCHEDULED, **queue) == 1
+        assert total(found, METRICS.RELEASED, **queue) == 1
+        assert total(found, METRICS.DEAD_LETTERED, **queue, **{ATTR.REASON: "exhausted"}) == 1
     finally:
         await setup.cleanup(amqp, config)
 
