@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -72,6 +73,18 @@ def script_broker_ctl(url: str) -> Path | None:
     )
     ctl = Path(base) / "ctl"
     return ctl if ctl.exists() else None
+
+
+async def close_all_connections(ctl: Path, why: str) -> None:
+    """Have the broker close every client connection, as a failover or an operator would."""
+    closed = await asyncio.to_thread(
+        subprocess.run,
+        [str(ctl), "close_all_connections", why],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert closed.returncode == 0, closed.stderr
 
 
 def unique(name: str) -> str:

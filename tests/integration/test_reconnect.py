@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from typing import Any
 
 import pytest
@@ -13,7 +12,14 @@ from pamqp.commands import Basic
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.topology import tier_name
-from tests.rabbit import App, eventually, queue_depth, script_broker_ctl, unique
+from tests.rabbit import (
+    App,
+    close_all_connections,
+    eventually,
+    queue_depth,
+    script_broker_ctl,
+    unique,
+)
 
 pytestmark = pytest.mark.rabbit
 
@@ -45,14 +51,7 @@ async def test_topology_is_declared_again_after_a_reconnect(
     await channel.queue_delete(base_tier)
     await channel.close()
 
-    closed = await asyncio.to_thread(
-        subprocess.run,
-        [str(ctl), "close_all_connections", "test: drop the app"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert closed.returncode == 0, closed.stderr
+    await close_all_connections(ctl, "test: drop the app")
     await asyncio.wait_for(reconnected.wait(), timeout=30)
     # The test's own inspection connection was closed too; it reconnects by itself.
     await eventually(lambda: not amqp.is_closed, timeout=30, what="the test connection")

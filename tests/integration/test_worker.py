@@ -37,6 +37,7 @@ from tests.cli import environment, run_cli, script
 from tests.integration.test_metrics import points, total
 from tests.rabbit import (
     LATE_SLACK_MS,
+    close_all_connections,
     drain,
     eventually,
     eventually_async,
@@ -580,14 +581,7 @@ async def test_the_worker_comes_back_after_the_broker_drops_its_connections(
             await publish(fanout, *before)
             await eventually(lambda: len(consumer.arrivals) == 20, 10, "the first rejections")
             await first.close()  # the test's own consumer is not what is under test
-            closed = await asyncio.to_thread(
-                subprocess.run,
-                [str(ctl), "close_all_connections", "test: drop everyone"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            assert closed.returncode == 0, closed.stderr
+            await close_all_connections(ctl, "test: drop everyone")
             # The test's connection was dropped too: a new one, rather than wait for it.
             fresh = await aio_pika.connect_robust(rabbit_url)
             second = await fresh.channel()
