@@ -588,7 +588,7 @@ async def test_the_worker_comes_back_after_the_broker_drops_its_connections(
             work = await second.get_queue(setup.queue, ensure=False)
             await work.consume(consumer)
             await eventually(lambda: set(consumer.acked) == set(before), 40, "the waiting ones")
-            await publish(fanout, *after)
+            await publish(await second.get_exchange(setup.fanout), *after)
             await eventually(
                 lambda: set(consumer.acked) == {*before, *after}, 40, "retries after it"
             )
