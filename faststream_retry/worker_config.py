@@ -289,8 +289,8 @@ def _check_delays(
 def _longest_reached_ms(rules: QueueRules) -> int:
     """Return the longest delay ``rules``' retries wait, without jitter; 0 with no retry."""
     retries = rules.max_attempts - 1
-    if retries < 1:
-        return 0
+    if not retries:
+        return retries  # 0: a single attempt waits for nothing
     backoff = rules.backoff
     if isinstance(backoff, Schedule):
         return max(backoff.named_delays_ms()[:retries])

@@ -314,6 +314,14 @@ class TestErrorsNameTheKey:
                     "than max_delay (60 s): raise max_delay or shorten the delay"
                 ),
             ),
+            (  # no [defaults] table at all: the built-in backoff is named
+                {"max_delay": "1m", "queues": [{"name": "a", "max_attempts": 10}]},
+                (
+                    "the default backoff (which queues[0] uses; set defaults.backoff) names a "
+                    "delay of 256 s, longer than max_delay (60 s): raise max_delay or shorten "
+                    "the delay"
+                ),
+            ),
             (  # 1, 2, 4, ... 256 s: the ninth retry's delay is past a minute
                 {"max_delay": "1m", "defaults": {"max_attempts": 10}, "queues": [{"name": "a"}]},
                 (
@@ -516,6 +524,9 @@ def test_only_the_delays_its_attempts_reach_must_fit_max_delay() -> None:
     assert cfg.rules("a") is not None
     two = {"max_delay": "2s", "queues": [{"name": "a", "max_attempts": 2, "backoff": _FIXED_3S}]}
     assert "names a delay of 3 s" in refused(two)  # one retry, and it waits 3 s
+    single = {"kind": "schedule", "delays": ["1s"]}
+    once = {"queues": [{"name": "a", "max_attempts": 1, "backoff": single}]}
+    assert worker_config(once).rules("a") is not None  # one attempt: no delay to check
     jittered = {"kind": "exponential", "initial": "1s", "factor": 2, "jitter": 0.5}
     fits = {"max_delay": "8s", "queues": [{"name": "a", "backoff": jittered}]}
     assert worker_config(fits).rules("a") is not None  # 8 s; jitter's excess is cut
