@@ -201,7 +201,7 @@ class IntakeConsumer:
                 home = route.queue if wait.last and route.home_from_tier else route.retry_queue
                 headers = h.retry_headers(incoming, step.failure, now + step.delay_ms)
                 copy = Copy(plan.tier(wait.tier_ms), home, headers)
-                event = _event(step, message, now, EventKind.SCHEDULED)
+                event = _event(step, message, now)
 
         await self._send(message, confirmed, event, copy, tier_ms)
 
@@ -228,7 +228,7 @@ class IntakeConsumer:
         headers = h.dead_letter_headers(
             message.headers, step.failure, reason=step.reason, origin_queue=route.queue
         )
-        return _event(step, message, now, EventKind.DEAD_LETTERED), Copy("", route.dlq, headers)
+        return _event(step, message, now), Copy("", route.dlq, headers)
 
     def _refuse(
         self, message: AbstractIncomingMessage, step: Refuse, now: int
@@ -260,13 +260,11 @@ class IntakeConsumer:
         return event, Copy("", intake_dlq_name(self._config.prefix), headers)
 
 
-def _event(
-    step: Retry | DeadLetter, message: AbstractIncomingMessage, now: int, kind: EventKind
-) -> RetryEvent:
+def _event(step: Retry | DeadLetter, message: AbstractIncomingMessage, now: int) -> RetryEvent:
     dead = isinstance(step, DeadLetter)
-    delay = None if dead else step.delay_ms  # type: ignore[union-attr]
+    delay = step.delay_ms if isinstance(step, Retry) else None
     return RetryEvent(
-        kind,
+        EventKind.DEAD_LETTERED if dead else EventKind.SCHEDULED,
         step.queue,
         message.message_id,
         step.attempt,
