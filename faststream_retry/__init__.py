@@ -12,6 +12,7 @@ from faststream_retry.classify import (
     Verdict,
 )
 from faststream_retry.errors import (
+    HeadersTooLarge,
     InvalidDueTime,
     PermanentError,
     RetryConfigError,
@@ -41,6 +42,7 @@ __all__ = [
     "EventKind",
     "Exponential",
     "Fixed",
+    "HeadersTooLarge",
     "InvalidDueTime",
     "PermanentError",
     "Reason",

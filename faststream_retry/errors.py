@@ -6,6 +6,7 @@ import math
 from datetime import timedelta
 
 __all__ = [
+    "HeadersTooLarge",
     "InvalidDueTime",
     "PermanentError",
     "RetryConfigError",
@@ -103,6 +104,18 @@ class InvalidDueTime(PermanentError):  # noqa: N818 - its name is on the wire al
     """
 
 
-# The class is reached as faststream_retry.InvalidDueTime, and that is the name dead
-# letters have carried in retry-exception since the first release.
+class HeadersTooLarge(PermanentError):  # noqa: N818 - its name is on the wire
+    """Recorded on a dead letter whose own headers leave no room for the plugin's.
+
+    Nothing raises it: it names the cause in ``retry-exception``
+    (``faststream_retry.HeadersTooLarge``) of a message dead-lettered with reason
+    ``invalid`` because a copy of it with the retry headers would not fit in the frame
+    RabbitMQ carries headers in (``frame_max``). Its largest headers of its own were
+    left out to make room; ``retry-error`` names them.
+    """
+
+
+# The classes are reached as faststream_retry.InvalidDueTime and .HeadersTooLarge, and
+# those are the names dead letters carry in retry-exception.
 InvalidDueTime.__module__ = "faststream_retry"
+HeadersTooLarge.__module__ = "faststream_retry"

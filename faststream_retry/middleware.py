@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import random
 from datetime import timedelta
@@ -23,6 +22,7 @@ from faststream.exceptions import IgnoredException
 from faststream_retry import _faststream, wiring
 from faststream_retry import headers as h
 from faststream_retry._log import log
+from faststream_retry.amqp.step import publish_step
 from faststream_retry.config import RetryConfig
 from faststream_retry.decision import Action, Decision, decide
 from faststream_retry.errors import RetryConfigError
@@ -483,12 +483,15 @@ class _RetryScope(BaseMiddleware):
             copy = Copy(live.plan.tier(tier_ms), home, headers)
         else:
             headers = _dead_letter_headers(raw.headers, route, decision, exc, now)
-            copy = Copy("", route.dlq, headers)
-        return await self._plugin.reporter.publish(
+            copy = Copy("", route.dlq, headers, room=True)
+        return await publish_step(
+            self._plugin.reporter,
+            live.publisher,
+            raw,
             _event(route, msg, decision, exc, now),
             copy,
-            functools.partial(live.publisher.send, raw),
-            incoming=raw.headers,
+            dlq=route.dlq,
+            origin_queue=route.queue,
             exception=exc,
             tier_ms=tier_ms,
         )

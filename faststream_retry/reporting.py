@@ -52,6 +52,8 @@ class Copy:
     exchange: str
     routing_key: str
     headers: dict[str, Any]
+    room: bool = False
+    """A dead letter that may leave out its own largest headers to fit in a frame."""
 
 
 class Reporter:

@@ -19,7 +19,9 @@ from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from faststream_retry import headers as h
 from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
+from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.amqp.recheck import settle
+from faststream_retry.amqp.step import publish_step
 from faststream_retry.errors import RetryTopologyError
 from faststream_retry.events import EventKind, Reason, RetryEvent, Rule, Verdict
 from faststream_retry.intake import DeadLetter, Refuse, Retry, intake_dlq_name, intake_step
@@ -155,20 +157,20 @@ class IntakeConsumer:
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Decide what ``message`` needs, publish that copy, then settle the delivery."""
-        confirmed: list[bool] = []
+        outcomes: list[Outcome] = []
         try:
-            await self._act(message, confirmed)
+            await self._act(message, outcomes)
         except Exception:  # a hostile message must never kill the consumer
             log.exception("faststream-retry worker: a dead letter from the intake failed")
         except BaseException:
             # Cancelled (a stop, a lost connection) after the copy was confirmed: acked,
             # or the broker would deliver it again, a second copy.
-            await settle(message, ok=any(confirmed), pause_s=0)
+            await settle(message, ok=Outcome.CONFIRMED in outcomes, pause_s=0)
             raise
-        ok = any(confirmed)
+        ok = Outcome.CONFIRMED in outcomes
         await settle(message, ok=ok, pause_s=0 if ok else self._pause_s)
 
-    async def _act(self, message: AbstractIncomingMessage, confirmed: list[bool]) -> None:
+    async def _act(self, message: AbstractIncomingMessage, outcomes: list[Outcome]) -> None:
         plan = self._plan()
         now = h.now_ms()
         incoming = message.headers
@@ -184,6 +186,7 @@ class IntakeConsumer:
         tier_ms = None
         if isinstance(step, Refuse):
             event, copy = self._refuse(message, step, now)
+            dlq = copy.routing_key
         else:
             try:
                 route = await self._cover(step.queue)
@@ -191,8 +194,10 @@ class IntakeConsumer:
                 # Its .retry or .dlq exists with other arguments, or may not be declared:
                 # kept in the intake's DLQ with the reason, not retried every second.
                 refusal = Refuse(f"cannot retry in {step.queue!r}: {exc}", step.queue)
-                await self._send(message, confirmed, *self._refuse(message, refusal, now))
+                event, copy = self._refuse(message, refusal, now)
+                await self._send(message, outcomes, event, copy, dlq=copy.routing_key)
                 return
+            dlq = route.dlq
             if isinstance(step, DeadLetter):
                 event, copy = self._dead_letter(message, route, step, now)
             else:
@@ -203,24 +208,33 @@ class IntakeConsumer:
                 copy = Copy(plan.tier(wait.tier_ms), home, headers)
                 event = _event(step, message, now)
 
-        await self._send(message, confirmed, event, copy, tier_ms)
+        await self._send(message, outcomes, event, copy, dlq=dlq, tier_ms=tier_ms)
 
     async def _send(
         self,
         message: AbstractIncomingMessage,
-        confirmed: list[bool],
+        outcomes: list[Outcome],
         event: RetryEvent,
         copy: Copy,
+        *,
+        dlq: str,
         tier_ms: int | None = None,
     ) -> None:
-        """Publish ``copy`` and report ``event``; ``confirmed`` learns the outcome at once."""
+        """Publish ``copy`` and report ``event``; ``outcomes`` learns each outcome at once.
 
-        async def send(copy: Copy) -> bool:
-            ok = await self._publisher.send(message, copy)
-            confirmed.append(ok)
-            return ok
-
-        await self._reporter.publish(event, copy, send, incoming=message.headers, tier_ms=tier_ms)
+        ``dlq`` takes the message if a retry copy cannot fit in a frame.
+        """
+        await publish_step(
+            self._reporter,
+            self._publisher,
+            message,
+            event,
+            copy,
+            dlq=dlq,
+            origin_queue=event.queue,
+            tier_ms=tier_ms,
+            outcomes=outcomes,
+        )
 
     def _dead_letter(
         self, message: AbstractIncomingMessage, route: Route, step: DeadLetter, now: int
@@ -228,7 +242,7 @@ class IntakeConsumer:
         headers = h.dead_letter_headers(
             message.headers, step.failure, reason=step.reason, origin_queue=route.queue
         )
-        return _event(step, message, now), Copy("", route.dlq, headers)
+        return _event(step, message, now), Copy("", route.dlq, headers, room=True)
 
     def _refuse(
         self, message: AbstractIncomingMessage, step: Refuse, now: int
@@ -257,7 +271,7 @@ class IntakeConsumer:
             rule=Rule.DEAD_LETTERING,
             classification=Verdict.PERMANENT,
         )
-        return event, Copy("", intake_dlq_name(self._config.prefix), headers)
+        return event, Copy("", intake_dlq_name(self._config.prefix), headers, room=True)
 
 
 def _event(step: Retry | DeadLetter, message: AbstractIncomingMessage, now: int) -> RetryEvent:

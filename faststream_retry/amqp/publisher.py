@@ -10,6 +10,11 @@ exchange, closes the channel with ``404 NOT_FOUND``. The publisher then asks its
 are rate-limited, so a broker that keeps refusing never turns it into a hot loop; a
 copy that still fails takes the usual path (not confirmed: the original is requeued
 after a pause).
+
+A copy is measured against the connection's frame limit before it goes (see
+``faststream_retry.fit``): one that would not fit is sent lean, or, if even that does
+not fit, not at all (``TOO_LARGE``), so no copy of the plugin's ever closes the
+connection it shares with the application.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
+from faststream_retry import fit
 from faststream_retry._log import Throttle, log
+from faststream_retry.amqp import frames
 from faststream_retry.amqp.deadlines import Deadlines
 
 if TYPE_CHECKING:
@@ -64,6 +71,8 @@ class Outcome(enum.Enum):
     """``Basic.Nack``: the queue would not take it (at its length limit, no leader)."""
     FAILED = "failed"
     """Returned (unroutable), no confirm in time, or the channel or connection gone."""
+    TOO_LARGE = "too large"
+    """Not sent: even without the story headers it would not fit in a frame."""
 
 
 class Publisher:
@@ -116,6 +125,7 @@ class Publisher:
                 routing_key=copy.routing_key,
                 body=message.body,
                 properties=copy_properties(message, copy.headers),
+                room=copy.room,
             )
         except Exception:  # never let a publish problem lose the original
             log.exception("could not publish a copy of message %s", message.message_id)
@@ -128,8 +138,13 @@ class Publisher:
         routing_key: str,
         body: bytes,
         properties: commands.Basic.Properties,
+        room: bool = False,
     ) -> Outcome:
-        """Publish; ``CONFIRMED`` only on a ``Basic.Ack`` for a routed message."""
+        """Publish; ``CONFIRMED`` only on a ``Basic.Ack`` for a routed message.
+
+        Properties that would not fit in a frame are made lean first; ``room`` lets the
+        message's own largest headers go too (a dead letter: see ``fit.make_room``).
+        """
         message_id = properties.message_id or ""
         while message_id in self._inflight:
             waiter = self._inflight[message_id]
@@ -139,9 +154,9 @@ class Publisher:
         self._inflight[message_id] = None
         try:
             repairs = self.repairs
-            outcome, missing = await self._publish(exchange, routing_key, body, properties)
+            outcome, missing = await self._publish(exchange, routing_key, body, properties, room)
             if missing and await self._repaired(exchange, routing_key, repairs):
-                outcome, _ = await self._publish(exchange, routing_key, body, properties)
+                outcome, _ = await self._publish(exchange, routing_key, body, properties, room)
             return outcome
         finally:
             waiter = self._inflight.pop(message_id)
@@ -154,10 +169,13 @@ class Publisher:
         routing_key: str,
         body: bytes,
         properties: commands.Basic.Properties,
+        room: bool,
     ) -> tuple[Outcome, bool]:
         """Publish once; return the outcome and whether the destination was missing."""
         try:
             channel = await self._channel()
+            if not _fitted(channel, exchange, routing_key, body, properties, room=room):
+                return Outcome.TOO_LARGE, False
             # wait=False: the channel's lock is let go as soon as the frames are
             # queued, so copies in flight pipeline instead of each waiting for the
             # socket; the confirm is what this waits for, bounded by the watchdog.
@@ -201,7 +219,7 @@ class Publisher:
                 exc,
             )
             properties.headers = kept
-            return await self._publish(exchange, routing_key, body, properties)
+            return await self._publish(exchange, routing_key, body, properties, room)
         outcome = _outcome_of(result, properties.message_id, exchange, routing_key, self._quiet)
         frame = getattr(result, "delivery", None)
         return outcome, getattr(frame, "reply_code", None) == NO_ROUTE
@@ -230,6 +248,65 @@ class Publisher:
             if done:
                 self.repairs += 1
             return done
+
+
+def _fitted(
+    channel: UnderlayChannel,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    properties: commands.Basic.Properties,
+    *,
+    room: bool,
+) -> bool:
+    """Make ``properties`` fit in a frame of ``channel``'s connection; ``False``: they cannot.
+
+    Raises what the encoder raises for a header it cannot encode: the caller leaves such
+    headers out and measures again.
+    """
+    limit = frames.frame_limit(channel)
+    if limit is None or frames.fits(properties, len(body), limit):
+        return True
+    headers = dict(properties.headers or {})
+    weigh = frames.weigher(properties, len(body))
+    size = weigh(headers)
+    lean = fit.lean(headers)
+    if weigh(lean) <= limit:
+        log.warning(
+            "message %s: its copy to %r/%r would take %d bytes of a frame that holds %d: "
+            "sent without %s",
+            properties.message_id,
+            exchange,
+            routing_key,
+            size,
+            limit,
+            ", ".join(sorted(set(headers) & set(fit.TOLD))) or "retry-error's tail",
+        )
+        return True
+    made = fit.make_room(lean, weigh, limit) if room else None
+    if made is None:
+        properties.headers = headers
+        log.warning(
+            "message %s: its copy to %r/%r would take %d bytes of a frame that holds %d, "
+            "and its own headers leave no room: not published",
+            properties.message_id,
+            exchange,
+            routing_key,
+            size,
+            limit,
+        )
+        return False
+    properties.headers, dropped = made
+    log.warning(
+        "message %s: its own headers leave no room in a frame of %d bytes: its copy to "
+        "%r/%r leaves out %s",
+        properties.message_id,
+        limit,
+        exchange,
+        routing_key,
+        ", ".join(f"{key!r} ({size:,} bytes)" for key, size in dropped),
+    )
+    return True
 
 
 def _describe(exc: BaseException) -> str:

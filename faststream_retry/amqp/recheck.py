@@ -22,6 +22,7 @@ from faststream_retry.amqp.acks import AckRuns
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S
 from faststream_retry.amqp.declare import declare_retry_queue
 from faststream_retry.amqp.publisher import Outcome
+from faststream_retry.amqp.step import publish_step
 from faststream_retry.decision import Hop, Release, recheck_step
 from faststream_retry.errors import InvalidDueTime
 from faststream_retry.events import EventKind, Reason, RetryEvent
@@ -171,12 +172,7 @@ class RecheckConsumer:
             else:
                 event, copy = self._invalid(route, message, attempt, now, due)
 
-            async def send(copy: Copy) -> bool:
-                outcome = await self._publisher.deliver(message, copy)
-                outcomes.append(outcome)
-                return outcome is Outcome.CONFIRMED
-
-            ok = await self._reporter.publish(event, copy, send, incoming=incoming)
+            ok = await self._publish(route, message, event, copy, outcomes)
             if not ok and isinstance(step, Release) and self._wait_again(step, outcomes, message):
                 # Half the time it is already late, at least a tick: a refusal of a few
                 # seconds costs a few tries, a long one a try every so often.
@@ -185,7 +181,7 @@ class RecheckConsumer:
                 event, copy = self._hop(
                     route, message, attempt, h.now_ms(), due=due, tier_ms=tier_ms
                 )
-                ok = await self._reporter.publish(event, copy, send, incoming=incoming)
+                ok = await self._publish(route, message, event, copy, outcomes)
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
         except BaseException:
@@ -207,6 +203,25 @@ class RecheckConsumer:
             return
         await settle(message, ok=False, pause_s=self._pause_s)
         runs.settled(message)
+
+    async def _publish(
+        self,
+        route: Route,
+        message: AbstractIncomingMessage,
+        event: RetryEvent,
+        copy: Copy,
+        outcomes: list[Outcome],
+    ) -> bool:
+        return await publish_step(
+            self._reporter,
+            self._publisher,
+            message,
+            event,
+            copy,
+            dlq=route.dlq,
+            origin_queue=route.queue,
+            outcomes=outcomes,
+        )
 
     def _runs(self, message: AbstractIncomingMessage) -> AckRuns | None:
         """Return the ack runs of the channel ``message`` came on; ``None`` once it closed.
@@ -300,7 +315,7 @@ class RecheckConsumer:
             exception=failure.exception,
             error=h.truncate(failure.error, h.HISTORY_ERROR_LIMIT),
         )
-        return event, Copy("", route.dlq, headers)
+        return event, Copy("", route.dlq, headers, room=True)
 
 
 async def settle(message: AbstractIncomingMessage, *, ok: bool, pause_s: float) -> None:

@@ -16,7 +16,9 @@ import pytest
 from aiormq.exceptions import ChannelInvalidStateError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
+from pamqp.header import ContentHeader
 
+from faststream_retry import headers as h
 from faststream_retry._log import Throttle
 from faststream_retry.amqp.publisher import Outcome, Publisher
 
@@ -275,3 +277,114 @@ def test_a_destination_that_keeps_failing_gets_one_line_per_interval(
         (logging.WARNING, "refused 6 (and 5 more like it in the last 10 s)"),
         (logging.WARNING, "refused 8 (and 1 more like it in the last 10 s)"),
     ]
+
+
+class Tuned(Channel):
+    """A channel on a connection that agreed on ``frame_max``, as aiormq's say."""
+
+    def __init__(self, frame_max: int) -> None:
+        super().__init__(commands.Basic.Ack())
+        tune = type("Tune", (), {"frame_max": frame_max})()
+        self.connection = type("Connection", (), {"connection_tune": tune})()
+        self.properties: list[commands.Basic.Properties] = []
+
+    async def basic_publish(self, body: bytes, **kwargs: Any) -> object:
+        self.properties.append(kwargs["properties"])
+        return await super().basic_publish(body, **kwargs)
+
+
+def size(properties: commands.Basic.Properties) -> int:
+    return len(ContentHeader(0, 1, properties).marshal())
+
+
+FRAME_MAX = 4096
+LIMIT = FRAME_MAX - 8
+
+STORY: dict[str, Any] = {
+    h.ATTEMPT: 2,
+    h.REASON: "exhausted",
+    h.ERROR: "e" * 1000,
+    h.TRACEBACK: "t" * 2000,
+    h.HISTORY: [{"attempt": 1, "error": "e" * 150}],
+}
+
+
+async def publish_sized(channel: Tuned, headers: dict[str, Any], *, room: bool = False) -> Outcome:
+    properties = commands.Basic.Properties(headers=headers, message_id="m-1")
+    p = publisher(channel)
+    return await p.publish(
+        exchange="", routing_key="q", body=b"x", properties=properties, room=room
+    )
+
+
+async def test_a_copy_that_fits_goes_as_built() -> None:
+    channel = Tuned(FRAME_MAX)
+    assert await publish_sized(channel, {**STORY, "own": "o" * 500}) is Outcome.CONFIRMED
+    assert channel.sent == [{**STORY, "own": "o" * 500}]
+
+
+async def test_a_copy_too_large_for_the_frame_goes_lean(caplog: pytest.LogCaptureFixture) -> None:
+    """Without its traceback and history, the error cut: same destination, one line."""
+    channel = Tuned(FRAME_MAX)
+    with caplog.at_level(logging.WARNING, logger="faststream_retry"):
+        outcome = await publish_sized(channel, {**STORY, "own": "o" * 1500})
+    assert outcome is Outcome.CONFIRMED
+    assert channel.sent == [
+        {h.ATTEMPT: 2, h.REASON: "exhausted", h.ERROR: "e" * 197 + "...", "own": "o" * 1500}
+    ]
+    assert size(channel.properties[0]) <= LIMIT
+    full = size(commands.Basic.Properties(headers={**STORY, "own": "o" * 1500}, message_id="m-1"))
+    line = (
+        f"message m-1: its copy to ''/'q' would take {full} bytes of a frame that holds "
+        f"{LIMIT}: sent without retry-history, retry-traceback"
+    )
+    assert [r.getMessage() for r in caplog.records] == [line]
+
+
+async def test_a_retry_copy_whose_own_headers_leave_no_room_is_not_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing reaches the broker: a copy never closes the connection; the caller decides."""
+    channel = Tuned(FRAME_MAX)
+    with caplog.at_level(logging.WARNING, logger="faststream_retry"):
+        outcome = await publish_sized(channel, {h.ATTEMPT: 1, "own": "o" * LIMIT})
+    assert outcome is Outcome.TOO_LARGE
+    assert channel.sent == []
+    assert "its own headers leave no room: not published" in caplog.records[-1].getMessage()
+
+
+async def test_a_dead_letter_whose_own_headers_leave_no_room_leaves_out_the_largest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    channel = Tuned(FRAME_MAX)
+    headers = {**STORY, "own": "o" * 3900, "small": "s"}
+    with caplog.at_level(logging.WARNING, logger="faststream_retry"):
+        outcome = await publish_sized(channel, headers, room=True)
+    assert outcome is Outcome.CONFIRMED
+    (sent,) = channel.sent
+    assert set(sent) == {h.ATTEMPT, h.REASON, h.ERROR, "small"}
+    assert sent[h.ERROR].startswith(f"Left out to fit in a frame ({LIMIT:,} bytes): 'own' (")
+    assert size(channel.properties[0]) <= LIMIT
+    assert (
+        caplog.records[-1]
+        .getMessage()
+        .startswith(
+            f"message m-1: its own headers leave no room in a frame of {LIMIT} bytes: its copy "
+            "to ''/'q' leaves out 'own' ("
+        )
+    )
+
+
+async def test_an_unencodable_header_is_left_out_before_the_copy_is_measured() -> None:
+    """Near the limit the exact measure encodes: a value pamqp refuses goes first, as ever."""
+    channel = Tuned(FRAME_MAX)
+    odd = decimal.Decimal("123456789012.5")
+    outcome = await publish_sized(channel, {**STORY, "odd": odd, "own": "o" * 1500})
+    assert outcome is Outcome.CONFIRMED
+    assert "odd" not in channel.sent[0]
+    assert h.TRACEBACK not in channel.sent[0]
+
+
+async def test_a_connection_with_no_frame_limit_takes_any_copy() -> None:
+    channel = Tuned(0)
+    assert await publish_sized(channel, {"own": "o" * 200_000}) is Outcome.CONFIRMED
