@@ -34,6 +34,7 @@ from faststream_retry.topology import registry_name
 from faststream_retry.worker import RetryWorker
 from faststream_retry.worker_config import WorkerConfig, policy_command, worker_config
 from tests.cli import environment, run_cli, script
+from tests.integration.test_frame_limit import BODY, big_message, frame_payload_limit
 from tests.integration.test_metrics import points, total
 from tests.rabbit import (
     LATE_SLACK_MS,
@@ -676,6 +677,63 @@ async def test_a_pattern_queue_whose_dlq_exists_otherwise_is_kept_in_the_intakes
         assert headers[h.ORIGIN_QUEUE] == pattern_queue
         assert str(headers[h.ERROR]).startswith(f"cannot retry in {pattern_queue!r}: ")
         assert await queue_depth(amqp, f"{pattern_queue}.dlq") == 0
+    finally:
+        await channel.close()
+        await setup.cleanup(amqp, config)
+
+
+async def test_a_message_whose_headers_fill_the_frame_never_stalls_the_worker(
+    amqp: AbstractRobustConnection, setup: Setup, rabbit_url: str
+) -> None:
+    """The issue's 130.7 KB header, rejected by a plain consumer, beside 50 ordinary ones.
+
+    RabbitMQ's own x-death takes the delivery past frame_max on its way into the intake;
+    the worker's copy cannot fit even lean. At once, that message is in <queue>.dlq as
+    invalid (HeadersTooLarge), its big header left out and named, its body and small
+    header as they were; the 50 others each arrive three times and are dead-lettered
+    once. No delivery is ever a redelivery and the worker's channels never reopen: no
+    connection was closed. Nothing is left in the intake or its DLQ.
+    """
+    config = setup.config(defaults={"max_attempts": 3, "backoff": {"kind": "fixed", "delay": 0.25}})
+    fanout = await setup.declare(amqp)
+    arrivals: Counter[str] = Counter()
+    redelivered: list[bool] = []
+
+    async def reject(message: AbstractIncomingMessage) -> None:
+        arrivals[message.message_id or ""] += 1
+        redelivered.append(bool(message.redelivered))
+        await message.reject(requeue=False)
+
+    channel = await amqp.channel()
+    await channel.set_qos(prefetch_count=50)
+    await (await channel.get_queue(setup.queue, ensure=False)).consume(reject)
+    small = [f"small-{n}" for n in range(50)]
+    try:
+        async with RetryWorker(config, url=rabbit_url) as worker:
+            limit = await frame_payload_limit(amqp)
+            # Its copy into the queue takes room 40 below the limit; the fanout is not
+            # in the frame, so the copy the consumer sees is the same.
+            await fanout.publish(big_message(limit, 40, "big"), routing_key="")
+            await publish(fanout, *small)
+            dead = await drain(amqp, f"{setup.queue}.dlq", expect=51, timeout=30)
+            assert worker.live is not None
+            assert worker.live.channels.generation == 1
+        assert Counter(m.message_id for m in dead) == dict.fromkeys(["big", *small], 1)
+        assert arrivals == {"big": 1, **dict.fromkeys(small, 3)}
+        assert not any(redelivered)
+        (big,) = [m for m in dead if m.message_id == "big"]
+        headers: dict[str, Any] = dict(big.headers or {})
+        assert (headers[h.REASON], headers[h.ATTEMPT]) == ("invalid", 1)
+        assert headers[h.EXCEPTION] == "faststream_retry.HeadersTooLarge"
+        assert str(headers[h.ERROR]).startswith(
+            f"Left out to fit in a frame ({limit:,} bytes): 'big' ("
+        )
+        assert "it had failed with rejected" in str(headers[h.ERROR])
+        assert "big" not in headers
+        assert headers["keep"] == "me"
+        assert big.body == BODY
+        assert await queue_depth(amqp, setup.intake) == 0
+        assert await queue_depth(amqp, intake_dlq_name(setup.prefix)) == 0
     finally:
         await channel.close()
         await setup.cleanup(amqp, config)
