@@ -17,6 +17,7 @@ from rich.table import Table
 from faststream_retry import headers as h
 from faststream_retry.cli._common import (
     DEFAULT_URL,
+    EXIT_ACTION,
     EXIT_ERROR,
     Json,
     Url,
@@ -33,7 +34,7 @@ from faststream_retry.ops.records import DeadLetter, Decoder, Selection, load_de
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from faststream_retry.ops.walk import Pass
+    from faststream_retry.ops.walk import Pass, TooLarge
 
 __all__ = ["register"]
 
@@ -184,12 +185,37 @@ def _letters_table(letters: list[DeadLetter], title: str) -> Table:
     return table
 
 
-def _note_consumers(done: Pass | None) -> None:
-    """Say what a pass could not see: what the queue's consumers hold unacked."""
-    if done is not None and done.consumers:
+def _note_consumers(done: Pass | None, *, moving: str = "") -> None:
+    """Say what a pass could not see (what consumers hold unacked) or could not publish.
+
+    ``moving`` names what a move of the pass does (``replayed``): a message too large
+    to publish was not.
+    """
+    if done is None:
+        return
+    if done.consumers:
         err.print(
             f"note: {done.queue} has {done.consumers} consumer(s): the messages they hold "
             "unacked were not seen"
+        )
+    stays = (
+        "stays in its place"
+        if done.in_place
+        else "went back with one requeue (a quorum queue counts that as a delivery)"
+    )
+    for item in done.too_large:
+        err.print(
+            f"note: #{item.position} (message id {item.message_id!r})"
+            f"{f' was not {moving} and' if moving else ''} {stays}: {item.why}",
+            markup=False,
+            highlight=False,
+        )
+    if done.too_large:
+        err.print(
+            f"note: {len(done.too_large)} message(s) in {done.queue} cannot be published as "
+            "they are: dlq export keeps every byte of them, dlq purge --id removes them",
+            markup=False,
+            highlight=False,
         )
 
 
@@ -209,6 +235,16 @@ def _counts(done: Pass | None) -> dict[str, Any]:
         "removed": done.dropped,
         "kept_in_place": done.in_place,
         "consumers": done.consumers,
+        "too_large": [_too_large_json(item) for item in done.too_large],
+    }
+
+
+def _too_large_json(item: TooLarge) -> dict[str, Any]:
+    return {
+        "position": item.position,
+        "message_id": item.message_id,
+        "size": item.size,
+        "limit": item.limit,
     }
 
 
@@ -412,7 +448,7 @@ def replay(
                 )
 
     done = run(go())
-    _note_consumers(done.done)
+    _note_consumers(done.done, moving="replayed")
     verb = "would replay" if dry_run else "replayed"
     if as_json:
         print_json(
@@ -424,11 +460,18 @@ def replay(
                 **_counts(done.done),
             }
         )
-        return
+    else:
+        _print_replayed(done, verb, dry_run=dry_run)
+    if done.done is not None and done.done.too_large and not dry_run:
+        raise typer.Exit(EXIT_ACTION)
+
+
+def _print_replayed(done: ops.Outcome, verb: str, *, dry_run: bool) -> None:
     if dry_run:
         out.print(_letters_table(done.taken, f"{verb} to {done.target}:"))
+    count = len(done.taken) if dry_run or done.done is None else done.done.moved
     out.print(
-        f"{verb} {len(done.taken)} of {done.done.total if done.done else 0} dead letters "
+        f"{verb} {count} of {done.done.total if done.done else 0} dead letters "
         f"from {done.queue} to {done.target}"
     )
 
@@ -535,9 +578,19 @@ def import_(
 ) -> None:
     """Publish exported messages back, each confirmed by the broker."""
 
-    async def go(stream: TextIO) -> int:
+    async def go(stream: TextIO) -> ops.Imported:
         async with connect(url) as connection:
             return await ops.import_messages(connection, stream, source=file.name, to=to)
 
-    count = run(go(file))
-    err.print(f"imported {count} messages from {file.name}")
+    done = run(go(file))
+    for item in done.too_large:
+        err.print(
+            f"note: {file.name}:{item.position} (message id {item.message_id!r}) was not "
+            f"imported: {item.why}",
+            markup=False,
+            highlight=False,
+        )
+    skipped = f", {len(done.too_large)} too large to publish" if done.too_large else ""
+    err.print(f"imported {done.published} messages from {file.name}{skipped}")
+    if done.too_large:
+        raise typer.Exit(EXIT_ACTION)

@@ -5,6 +5,8 @@ moves messages only by confirm-then-ack: a copy is published and confirmed befor
 original is acked, so a crash or a kill mid-way duplicates at most, never loses. A
 quorum queue's delivery count is never spent: messages are never requeued by a nack
 or a closed channel on a quorum queue, only on a classic one, where that costs nothing.
+The one exception is a message no publish can carry, whose headers do not fit in a
+frame: it is given back with one requeue and reported (``Pass.too_large``).
 
 A service can expose these itself (an admin endpoint that replays dead letters, say);
 the command line in ``faststream_retry.cli`` is a thin layer over them.
@@ -15,6 +17,7 @@ from faststream_retry.ops.app import LoadedApp, load_app
 from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.diagnosis import Finding, Report
 from faststream_retry.ops.dlq import (
+    Imported,
     Outcome,
     export_dead_letters,
     import_messages,
@@ -29,22 +32,26 @@ from faststream_retry.ops.migrate import MigrationResult, migrate
 from faststream_retry.ops.records import DeadLetter, Selection, parse_time
 from faststream_retry.ops.registry import Registry, registered_queues
 from faststream_retry.ops.status import Depth, QueueStatus, Status, TierStatus, status
+from faststream_retry.ops.walk import Pass, TooLarge
 
 __all__ = [
     "DeadLetter",
     "Depth",
     "Explanation",
     "Finding",
+    "Imported",
     "LoadedApp",
     "MigrationResult",
     "OperationError",
     "Outcome",
+    "Pass",
     "QueueStatus",
     "Registry",
     "Report",
     "Selection",
     "Status",
     "TierStatus",
+    "TooLarge",
     "connect",
     "doctor",
     "explain",

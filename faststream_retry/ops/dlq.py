@@ -13,7 +13,17 @@ from typing import TYPE_CHECKING
 from faststream_retry import headers as h
 from faststream_retry.ops.common import OperationError, dlq_of
 from faststream_retry.ops.records import DeadLetter, Decoder, Selection
-from faststream_retry.ops.walk import DROP, KEEP, Move, Pass, Seen, publish, walk
+from faststream_retry.ops.walk import (
+    DROP,
+    KEEP,
+    Move,
+    Pass,
+    Seen,
+    TooLarge,
+    oversize,
+    publish,
+    walk,
+)
 from faststream_retry.ops.wire import Record, read_line, write_line
 
 if TYPE_CHECKING:
@@ -24,6 +34,7 @@ if TYPE_CHECKING:
     from faststream_retry.ops.walk import Step
 
 __all__ = [
+    "Imported",
     "Outcome",
     "export_dead_letters",
     "import_messages",
@@ -45,6 +56,15 @@ class Outcome:
     """The selected dead letters (moved, dropped or written), in queue order."""
     done: Pass | None = None
     target: str | None = None
+
+
+@dataclass(slots=True)
+class Imported:
+    """What an import did: how many it published, and the lines no publish can carry."""
+
+    published: int = 0
+    too_large: list[TooLarge] = field(default_factory=list)
+    """Lines whose message's headers do not fit in a frame (``position``: the line)."""
 
 
 def _read(seen: Seen, decoder: Decoder | None = None) -> DeadLetter:
@@ -133,7 +153,8 @@ async def replay_dead_letters(
     by. Its attempt count and failure headers are reset and what they said is kept in
     a ``retry-replayed`` record. The pass is bounded by what was in the DLQ when it
     began, so a message that fails again during the replay is not replayed again.
-    ``dry_run`` returns what would move and moves nothing.
+    ``dry_run`` returns what would move and moves nothing. A dead letter whose headers
+    do not fit in a frame stays (``done.too_large``); the others are replayed.
 
     Raises:
         OperationError: the DLQ does not exist, or a publish failed (the target queue
@@ -206,11 +227,13 @@ async def import_messages(
     source: str = "<input>",
     to: str | None = None,
     progress: Callable[[int], None] | None = None,
-) -> int:
+) -> Imported:
     """Publish every exported message in ``lines`` to ``to`` or the queue it was exported from.
 
-    Every line is checked first: a damaged file publishes nothing. The copies are
-    confirmed one by one. Returns how many were published.
+    Every line is checked first: a damaged file publishes nothing. A message whose
+    headers do not fit in a frame cannot be published at all (its line is skipped and
+    named in ``Imported.too_large``); the others are. The copies are confirmed one by
+    one.
 
     Raises:
         OperationError: a line is not an exported message (nothing was published),
@@ -224,26 +247,32 @@ async def import_messages(
         if line.strip()
     ]
     channel = await connection.channel(publisher_confirms=True)
-    published = 0
+    done = Imported()
     user = getattr(getattr(connection, "url", None), "user", None)
     try:
         underlay = await channel.get_underlay_channel()
-        for number, record in records:
+        moves = [
+            (number, Move("", to or record.queue, record.body, record.properties))
+            for number, record in records
+        ]
+        for number, move in moves:
+            too_large = oversize(underlay, move, user, number)
+            if too_large is not None:
+                done.too_large.append(too_large)
+                continue
             try:
-                await publish(
-                    underlay, Move("", to or record.queue, record.body, record.properties), user
-                )
+                await publish(underlay, move, user)
             except OperationError as exc:
                 raise OperationError(
-                    f"{exc}; {published} published before {source}:{number}"
+                    f"{exc}; {done.published} published before {source}:{number}"
                 ) from exc
-            published += 1
+            done.published += 1
             if progress is not None:
-                progress(published)
+                progress(done.published)
     finally:
         if not channel.is_closed:
             await channel.close()
-    return published
+    return done
 
 
 async def _pass(

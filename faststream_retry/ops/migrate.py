@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from pamqp import commands as spec
 
+from faststream_retry.amqp import frames
 from faststream_retry.ops import migration
 from faststream_retry.ops.common import OperationError, depth, exclusive
 from faststream_retry.ops.doctor import amqp_of
 from faststream_retry.ops.registry import registered_queues
+from faststream_retry.ops.walk import TooLarge
 from faststream_retry.topology import retry_queue_name
 from faststream_retry.versions import MIN_VERSION, parse_version
 
@@ -331,6 +333,30 @@ async def _settles(channel: Any, queue: str) -> bool:  # noqa: ANN401 - aiormq's
         await asyncio.sleep(0.05)
 
 
+def _check_fit(
+    channel: Any,  # noqa: ANN401 - aiormq's channel
+    source: str,
+    batch: list[Any],
+    copies: list[tuple[str, str, Any]],
+) -> None:
+    """Refuse a batch with a copy no frame can carry, before any of it is published.
+
+    Such a publish would close the connection; the batch goes back unacked instead.
+    """
+    limit = frames.frame_limit(channel)
+    if limit is None:
+        return
+    for message, (_, _, properties) in zip(batch, copies, strict=True):
+        if not frames.fits(properties, len(message.body), limit):
+            size = frames.header_size(properties, len(message.body))
+            too_large = TooLarge(0, properties.message_id, size, limit)
+            raise OperationError(
+                f"message {properties.message_id!r} in {source!r} cannot be moved: "
+                f"{too_large.why}. Nothing of its batch was acked. Take it out first "
+                f"(faststream-retry dlq export, then purge --id), then run migrate again"
+            )
+
+
 class _Mover:
     """Moves every message from a queue to another, confirm-then-ack."""
 
@@ -378,6 +404,7 @@ class _Mover:
             if not batch:
                 return moved
             copies = [self._copy(message, destination, back_to) for message in batch]
+            _check_fit(channel, source, batch, copies)
             confirms = await asyncio.gather(
                 *(
                     channel.basic_publish(

@@ -22,6 +22,13 @@ not known, is passed the second way, which is safe for any type. (The
 ``x-delivery-count`` header cannot tell: RabbitMQ 3.12 and later leave it off a first
 delivery.)
 
+A message whose headers do not fit in a frame cannot be published at all (RabbitMQ's
+own ``x-death`` can take a dead letter past ``frame_max``, and such a publish would close
+the connection): the pass never tries. It holds the message unacked until the end and
+then gives it back with one requeue, in its place on a classic queue, at the head on a
+quorum one (which counts that as a delivery), and reports it (``Pass.too_large``); a
+move of it is not made. Every other message is passed as usual.
+
 Two passes over one queue at once would see each other's kept messages as new ones:
 each pass holds an exclusive lock queue for its queue, and a second one is refused.
 """
@@ -32,7 +39,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiormq.exceptions import (
@@ -43,6 +50,7 @@ from aiormq.exceptions import (
 )
 from pamqp import commands
 
+from faststream_retry.amqp import frames
 from faststream_retry.amqp.publisher import encodable_headers
 from faststream_retry.ops.common import OperationError, depth, exclusive, plain_classic
 
@@ -60,6 +68,9 @@ __all__ = [
     "Pass",
     "PassStoppedError",
     "Seen",
+    "TooLarge",
+    "TooLargeError",
+    "oversize",
     "publish",
     "stop_all",
     "walk",
@@ -107,6 +118,38 @@ class Seen:
     properties: commands.Basic.Properties
 
 
+@dataclass(frozen=True, slots=True)
+class TooLarge:
+    """A message no publish can carry: its properties take more than a frame holds."""
+
+    position: int
+    """Its place in the queue when the pass began (1: the head), or its line in a file."""
+    message_id: str | None
+    size: int
+    """The bytes its header frame would take."""
+    limit: int
+    """The bytes a frame holds on this connection (``frame_max`` less 8)."""
+
+    @property
+    def why(self) -> str:
+        """Say why it cannot be published, in one line."""
+        return (
+            f"its headers take {self.size:,} bytes and a frame holds {self.limit:,} "
+            "(frame_max less 8): RabbitMQ would close the connection on such a publish"
+        )
+
+
+class TooLargeError(OperationError):
+    """A publish was not made: the message's headers do not fit in a frame."""
+
+    def __init__(self, where: str, too_large: TooLarge) -> None:
+        """Name the message and the destination."""
+        super().__init__(
+            f"message {too_large.message_id!r} was not published to {where}: {too_large.why}"
+        )
+        self.too_large = too_large
+
+
 @dataclass(slots=True)
 class Pass:
     """What a pass did."""
@@ -123,6 +166,8 @@ class Pass:
     was republished to the tail, and the pass went through the whole queue."""
     consumers: int = 0
     """Consumers of the queue when the pass began: what they hold unacked it cannot see."""
+    too_large: list[TooLarge] = field(default_factory=list)
+    """Messages it could neither move nor republish in place: given back with a requeue."""
 
 
 def _own(properties: commands.Basic.Properties, user: str | None) -> commands.Basic.Properties:
@@ -151,6 +196,21 @@ def _own(properties: commands.Basic.Properties, user: str | None) -> commands.Ba
     )
 
 
+def oversize(
+    channel: UnderlayChannel, move: Move, user: str | None, position: int = 0
+) -> TooLarge | None:
+    """Return why ``move`` cannot be published on ``channel`` (``position`` names it), if so."""
+    limit = frames.frame_limit(channel)
+    if limit is None:
+        return None
+    properties = _own(move.properties, user)
+    body_size = len(move.body)
+    if frames.fits(properties, body_size, limit):
+        return None
+    size = frames.header_size(properties, body_size)
+    return TooLarge(position, properties.message_id, size, limit)
+
+
 async def publish(
     channel: UnderlayChannel,
     move: Move,
@@ -159,16 +219,22 @@ async def publish(
     """Publish ``move`` with ``mandatory`` and wait for the confirm.
 
     Raises:
+        TooLargeError: its headers do not fit in a frame; nothing was sent.
         OperationError: the broker returned the message (no queue to take it) or
             refused it (a nack: a queue at its length limit), or the channel broke.
     """
     where = f"queue {move.routing_key!r}" if not move.exchange else f"exchange {move.exchange!r}"
+    properties = _own(move.properties, user)
+    limit = frames.frame_limit(channel)
+    if limit is not None and not frames.fits(properties, len(move.body), limit):
+        size = frames.header_size(properties, len(move.body))
+        raise TooLargeError(where, TooLarge(0, properties.message_id, size, limit))
     try:
         result = await channel.basic_publish(
             move.body,
             exchange=move.exchange,
             routing_key=move.routing_key,
-            properties=_own(move.properties, user),
+            properties=properties,
             mandatory=True,
         )
     except DeliveryError as exc:
@@ -284,6 +350,8 @@ class _Walker:
         self.pace = _Rate(rate)
         self.held = 0
         """The highest delivery tag kept unacked (classic queues); 0 for none."""
+        self.stuck: list[int] = []
+        """Deliveries held because no publish can carry them (a pass that republishes)."""
         self.failure: OperationError | None = None
         """The move that failed; the rest of the pass keeps every message."""
         self.in_flight: deque[_InFlight] = deque()
@@ -310,14 +378,41 @@ class _Walker:
                 Move("", done.queue, seen.body, seen.properties), tag, seen, moving=False
             )
         else:
-            self.held = max(self.held, tag)
-            done.kept += 1
+            # Held in place, it needs no publish; one that could not be republished
+            # (replayed, imported) is named all the same.
+            too_large = oversize(
+                self.underlay,
+                Move("", done.queue, seen.body, seen.properties),
+                self.user,
+                seen.position,
+            )
+            if too_large is not None:
+                done.too_large.append(too_large)
+            self.hold(tag)
         # A pass that republishes what it keeps goes through every message, so the
         # kept ones end in their old order; one that holds them can end early.
         return not done.in_place or not (self.failure or self.enough())
 
+    def hold(self, tag: int) -> None:
+        """Keep a message unacked in its place until the pass ends (classic queues)."""
+        self.held = max(self.held, tag)
+        self.done.kept += 1
+
     async def send(self, move: Move, tag: int, seen: Seen, *, moving: bool) -> None:
-        """Publish a copy; its delivery is acked once the broker confirms it."""
+        """Publish a copy; its delivery is acked once the broker confirms it.
+
+        A copy no frame can carry is not published: the message is held, and given
+        back with a requeue when the pass ends.
+        """
+        too_large = oversize(self.underlay, move, self.user, seen.position)
+        if too_large is not None:
+            self.done.too_large.append(too_large)
+            if self.done.in_place:
+                self.hold(tag)
+            else:
+                self.stuck.append(tag)
+                self.done.kept += 1
+            return
         confirm = asyncio.ensure_future(publish(self.underlay, move, self.user))
         self.in_flight.append(_InFlight(confirm, tag, seen, moving))
         # Ack what is confirmed at once: a kill now duplicates only what is in flight.
@@ -375,6 +470,10 @@ class _Walker:
             if self.held and not self.underlay.is_closed:
                 # Uncounted, in their old places (only classic queues hold).
                 await self.underlay.basic_nack(self.held, multiple=True, requeue=True)
+            for tag in self.stuck:
+                if not self.underlay.is_closed:
+                    # One by one: the deliveries around them are acked, or in flight no more.
+                    await self.underlay.basic_nack(tag, multiple=False, requeue=True)
 
 
 async def walk(

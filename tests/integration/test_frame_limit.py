@@ -17,14 +17,30 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 import pytest
 from faststream.rabbit import RabbitMessage
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pamqp import commands
 from pamqp.header import ContentHeader
 
 from faststream_retry import Fixed, HeadersTooLarge, retry_policy
 from faststream_retry.fit import payload_limit
-from tests.rabbit import App, drain, headers_of, queue_depth, unique
+from tests.cli import run_cli
+from tests.integration.test_cli_dlq import ids_in, seed
+from tests.rabbit import (
+    App,
+    drain,
+    eventually,
+    eventually_async,
+    headers_of,
+    queue_depth,
+    unique,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
     from aio_pika.abc import AbstractRobustConnection
 
 pytestmark = pytest.mark.rabbit
@@ -166,3 +182,130 @@ async def test_a_message_whose_headers_leave_no_room_is_dead_lettered_as_invalid
     assert app.retry.runtime(app.broker).live.channels.generation == 1  # type: ignore[union-attr]
     assert await queue_depth(amqp, queue) == 0
     assert await app.waiting(amqp, queue) == 0
+
+
+async def test_a_release_that_tracing_would_push_past_the_frame_goes_to_the_dlq(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """Published straight into ``.retry`` with 20 bytes of room and no trace context.
+
+    The release would carry the re-check's ``traceparent`` (55 bytes): it cannot fit,
+    so instead of the work queue the message goes to the DLQ as invalid, its big header
+    left out, and the handler is never called with it. The re-check's channel stays up.
+    """
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    app: App = make_app(tracer_provider=provider)
+    queue = unique("frame-release")
+    calls: Counter[str] = Counter()
+
+    @app.broker.subscriber(queue)
+    async def handle(body: Any, message: RabbitMessage) -> None:
+        calls[message.message_id] += 1
+
+    await app.start()
+    limit = await frame_payload_limit(amqp)
+    big = big_message(limit, 20, "big")
+    assert big.headers is not None
+    big.headers["retry-due"] = 0  # due long ago: released at once
+    big.headers["big"] = str(big.headers["big"])[: -len("retry-due") - 10]
+    channel = await amqp.channel(publisher_confirms=True)
+    await channel.default_exchange.publish(big, routing_key=f"{queue}.retry")
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"{}", message_id="small", headers={"retry-due": 0}),
+        routing_key=f"{queue}.retry",
+    )
+    await channel.close()
+    (dead,) = await drain(amqp, f"{queue}.dlq", expect=1)
+    await eventually(lambda: calls == {"small": 1}, what="the small one released")
+    headers = headers_of(dead)
+    assert (dead.message_id, headers["retry-reason"]) == ("big", "invalid")
+    assert headers["retry-exception"] == "faststream_retry.HeadersTooLarge"
+    assert "big" not in headers
+    assert headers["keep"] == "me"
+    assert dead.body == BODY
+    assert app.retry.runtime(app.broker).live.channels.generation == 1  # type: ignore[union-attr]
+    assert await queue_depth(amqp, f"{queue}.retry") == 0
+
+
+@pytest.fixture(params=["classic", "quorum"])
+async def dlq_with_an_oversized_letter(
+    request: pytest.FixtureRequest, amqp: AbstractRobustConnection
+) -> AsyncIterator[str]:
+    """A work queue whose ``.dlq`` holds a, b, big, c; big is past the frame limit.
+
+    RabbitMQ's own dead-lettering put big there (out of a queue whose TTL is 0), and
+    the ``x-death`` it added takes its headers past ``frame_max``: it can be read, and
+    no client can publish it again as it is. The issue's intake DLQ held such a letter.
+    """
+    queue = unique("frame-dlq")
+    dlq = f"{queue}.dlq"
+    bounce = f"{queue}.bounce"
+    channel = await amqp.channel(publisher_confirms=True)
+    await channel.declare_queue(queue, durable=True)
+    await channel.declare_queue(dlq, durable=True, arguments={"x-queue-type": request.param})
+    await channel.declare_queue(
+        bounce,
+        arguments={
+            "x-message-ttl": 0,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dlq,
+        },
+    )
+    await seed(amqp, queue, [(key, "exhausted", b"{}", None) for key in ("a", "b")])
+    limit = await frame_payload_limit(amqp)
+    await channel.default_exchange.publish(big_message(limit, 40, "big"), routing_key=bounce)
+    await eventually_async(lambda: _depth_is(amqp, dlq, 3), what="big in the DLQ")
+    await seed(amqp, queue, [("c", "exhausted", b"{}", None)])
+    yield queue
+    for name in (queue, dlq, bounce):
+        await channel.queue_delete(name)
+    await channel.close()
+
+
+async def _depth_is(amqp: AbstractRobustConnection, queue: str, n: int) -> bool:
+    return await queue_depth(amqp, queue) == n
+
+
+async def test_the_dlq_commands_report_a_dead_letter_no_publish_can_carry_and_go_on(
+    amqp: AbstractRobustConnection,
+    rabbit_url: str,
+    dlq_with_an_oversized_letter: str,
+    tmp_path: Path,
+) -> None:
+    """list, show and export read every letter and name the big one; none breaks.
+
+    replay moves a, b and c and keeps big (exit 1, big named); an import of the export
+    publishes a, b and c and skips big's line (exit 1). Nothing is lost or doubled.
+    """
+    queue = dlq_with_an_oversized_letter
+    dlq = f"{queue}.dlq"
+    for _ in range(2):  # a second pass finds the same, whatever the first put back
+        listed = await run_cli("dlq", "list", queue, "--json", url=rabbit_url)
+        assert listed.status == 0, listed.stderr
+        assert sorted(r["message_id"] for r in listed.json()) == ["a", "b", "big", "c"]
+        assert "(message id 'big')" in listed.stderr
+        assert "a frame holds" in listed.stderr
+    shown = await run_cli("dlq", "show", queue, "big", "--json", url=rabbit_url)
+    assert shown.status == 0, shown.stderr
+    assert set(shown.json()["headers"]) >= {"big", "keep", "x-death"}
+    saved = tmp_path / "dead.jsonl"
+    exported = await run_cli("dlq", "export", queue, str(saved), url=rabbit_url)
+    assert exported.status == 0, exported.stderr
+    assert len(saved.read_text().splitlines()) == 4
+    assert await queue_depth(amqp, dlq) == 4
+
+    replayed = await run_cli("dlq", "replay", queue, "--json", url=rabbit_url)
+    assert replayed.status == 1, replayed.stderr
+    report = replayed.json()
+    assert report["moved"] == 3
+    assert [item["message_id"] for item in report["too_large"]] == ["big"]
+    assert "was not replayed" in replayed.stderr
+    assert sorted(await ids_in(amqp, queue)) == ["a", "b", "c"]
+    assert await ids_in(amqp, dlq) == ["big"]
+
+    imported = await run_cli("dlq", "import", str(saved), "--to", queue, url=rabbit_url)
+    assert imported.status == 1, imported.stderr
+    assert "imported 3 messages" in imported.stderr
+    assert "was not imported" in imported.stderr
+    assert sorted(await ids_in(amqp, queue)) == ["a", "b", "c"]
