@@ -67,7 +67,7 @@ def payload_limit(frame_max: int) -> int | None:
     8 bytes more through (and names ``frame_max - 8`` when it refuses); the spec's limit
     is the one every broker keeps.
     """
-    return frame_max - FRAME_OVERHEAD if frame_max > 0 else None
+    return None if frame_max == 0 else frame_max - FRAME_OVERHEAD
 
 
 def frame_bound(headers: Mapping[str, Any] | None) -> int | None:

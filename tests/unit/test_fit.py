@@ -214,3 +214,19 @@ def test_making_room_starts_an_error_that_is_not_text_afresh() -> None:
         made[0][h.ERROR]
         == f"Left out to fit in a frame ({weigh({h.ERROR: 'x' * 80}):,} bytes): 'own' ({entry('own', 'o' * 100):,} bytes)."
     )
+
+
+def test_making_room_stops_as_soon_as_the_dead_letter_fits_exactly() -> None:
+    """A frame filled to its last byte is a frame that fits."""
+
+    def length(headers: Mapping[str, Any]) -> int:
+        return sum(len(key) + len(str(value)) for key, value in headers.items())
+
+    headers = {h.REASON: "invalid", "a": "x" * 100, "b": "y" * 50}
+    after_a = {h.REASON: "invalid", "b": "y" * 50}
+    error = "Left out to fit in a frame (0 bytes): 'a' (101 bytes)."
+    limit = length({**after_a, h.ERROR: error.replace("(0 bytes)", "(000 bytes)")})
+    made = fit.make_room(headers, length, limit)
+    assert made is not None
+    assert made[1] == [("a", 101)]
+    assert length(made[0]) == limit
