@@ -304,7 +304,7 @@ def _fitted(
         limit,
         exchange,
         routing_key,
-        ", ".join(f"{key!r} ({size:,} bytes)" for key, size in dropped),
+        ", ".join(f"{key!r} ({taken:,} bytes)" for key, taken in dropped),
     )
     return True
 
