@@ -204,19 +204,20 @@ def _note_consumers(done: Pass | None, *, moving: str = "") -> None:
         else "went back with one requeue (a quorum queue counts that as a delivery)"
     )
     for item in done.too_large:
-        err.print(
-            f"note: #{item.position} (message id {item.message_id!r})"
-            f"{f' was not {moving} and' if moving else ''} {stays}: {item.why}",
-            markup=False,
-            highlight=False,
+        _note(
+            f"#{item.position} (message id {item.message_id!r})"
+            f"{f' was not {moving} and' if moving else ''} {stays}: {item.why}"
         )
     if done.too_large:
-        err.print(
-            f"note: {len(done.too_large)} message(s) in {done.queue} cannot be published as "
-            "they are: dlq export keeps every byte of them, dlq purge --id removes them",
-            markup=False,
-            highlight=False,
+        _note(
+            f"{len(done.too_large)} message(s) in {done.queue} cannot be published as they "
+            "are: dlq export keeps every byte of them, dlq purge --id removes them"
         )
+
+
+def _note(text: str) -> None:
+    """A note on stderr, printed as it is: message ids are not markup."""
+    err.print(f"note: {text}", markup=False, highlight=False)
 
 
 def _short(text: str, chars: int) -> str:
@@ -584,11 +585,9 @@ def import_(
 
     done = run(go(file))
     for item in done.too_large:
-        err.print(
-            f"note: {file.name}:{item.position} (message id {item.message_id!r}) was not "
-            f"imported: {item.why}",
-            markup=False,
-            highlight=False,
+        _note(
+            f"{file.name}:{item.position} (message id {item.message_id!r}) was not "
+            f"imported: {item.why}"
         )
     skipped = f", {len(done.too_large)} too large to publish" if done.too_large else ""
     err.print(f"imported {done.published} messages from {file.name}{skipped}")
