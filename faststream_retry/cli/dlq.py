@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -477,16 +478,15 @@ def _print_replayed(done: ops.Outcome, verb: str, *, dry_run: bool) -> None:
     )
 
 
-def _confirm_purge(queue: str, *, everything: bool, yes: bool) -> None:
+def _confirm_purge(queue: str, what: str, *, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
         fail(
-            "purge removes dead letters for good: add --yes (dlq export saves them first; "
-            "while the app still dead-letters, purge --until the export's time removes only "
-            "what the export holds)"
+            "purge removes dead letters for good: add --yes (dlq export saves them first, "
+            "and purge --from-export FILE then removes exactly what FILE holds, whatever "
+            "arrived since)"
         )
-    what = "EVERY dead letter" if everything else "the matching dead letters"
     if not typer.confirm(f"remove {what} in {dlq_of(queue)} for good?"):
         raise typer.Exit(EXIT_ERROR)
 
@@ -494,6 +494,13 @@ def _confirm_purge(queue: str, *, everything: bool, yes: bool) -> None:
 @dlq.command("purge")
 def purge(
     queue: Queue,
+    from_export: Annotated[
+        typer.FileText | None,
+        typer.Option(
+            "--from-export",
+            help="Remove exactly the dead letters this dlq export file holds, nothing else.",
+        ),
+    ] = None,
     ids: Ids = None,
     reasons: Reasons = None,
     exceptions: Exceptions = None,
@@ -504,13 +511,30 @@ def purge(
     as_json: Json = False,
     url: Url = DEFAULT_URL,
 ) -> None:
-    """Remove dead letters for good; those that do not match stay, in order."""
+    """Remove dead letters for good; those that do not match stay, in order.
+
+    After a dlq export, --from-export FILE removes exactly the dead letters FILE holds
+    (by their content: body, properties and headers), even while new ones arrive.
+    """
     chosen = _select(ids, reasons, exceptions, since, until)
-    _confirm_purge(queue, everything=chosen.everything, yes=yes)
+    if from_export is not None:
+        if not chosen.everything or limit is not None:
+            fail(
+                "--from-export removes exactly what the export holds: leave out --id, "
+                "--reason, --exception, --since, --until and --limit (select when you export)"
+            )
+        _confirm_purge(queue, f"the dead letters {from_export.name} holds", yes=yes)
+    else:
+        what = "EVERY dead letter" if chosen.everything else "the matching dead letters"
+        _confirm_purge(queue, what, yes=yes)
 
     async def go() -> ops.Outcome:
         async with connect(url) as connection:
             with _progress("removing") as progress:
+                if from_export is not None:
+                    return await ops.purge_exported(
+                        connection, queue, from_export, source=from_export.name, progress=progress
+                    )
                 return await ops.purge_dead_letters(
                     connection, queue, selection=chosen, limit=limit, progress=progress
                 )
@@ -522,11 +546,18 @@ def purge(
             {
                 "queue": done.queue,
                 "selected": [letter.key for letter in done.taken],
+                **({"not_found": done.not_found} if from_export is not None else {}),
                 **_counts(done.done),
             }
         )
         return
     out.print(f"removed {len(done.taken)} dead letters from {done.queue}")
+    if from_export is not None and done.not_found:
+        _note(
+            f"{done.not_found} of the dead letters in {from_export.name} were not in "
+            f"{done.queue} as they were exported (gone since, or changed): nothing else was "
+            "removed"
+        )
 
 
 @dlq.command("export")
@@ -563,6 +594,13 @@ def export(
     _note_consumers(done.done)
     file.flush()
     err.print(f"exported {len(done.taken)} dead letters from {done.queue} to {file.name}")
+    saved = "that file" if file.name == "<stdout>" else shlex.quote(file.name)
+    err.print(
+        f"to remove exactly these from the queue: faststream-retry dlq purge "
+        f"{shlex.quote(queue)} --from-export {saved}",
+        markup=False,
+        highlight=False,
+    )
 
 
 @dlq.command("import")

@@ -23,6 +23,7 @@ from faststream_retry.ops.dlq import (
     import_messages,
     list_dead_letters,
     purge_dead_letters,
+    purge_exported,
     replay_dead_letters,
     show_dead_letter,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "migrate",
     "parse_time",
     "purge_dead_letters",
+    "purge_exported",
     "registered_queues",
     "replay_dead_letters",
     "show_dead_letter",

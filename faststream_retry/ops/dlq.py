@@ -7,6 +7,7 @@ choose which dead letters an operation takes; the rest stay in the queue, in ord
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ from faststream_retry.ops.walk import (
     publish,
     walk,
 )
-from faststream_retry.ops.wire import Record, read_line, write_line
+from faststream_retry.ops.wire import Record, fingerprint, read_line, write_line
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -40,6 +41,7 @@ __all__ = [
     "import_messages",
     "list_dead_letters",
     "purge_dead_letters",
+    "purge_exported",
     "replay_dead_letters",
     "show_dead_letter",
 ]
@@ -56,6 +58,8 @@ class Outcome:
     """The selected dead letters (moved, dropped or written), in queue order."""
     done: Pass | None = None
     target: str | None = None
+    not_found: int = 0
+    """(``purge_exported``) messages of the export that the queue no longer holds as they were."""
 
 
 @dataclass(slots=True)
@@ -195,6 +199,57 @@ async def purge_dead_letters(
         limit=limit,
         progress=progress,
     )
+
+
+async def purge_exported(
+    connection: AbstractConnection,
+    queue: str,
+    lines: Iterable[str],
+    *,
+    source: str = "<input>",
+    progress: Callable[[Pass], None] | None = None,
+) -> Outcome:
+    """Remove exactly the dead letters an export of ``queue`` holds, and nothing else.
+
+    Each line of ``lines`` (``export_dead_letters``'s) names a message by its content
+    (``wire.fingerprint``): a dead letter goes only if the export holds the same body,
+    properties and headers, and no more of them than the export holds (a duplicate
+    that arrived after the export stays). Dead letters that arrived after the export,
+    whatever their failure times, stay. ``Outcome.not_found`` counts the export's
+    messages the queue did not hold any more as they were.
+
+    Raises:
+        OperationError: a line is not an exported message, or was exported from another
+            queue; nothing was removed.
+    """
+    dlq = dlq_of(queue)
+    wanted: Counter[str] = Counter()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record = read_line(line, f"{source}:{number}")
+        if record.queue != dlq:
+            raise OperationError(
+                f"{source}:{number} was exported from {record.queue}, not {dlq}: nothing was "
+                f"removed. Purge {record.queue} with it instead"
+            )
+        wanted[fingerprint(record.properties, record.body)] += 1
+    outcome = Outcome(dlq)
+    left = sum(wanted.values())
+
+    async def visit(seen: Seen) -> Step:
+        nonlocal left
+        key = fingerprint(seen.properties, seen.body)
+        if wanted[key] <= 0:
+            return KEEP
+        wanted[key] -= 1
+        left -= 1
+        outcome.taken.append(_read(seen))
+        return DROP
+
+    outcome.done = await walk(connection, dlq, visit, enough=lambda: left == 0, progress=progress)
+    outcome.not_found = left
+    return outcome
 
 
 async def export_dead_letters(

@@ -6,12 +6,17 @@ values that JSON has no type for are tagged objects with one key: ``{"$bytes":
 "<base64>"}`` (an AMQP byte array), ``{"$decimal": "1.50"}``, ``{"$datetime":
 "<ISO 8601>"}`` (an AMQP timestamp), and ``{"$table": {...}}`` for a table whose keys
 start with ``$`` (so it cannot be read as a tag). Everything else is JSON as it is.
+
+``fingerprint`` names a message by its content, the same whether it is read from such
+a line or from the queue: ``dlq purge --from-export`` removes exactly what an export
+holds by it.
 """
 
 from __future__ import annotations
 
 import base64
 import decimal
+import hashlib
 import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -23,7 +28,15 @@ from faststream_retry.ops.common import OperationError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["FORMAT", "Record", "decode_value", "encode_value", "read_line", "write_line"]
+__all__ = [
+    "FORMAT",
+    "Record",
+    "decode_value",
+    "encode_value",
+    "fingerprint",
+    "read_line",
+    "write_line",
+]
 
 FORMAT = 1
 
@@ -112,6 +125,35 @@ def write_line(record: Record) -> str:
         "body": base64.b64encode(record.body).decode(),
     }
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+_BROKER_COUNTS = frozenset({"x-delivery-count", "x-acquired-count"})
+"""Headers RabbitMQ sets again on each delivery (4.3 added ``x-acquired-count``)."""
+
+
+def fingerprint(properties: commands.Basic.Properties, body: bytes) -> str:
+    """Return a digest of a message's body, properties and headers, as an export keeps them.
+
+    What the broker or a pass changes without the message changing is left out: the
+    delivery counts RabbitMQ sets on each delivery, and ``user_id`` (a pass over a
+    quorum queue republishes what it keeps, and drops a ``user_id`` that is not the
+    connection's user). A message read from a queue and the same message read back
+    from its export line have the same fingerprint; any other byte of difference
+    gives another one.
+    """
+    data = {
+        "properties": {
+            name: encode_value(value)
+            for name in _PROPERTIES
+            if name != "user_id" and (value := getattr(properties, name, None)) is not None
+        },
+        "headers": encode_value(
+            {k: v for k, v in (properties.headers or {}).items() if k not in _BROKER_COUNTS}
+        ),
+        "body": base64.b64encode(body).decode(),
+    }
+    canonical = json.dumps(data, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def read_line(line: str, where: str) -> Record:

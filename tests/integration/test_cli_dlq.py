@@ -18,6 +18,7 @@ import pytest
 from aiormq.exceptions import ChannelLockedResource, ChannelNotFoundEntity
 
 from faststream_retry import Fixed, RetryPolicy, headers, retry_policy
+from faststream_retry.ops.wire import read_line
 from tests.cli import environment, run_cli, script
 from tests.rabbit import App, eventually, headers_of, queue_depth, unique
 
@@ -683,3 +684,109 @@ async def test_dead_letters_arriving_during_a_pass_leave_nothing_twice(
     assert set(old) <= set(exported)
     left = await ids_in(amqp, f"{work_queue}.dlq")
     assert sorted(left) == sorted(old + new)  # each once
+
+
+async def test_purge_from_an_export_removes_exactly_what_it_holds_while_letters_keep_coming(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str, tmp_path: Path
+) -> None:
+    """Export 20, then 10 more arrive that failed before the export's time, a letter with an
+    exported id but other content, and a byte-for-byte duplicate of an exported one.
+
+    ``purge --from-export`` removes the 20 and leaves the 12 others; the old advice,
+    ``--until`` the export's time, would have taken the 10 late ones too.
+    """
+    dlq = f"{work_queue}.dlq"
+    failed_at = headers.now_ms() - 60_000
+    channel = await amqp.channel(publisher_confirms=True)
+
+    async def dead_letter(message_id: str, body: bytes, at_ms: int) -> None:
+        record = headers.FailureRecord.of(TimeoutError("slow"), attempt=3, at_ms=at_ms)
+        letter = headers.dead_letter_headers(
+            {}, record, reason="exhausted", origin_queue=work_queue
+        )
+        await channel.default_exchange.publish(
+            aio_pika.Message(body, message_id=message_id, headers=letter),
+            routing_key=dlq,
+        )
+
+    exported = [f"e{n}" for n in range(20)]
+    for message_id in exported:
+        await dead_letter(message_id, b'{"n": "%s"}' % message_id.encode(), failed_at)
+    saved = tmp_path / "dead.jsonl"
+    export = await run_cli("dlq", "export", work_queue, str(saved), url=rabbit_url)
+    assert export.status == 0, export.stderr
+    assert f"dlq purge {work_queue} --from-export {saved}" in export.stderr
+    lines = saved.read_text().splitlines()
+    assert len(lines) == 20
+    late = [f"late-{n}" for n in range(10)]
+    for message_id in late:  # they failed before the export, and arrive after it
+        await dead_letter(message_id, b"{}", failed_at + 1)
+    await dead_letter("e3", b'{"n": "other"}', failed_at)
+    twin = read_line(next(line for line in lines if '"message_id":"e5"' in line), "twin")
+    await channel.default_exchange.publish(
+        aio_pika.Message(twin.body, message_id="e5", headers=twin.properties.headers or {}),
+        routing_key=dlq,
+    )
+    await channel.close()
+
+    exported_at = json.loads(lines[-1])["exported_at"]
+    old_advice = await run_cli(
+        "dlq", "list", work_queue, "--until", exported_at, "--json", url=rabbit_url
+    )
+    assert set(late) <= {row["message_id"] for row in old_advice.json()}
+
+    refused = await run_cli(
+        "dlq",
+        "purge",
+        work_queue,
+        "--from-export",
+        str(saved),
+        "--reason",
+        "exhausted",
+        url=rabbit_url,
+    )
+    assert refused.status == 2
+    assert "leave out --id, --reason" in refused.stderr
+    purge = await run_cli(
+        "dlq", "purge", work_queue, "--from-export", str(saved), "--yes", "--json", url=rabbit_url
+    )
+    assert purge.status == 0, purge.stderr
+    assert sorted(purge.json()["selected"]) == sorted(exported)
+    assert (purge.json()["removed"], purge.json()["not_found"]) == (20, 0)
+    left = await take_all(amqp, dlq)
+    assert sorted(m.message_id or "" for m in left) == sorted([*late, "e3", "e5"])
+    assert next(m for m in left if m.message_id == "e3").body == b'{"n": "other"}'
+
+    again = await run_cli(
+        "dlq", "purge", work_queue, "--from-export", str(saved), "--yes", url=rabbit_url
+    )
+    assert again.status == 0, again.stderr
+    assert "removed 0 dead letters" in again.stdout
+    assert "20 of the dead letters in" in again.stderr
+
+
+async def test_an_export_of_another_queue_purges_nothing(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str, tmp_path: Path
+) -> None:
+    await seed(amqp, work_queue, [("a", "exhausted", b"{}", None)])
+    saved = tmp_path / "dead.jsonl"
+    export = await run_cli("dlq", "export", work_queue, str(saved), url=rabbit_url)
+    assert export.status == 0, export.stderr
+    other = unique("cli-other")
+    await declare(amqp, f"{other}.dlq", "classic")
+    try:
+        refused = await run_cli(
+            "dlq", "purge", other, "--from-export", str(saved), "--yes", url=rabbit_url
+        )
+        assert refused.status == 2
+        assert f"was exported from {work_queue}.dlq, not {other}.dlq" in refused.stderr
+    finally:
+        await delete(amqp, f"{other}.dlq")
+    assert await ids_in(amqp, f"{work_queue}.dlq") == ["a"]
+
+
+async def test_the_purge_refusal_names_the_exact_way_not_a_time(rabbit_url: str) -> None:
+    refused = await run_cli("dlq", "purge", "any-queue", url=rabbit_url)
+    assert refused.status == 2
+    assert "--from-export FILE" in refused.stderr
+    assert "--until" not in refused.stderr
