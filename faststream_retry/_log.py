@@ -145,7 +145,7 @@ class PluginLogger:
 
 
 _SEEN_LIMIT = 256
-_seen: dict[tuple[object, ...], str] = {}
+_seen: dict[tuple[object, ...], tuple[type[BaseException], str]] = {}
 
 
 def _traceback(exception: BaseException) -> str:
@@ -160,11 +160,16 @@ def _traceback(exception: BaseException) -> str:
     key = _kind(exception)
     if key is None:
         return traceback_text(exception, TRACEBACK_LIMIT)
-    text = _seen.get(key)
-    if text is None:
-        if len(_seen) >= _SEEN_LIMIT:
-            _seen.clear()
-        text = _seen[key] = traceback_text(exception, TRACEBACK_LIMIT)
+    cls = type(exception)
+    seen = _seen.get(key)
+    if seen is not None and seen[0] is cls:
+        return seen[1]
+    if len(_seen) >= _SEEN_LIMIT:
+        _seen.clear()
+    text = traceback_text(exception, TRACEBACK_LIMIT)
+    # The class is kept with its text: the key names it by id, which a class made
+    # after this one is gone could have again.
+    _seen[key] = (cls, text)
     return text
 
 
@@ -182,7 +187,8 @@ def _kind(exception: BaseException) -> tuple[object, ...] | None:
         while trace is not None:
             frames.append((trace.tb_frame.f_code, trace.tb_lasti))
             trace = trace.tb_next
-        return (type(exception), tuple(frames), str.__str__(str(exception)))
+        # The class by its id: a metaclass may make hashing or comparing it raise.
+        return (id(type(exception)), tuple(frames), str.__str__(str(exception)))
     except Exception:  # the application's exception runs its own code here
         return None
 

@@ -464,3 +464,54 @@ def test_what_the_text_shows_keeps_tracebacks_apart() -> None:
         assert _log._traceback(exc) == traceback_text(exc, TRACEBACK_LIMIT)
     texts = [_log._traceback(e) for e in (base, other_message, other_place, chained)]
     assert len(set(texts)) == 4
+
+
+class Unhashable(type):
+    """A metaclass whose classes cannot be hashed or compared: the application's code."""
+
+    def __hash__(cls) -> int:
+        raise RuntimeError("no hash")
+
+    def __eq__(cls, other: object) -> bool:
+        raise RuntimeError("no eq")
+
+
+class OddError(Exception, metaclass=Unhashable):
+    """Raised twice from one place: the second line comes from the traceback cache."""
+
+
+def _odd() -> OddError:
+    try:
+        raise OddError("odd")
+    except OddError as exc:
+        return exc
+
+
+def test_an_exception_whose_class_cannot_be_hashed_gets_its_line_and_traceback(
+    unconfigured: PluginLogger,
+) -> None:
+    """The dead letter's line once read "could not log dead_lettered": the cache hashed the class."""
+    outlet = Outlet()
+    unconfigured.send_to(outlet)
+    for _ in range(2):
+        unconfigured.error("dead-lettered", exc_info=_odd())
+    assert len(outlet.lines) == 2
+    for _, text, _, _ in outlet.lines:
+        assert text.startswith("dead-lettered\nTraceback (most recent call last):\n")
+        assert text.endswith("OddError: odd")
+
+
+def test_a_cached_traceback_is_not_given_to_another_class_with_the_same_id() -> None:
+    """The cache names a class by id; a new class that reuses a freed id is formatted anew."""
+
+    def fail(cls: type[Exception]) -> Exception:
+        try:
+            raise cls("same message")
+        except Exception as exc:  # the test's own classes
+            return exc
+
+    first = fail(type("First", (Exception,), {}))
+    key = _log._kind(first)
+    assert key is not None
+    _log._seen[key] = (type("Gone", (Exception,), {}), "a stale text")
+    assert "First: same message" in _log._traceback(first)
