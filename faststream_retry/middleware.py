@@ -296,8 +296,25 @@ class _RetryScope(BaseMiddleware):
             return await call_next(msg)
         except IgnoredException:
             raise  # FastStream's own Ack/Nack/RejectMessage: the handler decided
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if not _failed(exc):
+                raise  # the task is being cancelled: the app stops, the message goes back
+            if isinstance(exc, asyncio.CancelledError):
+                self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc)
+
+    def _warn_spurious(self, msg: StreamMessage[Any]) -> None:
+        sub = _faststream.current_subscriber(self.context)
+        queue = (_faststream.queue_of(sub) if sub is not None else None) or "?"
+        self._plugin.reporter.warn_once(
+            ("cancelled", queue),
+            "a handler of %s raised asyncio.CancelledError (message %s) while its task was "
+            "not being cancelled: a timeout or task library misused? It is taken as the "
+            "handler's failure, retried and dead-lettered as its policy says (said once "
+            "per queue)",
+            queue,
+            msg.message_id,
+        )
 
     def _report_arrival(self, msg: StreamMessage[Any]) -> None:
         """Report a release the broker made: the copy expired out of its last tier into this queue.
@@ -359,7 +376,7 @@ class _RetryScope(BaseMiddleware):
         self,
         call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
         msg: StreamMessage[Any],
-        exc: Exception,
+        exc: Failure,
     ) -> Any:  # noqa: ANN401 - the handler's result
         covered = await self._route_of(msg, exc)
         if covered is None:
@@ -403,8 +420,10 @@ class _RetryScope(BaseMiddleware):
                 return await call_next(msg)
             except IgnoredException:
                 raise
-            except Exception as again:  # the retried call failed too: decide again
-                exc = again
+            except (Exception, asyncio.CancelledError) as again:
+                if not _failed(again):
+                    raise
+                exc = again  # the retried call failed too: decide again
             if _settled_by_handler(msg):
                 _warn_settled_once(route.queue, msg, exc)
                 raise exc
@@ -415,7 +434,7 @@ class _RetryScope(BaseMiddleware):
         await self._settle(msg, ok=ok, pause_s=config.pause_s)
         raise exc
 
-    async def _route_of(self, msg: StreamMessage[Any], exc: Exception) -> _Covered | None:
+    async def _route_of(self, msg: StreamMessage[Any], exc: Failure) -> _Covered | None:
         """Return the runtime and route that own this failure; ``None``: leave it to FastStream.
 
         ``None`` for a message that is not a subscriber's, one its handler settled
@@ -465,7 +484,7 @@ class _RetryScope(BaseMiddleware):
         route: Route,
         msg: StreamMessage[Any],
         decision: Decision,
-        exc: Exception,
+        exc: Failure,
     ) -> bool:
         """Publish the copy the decision calls for, and report it once confirmed."""
         raw = msg.raw_message
@@ -502,7 +521,7 @@ class _RetryScope(BaseMiddleware):
         route: Route,
         msg: StreamMessage[Any],
         decision: Decision,
-        exc: Exception,
+        exc: Failure,
     ) -> None:
         """Record and settle a dead letter; hand it to the app's ``<queue>.dlq`` subscriber.
 
@@ -577,6 +596,27 @@ class _RetryScope(BaseMiddleware):
         return self._settled or None
 
 
+Failure = Exception | asyncio.CancelledError
+"""What the scope takes as a handler's failure: an ``Exception``, or a ``CancelledError``
+the handler raised itself (``_spurious``)."""
+
+
+def _failed(exc: Failure) -> bool:
+    """Whether ``exc`` is the handler's failure: an ``Exception``, or a spurious cancel.
+
+    A ``CancelledError`` of a task being cancelled (the app stopping) is counted by the
+    task (Python 3.11's ``Task.cancelling``): that one goes on up, and the message goes
+    back to its queue with the channel. A handler can also raise one on its own, its task
+    not being cancelled (a timeout or task library misused); left to FastStream, its
+    message would stay unacked until the app stops. Python 3.10 cannot tell the two
+    apart: there every ``CancelledError`` goes on up, as without the plugin.
+    """
+    if not isinstance(exc, asyncio.CancelledError):
+        return True
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling is not None and cancelling() == 0
+
+
 _CLAIM_ATTR = "_faststream_retry_claimed"
 
 
@@ -606,7 +646,7 @@ def _settled_by_handler(msg: StreamMessage[Any]) -> bool:
 _warned_settled: set[str] = set()
 
 
-def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Exception) -> None:
+def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Failure) -> None:
     if queue in _warned_settled:
         return
     _warned_settled.add(queue)
@@ -623,7 +663,7 @@ def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Exception) -> N
     )
 
 
-def _failure(decision: Decision, exc: Exception, now: int) -> h.FailureRecord:
+def _failure(decision: Decision, exc: Failure, now: int) -> h.FailureRecord:
     return h.FailureRecord.of(
         exc,
         attempt=decision.attempt,
@@ -637,7 +677,7 @@ def _dead_letter_headers(
     incoming: Any,  # noqa: ANN401 - the delivery's header table
     route: Route,
     decision: Decision,
-    exc: Exception,
+    exc: Failure,
     now: int,
 ) -> dict[str, Any]:
     return h.dead_letter_headers(

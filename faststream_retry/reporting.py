@@ -83,7 +83,7 @@ class Reporter:
         send: Callable[[Copy], Awaitable[bool]],
         *,
         incoming: Mapping[str, Any] | None,
-        exception: Exception | None = None,
+        exception: BaseException | None = None,
         tier_ms: int | None = None,
     ) -> bool:
         """Send ``copy`` inside the step's span; report the step once it is confirmed.
@@ -127,7 +127,7 @@ class Reporter:
         event: RetryEvent,
         *,
         incoming: Mapping[str, Any] | None,
-        exception: Exception | None = None,
+        exception: BaseException | None = None,
         onward: dict[str, Any] | None = None,
     ) -> None:
         """Report a step that publishes nothing; never raises.

@@ -43,7 +43,7 @@ async def publish_step(
     *,
     dlq: str,
     origin_queue: str,
-    exception: Exception | None = None,
+    exception: BaseException | None = None,
     tier_ms: int | None = None,
     outcomes: list[Outcome] | None = None,
 ) -> bool:

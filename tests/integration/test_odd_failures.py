@@ -4,7 +4,9 @@ reporting, invalid or too long RetryLater delays, surrogates. None of them loses
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -311,3 +313,82 @@ async def test_a_hook_raising_a_base_exception_on_arrival_hands_the_message_back
     assert await queue_depth(amqp, queue) == 0
     assert await app.waiting(amqp, queue) == 0
     assert calls == {"b-1": 2}
+
+
+NEW_ASYNCIO = sys.version_info >= (3, 11)
+
+
+async def test_a_cancelled_error_the_handler_raises_itself_is_its_failure(
+    make_app: Any, amqp: AbstractRobustConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CancelledError while its task is not being cancelled: a misused timeout, say.
+
+    Left to FastStream, the message stayed unacked until the app stopped, taking a slot
+    of the prefetch. Now it is the handler's failure: retried and dead-lettered as its
+    policy says, with one WARNING per queue naming it. (Python 3.10 cannot tell it from
+    a real cancellation: there it stays FastStream's, and comes back after a restart.)
+    """
+    app: App = make_app()
+    queue = unique("cancelled")
+    calls: Counter[str] = Counter()
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=2, backoff=Fixed(0.1))
+    async def handle(body: str, message: RabbitMessage) -> None:
+        calls[message.message_id] += 1
+        raise asyncio.CancelledError("a timeout library misused")
+
+    caplog.set_level(logging.WARNING, logger="faststream_retry")
+    await app.start()
+    for message_id in ("c1", "c2"):
+        await app.broker.publish("x", queue=queue, message_id=message_id)
+    if not NEW_ASYNCIO:
+        await eventually(lambda: calls == {"c1": 1, "c2": 1}, what="both handled once")
+        await app.stop()
+        assert await queue_depth(amqp, queue) == 2  # back in the queue, not lost
+        return
+    dead = await drain(amqp, f"{queue}.dlq", expect=2)
+    assert sorted(m.message_id or "" for m in dead) == ["c1", "c2"]
+    assert calls == {"c1": 2, "c2": 2}
+    headers = headers_of(dead[0])
+    assert (headers["retry-reason"], headers["retry-attempt"]) == ("exhausted", 2)
+    assert headers["retry-exception"] == "asyncio.exceptions.CancelledError"
+    assert headers["retry-error"] == "a timeout library misused"
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "faststream_retry" and "raised asyncio.CancelledError" in r.getMessage()
+    ]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"a handler of {queue} raised asyncio.CancelledError")
+    assert await queue_depth(amqp, queue) == 0
+
+
+async def test_a_handler_whose_task_is_cancelled_hands_its_message_back(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A real cancellation (the task asked to stop) is not a failure: no copy, no DLQ.
+
+    The message stays unacked, as without the plugin, and is in its queue again once
+    the app has stopped.
+    """
+    app: App = make_app()
+    queue = unique("really-cancelled")
+    calls: Counter[str] = Counter()
+
+    @app.broker.subscriber(queue)
+    @retry_policy(max_attempts=2, backoff=Fixed(0.1))
+    async def handle(body: str, message: RabbitMessage) -> None:
+        calls[message.message_id] += 1
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(1)
+
+    await app.start()
+    await app.broker.publish("x", queue=queue, message_id="c1")
+    await eventually(lambda: calls == {"c1": 1}, what="the call")
+    await app.stop()
+    assert await queue_depth(amqp, queue) == 1
+    assert await queue_depth(amqp, f"{queue}.dlq") == 0
+    assert await app.waiting(amqp, queue) == 0

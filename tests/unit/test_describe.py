@@ -564,7 +564,7 @@ def test_any_exception_reaches_its_retry_or_its_dlq(
         classification=decision.classification.verdict,
         rule=decision.classification.rule,
     )
-    reporter.record(event, incoming={}, exception=exc)  # type: ignore[arg-type]
+    reporter.record(event, incoming={}, exception=exc)
     assert events == [event]
     (span,) = spans.get_finished_spans()
     assert [e.name for e in span.events] == ["exception"]
