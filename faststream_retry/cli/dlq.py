@@ -265,11 +265,13 @@ def list_(
     as_json: Json = False,
     url: Url = DEFAULT_URL,
 ) -> None:
-    """One row per dead letter, head first. Removes, reorders and spends nothing.
+    """One row per dead letter, head first. Removes nothing and spends no delivery count.
 
     A queue not known to be classic (a quorum one) is read by republishing every
     message to its tail, in order, whatever --limit says: a requeue would spend its
-    delivery count. Messages that arrive meanwhile land among them.
+    delivery count. Messages that arrive meanwhile land among them. Ctrl-C or SIGTERM
+    stops it cleanly; a kill -9 can leave the copies in flight (up to 200) twice and
+    the queue rotated (what it went through behind the rest).
     """
     chosen = _select(ids, reasons, exceptions, since, until)
     decode = _decoder(decoder)
@@ -310,7 +312,10 @@ def show(
     as_json: Json = False,
     url: Url = DEFAULT_URL,
 ) -> None:
-    """Everything about one dead letter: properties, headers, history, traceback, body."""
+    """Everything about one dead letter: properties, headers, history, traceback, body.
+
+    It reads the queue as dlq list does (see its help, and what a kill -9 can do).
+    """
     decode = _decoder(decoder)
 
     async def go() -> DeadLetter | None:
@@ -575,7 +580,11 @@ def export(
     limit: Limit = None,
     url: Url = DEFAULT_URL,
 ) -> None:
-    """Save dead letters as JSON Lines, every byte and header; they stay in the queue."""
+    """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
+
+    It reads the queue as dlq list does (see its help, and what a kill -9 can do).
+    purge --from-export FILE then removes exactly what FILE holds.
+    """
     chosen = _select(ids, reasons, exceptions, since, until)
 
     async def go(stream: TextIO) -> ops.Outcome:

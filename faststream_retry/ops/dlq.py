@@ -114,8 +114,9 @@ async def list_dead_letters(
 ) -> Outcome:
     """Return the dead letters of ``queue`` that ``selection`` takes, head first, up to ``limit``.
 
-    Nothing is removed, reordered or spent (see ``walk``: a queue not known to be
-    classic is passed through whole even with a limit, so its order is kept).
+    Nothing is removed or spent (see ``walk``: a queue not known to be classic is
+    passed through whole even with a limit, so its order is kept). A process killed
+    mid-pass can leave the copies in flight twice and the queue's order rotated.
     """
     return await _pass(
         connection,
