@@ -17,7 +17,7 @@ private name                                              what the plugin reads 
                                                           wrapper ``@retry_policy`` decorated
                                                           above ``@broker.publisher``
 ``HandlerCallWrapper._declared_call`` (0.7.6 on),         the function ``@retry_policy``
-``HandlerCallWrapper._original_call`` (0.7.0-0.7.5)       decorated
+``HandlerCallWrapper._original_call`` (0.7.5)             decorated
 ``SubscriberUsecase.ack_policy``                          refusing ``AckPolicy.ACK_FIRST``
 ``BrokerUsecase.config.logger`` (``LoggerState``:         the broker's logger, which the
 ``.log(...)``, ``.logger`` falsy until set up)            plugin's lines go through (``_log``)
