@@ -150,6 +150,21 @@ async def eventually_async(
         await asyncio.sleep(0.05)
 
 
+async def depth_reaches(
+    connection: AbstractRobustConnection, queue: str, count: int, what: str | None = None
+) -> None:
+    """Wait until ``queue`` holds ``count`` ready messages (15 s at most).
+
+    A message arrives a moment after what sent it returns: a publish's confirm, or a
+    closed channel's close-ok, after which the broker requeues its unacked messages.
+    """
+
+    async def there() -> bool:
+        return await queue_depth(connection, queue) == count
+
+    await eventually_async(there, what=what or f"{count} in {queue}")
+
+
 async def consumers(connection: AbstractRobustConnection, queue: str, timeout: float = 10.0) -> int:
     """Return how many consumers ``queue`` has, once the count stops changing for 0.3 s.
 

@@ -29,9 +29,9 @@ from tests.cli import run_cli
 from tests.integration.test_cli_dlq import ids_in, seed
 from tests.rabbit import (
     App,
+    depth_reaches,
     drain,
     eventually,
-    eventually_async,
     headers_of,
     queue_depth,
     unique,
@@ -255,16 +255,12 @@ async def dlq_with_an_oversized_letter(
     await seed(amqp, queue, [(key, "exhausted", b"{}", None) for key in ("a", "b")])
     limit = await frame_payload_limit(amqp)
     await channel.default_exchange.publish(big_message(limit, 40, "big"), routing_key=bounce)
-    await eventually_async(lambda: _depth_is(amqp, dlq, 3), what="big in the DLQ")
+    await depth_reaches(amqp, dlq, 3, what="big in the DLQ")
     await seed(amqp, queue, [("c", "exhausted", b"{}", None)])
     yield queue
     for name in (queue, dlq, bounce):
         await channel.queue_delete(name)
     await channel.close()
-
-
-async def _depth_is(amqp: AbstractRobustConnection, queue: str, n: int) -> bool:
-    return await queue_depth(amqp, queue) == n
 
 
 async def test_the_dlq_commands_report_a_dead_letter_no_publish_can_carry_and_go_on(

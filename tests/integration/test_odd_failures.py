@@ -19,9 +19,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from faststream_retry import EventKind, Fixed, RetryEvent, RetryLater, retry_policy
 from tests.rabbit import (
     App,
+    depth_reaches,
     drain,
     eventually,
-    eventually_async,
     headers_of,
     queue_depth,
     unique,
@@ -326,19 +326,6 @@ async def test_a_hook_raising_a_base_exception_on_arrival_hands_the_message_back
 NEW_ASYNCIO = sys.version_info >= (3, 11)
 
 
-async def back_in(amqp: AbstractRobustConnection, queue: str, count: int) -> None:
-    """Wait for ``count`` messages in ``queue``.
-
-    The broker requeues a closed channel's unacked messages after it has answered the
-    close, so a look at once may see none (CI did).
-    """
-
-    async def there() -> bool:
-        return await queue_depth(amqp, queue) == count
-
-    await eventually_async(there, timeout=10, what=f"{count} back in {queue}")
-
-
 async def test_a_cancelled_error_the_handler_raises_itself_is_its_failure(
     make_app: Any, amqp: AbstractRobustConnection, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -366,7 +353,7 @@ async def test_a_cancelled_error_the_handler_raises_itself_is_its_failure(
     if not NEW_ASYNCIO:
         await eventually(lambda: calls == {"c1": 1, "c2": 1}, what="both handled once")
         await app.stop()
-        await back_in(amqp, queue, 2)
+        await depth_reaches(amqp, queue, 2, what="both back in the queue")
         return
     dead = await drain(amqp, f"{queue}.dlq", expect=2)
     assert sorted(m.message_id or "" for m in dead) == ["c1", "c2"]
@@ -410,6 +397,6 @@ async def test_a_handler_whose_task_is_cancelled_hands_its_message_back(
     await app.broker.publish("x", queue=queue, message_id="c1")
     await eventually(lambda: calls == {"c1": 1}, what="the call")
     await app.stop()
-    await back_in(amqp, queue, 1)
+    await depth_reaches(amqp, queue, 1, what="the message back in its queue")
     assert await queue_depth(amqp, f"{queue}.dlq") == 0
     assert await app.waiting(amqp, queue) == 0
