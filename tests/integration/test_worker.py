@@ -520,6 +520,10 @@ async def test_two_replicas_and_a_worker_killed_mid_flight_lose_nothing(
         workers[0].send_signal(signal.SIGKILL)
         workers[0].wait(10)
         workers.append(_start_worker(config_path, rabbit_url, log))
+        # A SIGTERM before the new worker has set its handlers would end it with -15, not 0.
+        await eventually_async(
+            lambda: _consumers(amqp, setup.intake, 2), 30, "the new worker and the other consuming"
+        )
         await eventually(lambda: len(consumer.acked) == total, 60, "every message handled")
         # A copy the killed worker left twice may still be on its way round: wait for it.
         waiting = [setup.intake, f"{setup.queue}.retry", setup.queue]
