@@ -1,6 +1,6 @@
 """What measuring every copy against the frame limit costs, next to what a publish costs anyway.
 
-Every copy is checked before it is published (``faststream_retry.fit``): a quick bound
+Every copy is checked before it is published (``faststream_retry.core.fit``): a quick bound
 (``marshal``), and the exact encoding only near the limit. aiormq encodes the same
 properties once more to send them. For copies the plugin makes every day (a first retry,
 a tenth, a dead letter with its traceback) and one near the limit, this prints, in one
@@ -21,9 +21,9 @@ from pamqp import commands
 from rich.console import Console
 from rich.table import Table
 
-from faststream_retry import headers as h
 from faststream_retry.amqp import frames
-from faststream_retry.fit import payload_limit
+from faststream_retry.core import headers as h
+from faststream_retry.core.fit import payload_limit
 
 LIMIT = payload_limit(131_072) or 0
 

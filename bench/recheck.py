@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from faststream_retry import EventKind, RetryEvent, RetryMiddleware
-from faststream_retry import headers as h
+from faststream_retry.core import headers as h
 
 RELEASE = "faststream-retry re-check, release (.retry to work queue), {} queues"
 HOP = "faststream-retry re-check, hop (.retry to a tier), {} queues"

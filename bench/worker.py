@@ -54,10 +54,9 @@ from faststream_retry import (
     RetryWorker,
     TransientError,
 )
-from faststream_retry import headers as h
-from faststream_retry.intake import intake_dlq_name, intake_name
-from faststream_retry.topology import Plan, registry_name
-from faststream_retry.worker_config import worker_config
+from faststream_retry.core import headers as h
+from faststream_retry.core.topology import Plan, intake_dlq_name, intake_name, registry_name
+from faststream_retry.core.worker_config import worker_config
 
 DELAY_S = 1.0
 MAX_ATTEMPTS = 4

@@ -5,12 +5,24 @@ tiers with queue-wide TTLs and a re-check loop); permanent ones land in
 ``<queue>.dlq`` with the reason attached.
 """
 
-from faststream_retry.classify import (
+from typing import TYPE_CHECKING
+
+from faststream_retry.core.classify import (
     BUILTIN_PERMANENT,
     BUILTIN_PERMANENT_NAMES,
     BUILTIN_TRANSIENT,
     Verdict,
 )
+from faststream_retry.core.events import EventKind, Reason, RetryEvent, RetryHook, Rule
+from faststream_retry.core.policy import (
+    Backoff,
+    Exponential,
+    Fixed,
+    RetryPolicy,
+    Schedule,
+    retry_policy,
+)
+from faststream_retry.core.worker_config import WorkerConfig, load_worker_config
 from faststream_retry.errors import (
     HeadersTooLarge,
     InvalidDueTime,
@@ -20,19 +32,11 @@ from faststream_retry.errors import (
     RetryTopologyError,
     TransientError,
 )
-from faststream_retry.events import EventKind, Reason, RetryEvent, RetryHook, Rule
-from faststream_retry.middleware import RetryMiddleware
-from faststream_retry.policy import (
-    Backoff,
-    Exponential,
-    Fixed,
-    RetryPolicy,
-    Schedule,
-    retry_policy,
-)
-from faststream_retry.testing import RetryRecorder
-from faststream_retry.worker import RetryWorker
-from faststream_retry.worker_config import WorkerConfig, load_worker_config
+from faststream_retry.middleware.testing import RetryRecorder
+from faststream_retry.worker.worker import RetryWorker
+
+if TYPE_CHECKING:
+    from faststream_retry.middleware.middleware import RetryMiddleware
 
 __all__ = [
     "BUILTIN_PERMANENT",
@@ -66,7 +70,14 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> object:
+    # FastStream is imported with RetryMiddleware, not with the package: the standalone
+    # worker (``faststream-retry worker``) runs without importing it.
+    if name == "RetryMiddleware":
+        from faststream_retry.middleware.middleware import RetryMiddleware  # noqa: PLC0415
+
+        globals()[name] = RetryMiddleware  # found directly from now on
+        return RetryMiddleware
     if name == "__version__":
         from importlib.metadata import version  # noqa: PLC0415
 

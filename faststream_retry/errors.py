@@ -1,4 +1,11 @@
-"""Exceptions: the handler's control exceptions and the plugin's own errors."""
+"""Exceptions: the handler's control exceptions and the plugin's own errors.
+
+The bottom of the house, importable from every layer, and pure like ``core/`` (it is
+mutation-tested with it). It stays at ``faststream_retry.errors`` rather than in
+``core/`` because its path is on the wire: ``retry-exception`` names a class as
+``<module>.<qualname>``, and dead letters and dashboards already say
+``faststream_retry.errors.PermanentError``.
+"""
 
 from __future__ import annotations
 

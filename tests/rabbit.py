@@ -20,7 +20,7 @@ from aiormq.exceptions import ChannelNotFoundEntity
 from faststream.rabbit import RabbitBroker
 
 from faststream_retry import RetryMiddleware
-from faststream_retry.topology import registry_name
+from faststream_retry.core.topology import registry_name
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

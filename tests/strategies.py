@@ -6,7 +6,7 @@ import datetime as dt
 
 from hypothesis import strategies as st
 
-from faststream_retry import headers as h
+from faststream_retry.core import headers as h
 
 RETRY_KEYS = list(h.RETRY_STATE)
 

@@ -1,6 +1,6 @@
-"""The AMQP side, on aio-pika: what a standalone retry worker reuses.
+"""The AMQP side, on aio-pika: channels, deadlines, acks, publishing, declaring, the registry.
 
-No module here imports FastStream. ``channels`` keeps the plugin's two channels open,
-``declare`` checks and declares a ``topology.Plan``, ``publisher`` publishes confirmed
-copies and ``recheck`` runs the re-check consumers.
+No module here imports FastStream. ``channels`` keeps two channels open, ``declare``
+checks and declares a ``core.topology.Plan``, ``publisher`` publishes confirmed copies and
+``registry`` records and reads which queues use the plugin.
 """

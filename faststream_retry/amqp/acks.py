@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry._log import log
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage

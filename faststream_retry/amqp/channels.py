@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aio_pika import Channel
 
-from faststream_retry._log import log
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -21,19 +21,19 @@ from aiormq.exceptions import (
     ChannelPreconditionFailed,
 )
 
-from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
+from faststream_retry.core.topology import queue_specs
+from faststream_retry.core.versions import MIN_VERSION, parse_version, too_old
 from faststream_retry.errors import RetryTopologyError
-from faststream_retry.topology import queue_specs
-from faststream_retry.versions import MIN_VERSION, parse_version, too_old
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 
-    from faststream_retry.policy import RetryPolicy
-    from faststream_retry.topology import Plan, QueueType, Route
+    from faststream_retry.core.policy import RetryPolicy
+    from faststream_retry.core.topology import Plan, QueueType, Route
 
 __all__ = [
     "MIN_VERSION",

@@ -2,7 +2,7 @@
 
 Every publish of the package asks here first (``fits``): the plugin's copies, the
 re-check's hops and releases, the worker's, and the operator command's passes, replays,
-imports and migrations. See ``faststream_retry.fit`` for why and for what happens to a
+imports and migrations. See ``faststream_retry.core.fit`` for why and for what happens to a
 copy that does not fit.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp.header import ContentHeader
 
-from faststream_retry.fit import frame_bound, payload_limit
+from faststream_retry.core.fit import frame_bound, payload_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -12,7 +12,7 @@ copy that still fails takes the usual path (not confirmed: the original is reque
 after a pause).
 
 A copy is measured against the connection's frame limit before it goes (see
-``faststream_retry.fit``): one that would not fit is sent lean, or, if even that does
+``faststream_retry.core.fit``): one that would not fit is sent lean, or, if even that does
 not fit, not at all (``TOO_LARGE``), so no copy of the plugin's ever closes the
 connection it shares with the application.
 """
@@ -30,10 +30,10 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
-from faststream_retry import fit
-from faststream_retry._log import Throttle, log
 from faststream_retry.amqp import frames
 from faststream_retry.amqp.deadlines import Deadlines
+from faststream_retry.core import fit
+from faststream_retry.reporting.log import Throttle, log
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage
     from aiormq.abc import AbstractChannel as UnderlayChannel
 
-    from faststream_retry.reporting import Copy
+    from faststream_retry.core.steps import Copy
 
 __all__ = [
     "QUIET_INTERVAL_S",

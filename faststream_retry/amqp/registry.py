@@ -1,4 +1,4 @@
-"""Waiting messages nobody would release: the queues of switched-off and vanished handlers.
+"""The registry of covered work queues, and the messages nobody would release.
 
 A message waits in a tier and then in ``<queue>.retry`` until a re-check consumer
 releases it. When an app restarts with that handler's retries off, or with the
@@ -10,6 +10,12 @@ with retries off whose ``.retry`` still exists: the plugin keeps releasing those
 the registry, a durable queue ``<prefix>.queues`` holding one message per work queue
 the plugin ever covered (AMQP cannot list queues), lets ``survey`` name the ``.retry``
 queues with messages and no consumer that no subscriber of this app owns.
+
+``registered_queues`` reads the registry for the operator command and the worker,
+changing nothing. Reading a record means taking it unacked and handing it back, which
+is free on a classic queue and spends a delivery on a quorum one (RabbitMQ 4 drops a
+message at its delivery limit). The plugin declares the registry classic, but a queue
+of that name could be anything, so its type is checked before a record is taken.
 """
 
 from __future__ import annotations
@@ -18,23 +24,28 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aio_pika
-from aiormq.exceptions import ChannelNotFoundEntity
+from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
-from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
-from faststream_retry.topology import registry_name, retry_queue_name
+from faststream_retry.amqp.probe import depth
+from faststream_retry.core.topology import MAX_NAME_BYTES, registry_name, retry_queue_name
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
 
-    from faststream_retry.topology import Plan
+    from faststream_retry.core.topology import Plan
 
-__all__ = ["Stranded", "record", "retry_queues_in_use", "survey"]
-
-# A registry record is a queue name: AMQP caps those at 255 bytes.
-_MAX_NAME_BYTES = 255
+__all__ = [
+    "Registry",
+    "Stranded",
+    "record",
+    "registered_queues",
+    "retry_queues_in_use",
+    "survey",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +56,12 @@ class Stranded:
     messages: int
 
 
-async def _depth(connection: AbstractRobustConnection, queue: str) -> tuple[int, int] | None:
-    """Return ``(messages, consumers)`` of ``queue``, or ``None`` if it does not exist."""
-    # A channel per look: a missing queue closes the channel it was asked on.
-    channel = await connection.channel()
-    try:
-        declared = await channel.declare_queue(queue, passive=True, timeout=RPC_TIMEOUT_S)
-    except ChannelNotFoundEntity:
-        return None
-    finally:
-        await close_quietly(channel)
-    result = declared.declaration_result
-    return result.message_count or 0, result.consumer_count or 0
-
-
 async def retry_queues_in_use(
     connection: AbstractRobustConnection, queues: Iterable[str]
 ) -> list[str]:
     """Return those of ``queues`` whose ``.retry`` exists (retries off now, maybe on before)."""
     return [
-        queue for queue in queues if await _depth(connection, retry_queue_name(queue)) is not None
+        queue for queue in queues if await depth(connection, retry_queue_name(queue)) is not None
     ]
 
 
@@ -99,17 +96,17 @@ async def survey(
             record := await registry.get(no_ack=False, fail=False, timeout=RPC_TIMEOUT_S)
         ) is not None:
             queue = record.body.decode("utf-8", "replace")
-            if queue in known or not queue or len(record.body) > _MAX_NAME_BYTES:
+            if queue in known or not queue or len(record.body) > MAX_NAME_BYTES:
                 await record.ack()  # a duplicate (two apps started at once) or garbage
                 continue
             known.add(queue)
             if queue in owned:
                 continue
-            depth = await _depth(connection, retry_queue_name(queue))
-            if depth is None:
+            waiting = await depth(connection, retry_queue_name(queue))
+            if waiting is None:
                 await record.ack()  # its .retry is gone: nothing to watch any more
-            elif depth[0] and not depth[1]:
-                stranded.append(Stranded(retry_queue_name(queue), depth[0]))
+            elif waiting.messages and not waiting.consumers:
+                stranded.append(Stranded(retry_queue_name(queue), waiting.messages))
         for queue in sorted(set(plan.routes) - known):
             await _publish_record(channel, name, queue)
     finally:
@@ -134,3 +131,60 @@ async def _publish_record(channel: AbstractChannel, registry: str, queue: str) -
         routing_key=registry,
         timeout=RPC_TIMEOUT_S,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    """The work queues the registry names, sorted; ``note`` says why there are none."""
+
+    name: str
+    queues: tuple[str, ...]
+    note: str | None = None
+
+
+async def registered_queues(connection: AbstractConnection, prefix: str) -> Registry:
+    """Return the work queues recorded in ``<prefix>.queues``, leaving every record in place.
+
+    Records are taken unacked and handed back when the channel closes, so nothing is
+    consumed. A registry that is not a classic queue is not read (that would spend
+    its records' delivery count): the result is empty with a note saying so.
+    """
+    name = registry_name(prefix)
+    if await depth(connection, name) is None:
+        return Registry(
+            name, (), f"no registry queue {name}: no app with prefix {prefix!r} has started here"
+        )
+    channel = await connection.channel()
+    try:
+        try:
+            # Equivalent to the plugin's own declaration, so it creates nothing and
+            # changes nothing; a quorum or stream queue answers 406 instead.
+            registry = await channel.declare_queue(
+                name, durable=True, arguments={"x-queue-type": "classic"}
+            )
+        except ChannelPreconditionFailed:
+            return Registry(
+                name,
+                (),
+                f"{name} is not a classic queue: reading it would spend its records' delivery "
+                "count, so it was not read; name the queues or give --app",
+            )
+        except ChannelAccessRefused:
+            return Registry(
+                name,
+                (),
+                f"{name} was not read: reading it without spending anything needs the "
+                "configure permission on it; name the queues or give --app",
+            )
+        found: set[str] = set()
+        # Every record stays unacked until the channel closes: a get cannot return one
+        # record twice, so the loop ends when all were seen. An app that starts meanwhile
+        # sees fewer records and adds duplicates, which its next start drops.
+        while (record := await registry.get(no_ack=False, fail=False)) is not None:
+            if record.body and len(record.body) <= MAX_NAME_BYTES:
+                found.add(record.body.decode("utf-8", "replace"))
+        return Registry(name, tuple(sorted(found)))
+    finally:
+        if not channel.is_closed:
+            # Closing without acks hands every record back (classic: no count spent).
+            await channel.close()

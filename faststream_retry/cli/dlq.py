@@ -15,7 +15,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from faststream_retry import headers as h
 from faststream_retry.cli._common import (
     DEFAULT_URL,
     EXIT_ACTION,
@@ -28,8 +27,10 @@ from faststream_retry.cli._common import (
     print_json,
     run,
 )
+from faststream_retry.core import headers as h
+from faststream_retry.core.topology import dlq_of
 from faststream_retry.ops import dlq as ops
-from faststream_retry.ops.common import OperationError, connect, dlq_of
+from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.records import DeadLetter, Decoder, Selection, load_decoder, selection
 
 if TYPE_CHECKING:

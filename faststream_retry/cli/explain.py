@@ -10,15 +10,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from faststream_retry.cli._common import Json, fail, out, print_json
-from faststream_retry.explanation import format_ms
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.explain import explain as explain_app
+from faststream_retry.ops.explanation import format_ms
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from faststream_retry.explanation import (
+    from faststream_retry.ops.explanation import (
         Declared,
         Explanation,
         HandlerExplanation,

@@ -16,9 +16,9 @@ from rich.table import Table
 from rich.text import Text
 
 from faststream_retry.cli._common import Json, Prefix, Url, fail, out, print_json, run
-from faststream_retry.explanation import format_ms
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import DEFAULT_URL, OperationError, connect
+from faststream_retry.ops.explanation import format_ms
 from faststream_retry.ops.management import vhost_of
 from faststream_retry.ops.status import status as gather
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
     from rich.console import RenderableType
 
-    from faststream_retry.ops.app import LoadedApp
+    from faststream_retry.middleware.app import LoadedApp
     from faststream_retry.ops.status import Depth, Status
 
 __all__ = ["register"]

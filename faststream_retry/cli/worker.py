@@ -11,9 +11,9 @@ from urllib.parse import unquote, urlsplit
 import typer
 
 from faststream_retry.cli._common import err, fail, out
+from faststream_retry.core.worker_config import load_worker_config, policy_command
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.worker import RetryWorker
-from faststream_retry.worker_config import load_worker_config, policy_command
+from faststream_retry.worker.worker import RetryWorker
 
 __all__ = ["register"]
 

@@ -12,8 +12,10 @@ A service can expose these itself (an admin endpoint that replays dead letters, 
 the command line in ``faststream_retry.cli`` is a thin layer over them.
 """
 
-from faststream_retry.explanation import Explanation
-from faststream_retry.ops.app import LoadedApp, load_app
+from typing import TYPE_CHECKING
+
+from faststream_retry.amqp.registry import Registry, registered_queues
+from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.diagnosis import Finding, Report
 from faststream_retry.ops.dlq import (
@@ -29,11 +31,14 @@ from faststream_retry.ops.dlq import (
 )
 from faststream_retry.ops.doctor import doctor
 from faststream_retry.ops.explain import explain
+from faststream_retry.ops.explanation import Explanation
 from faststream_retry.ops.migrate import MigrationResult, migrate
 from faststream_retry.ops.records import DeadLetter, Selection, parse_time
-from faststream_retry.ops.registry import Registry, registered_queues
 from faststream_retry.ops.status import Depth, QueueStatus, Status, TierStatus, status
 from faststream_retry.ops.walk import Pass, TooLarge
+
+if TYPE_CHECKING:
+    from faststream_retry.middleware.app import LoadedApp
 
 __all__ = [
     "DeadLetter",
@@ -69,3 +74,13 @@ __all__ = [
     "show_dead_letter",
     "status",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # FastStream is imported with the first loaded app, not with the operator API.
+    if name == "LoadedApp":
+        from faststream_retry.middleware.app import LoadedApp  # noqa: PLC0415
+
+        globals()[name] = LoadedApp
+        return LoadedApp
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

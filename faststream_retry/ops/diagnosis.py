@@ -12,15 +12,15 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from faststream_retry.core.topology import tier_name
+from faststream_retry.core.versions import MIN_VERSION, parse_version, too_old
 from faststream_retry.ops.migration import TEMP_SUFFIX
-from faststream_retry.topology import tier_name
-from faststream_retry.versions import MIN_VERSION, parse_version, too_old
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from faststream_retry.amqp.declare import Mismatch, Refusal
-    from faststream_retry.topology import TopologyOptions
+    from faststream_retry.core.topology import TopologyOptions
 
 __all__ = [
     "SEVERITIES",

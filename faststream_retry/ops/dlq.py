@@ -11,8 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from faststream_retry import headers as h
-from faststream_retry.ops.common import OperationError, dlq_of
+from faststream_retry.core import headers as h
+from faststream_retry.core.topology import dlq_of
+from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.records import DeadLetter, Decoder, Selection
 from faststream_retry.ops.walk import (
     DROP,

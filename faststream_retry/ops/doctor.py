@@ -11,17 +11,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.amqp.declare import check_objects, parse_version, work_queue_findings
+from faststream_retry.amqp.probe import depth
+from faststream_retry.amqp.registry import registered_queues
+from faststream_retry.core.topology import merge_routes, retry_queue_name
 from faststream_retry.ops import diagnosis
-from faststream_retry.ops.common import OperationError, depth
+from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.migration import temp_name
-from faststream_retry.ops.registry import registered_queues
-from faststream_retry.topology import merge_routes, retry_queue_name
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
 
-    from faststream_retry.ops.app import LoadedApp
-    from faststream_retry.topology import Plan
+    from faststream_retry.core.topology import Plan
+    from faststream_retry.middleware.app import LoadedApp
 
 __all__ = ["doctor"]
 

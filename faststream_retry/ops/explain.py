@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from faststream_retry.explanation import Explanation, explain_plan
 from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.explanation import Explanation, explain_plan
 
 if TYPE_CHECKING:
-    from faststream_retry.ops.app import LoadedApp
+    from faststream_retry.middleware.app import LoadedApp
 
 __all__ = ["explain"]
 

@@ -20,13 +20,14 @@ from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from pamqp import commands as spec
 
 from faststream_retry.amqp import frames
+from faststream_retry.amqp.probe import depth
+from faststream_retry.amqp.registry import registered_queues
+from faststream_retry.core.topology import retry_queue_name
+from faststream_retry.core.versions import MIN_VERSION, parse_version
 from faststream_retry.ops import migration
-from faststream_retry.ops.common import OperationError, depth, exclusive
+from faststream_retry.ops.common import OperationError, exclusive
 from faststream_retry.ops.doctor import amqp_of
-from faststream_retry.ops.registry import registered_queues
 from faststream_retry.ops.walk import TooLarge
-from faststream_retry.topology import retry_queue_name
-from faststream_retry.versions import MIN_VERSION, parse_version
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from faststream_retry.topology import (
+from faststream_retry.core.topology import (
     QueueSpec,
     Route,
     TopologyOptions,

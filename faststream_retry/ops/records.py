@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from faststream_retry import headers as h
+from faststream_retry.core import headers as h
 from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.wire import encode_value
 

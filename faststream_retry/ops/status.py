@@ -13,17 +13,17 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.ops.common import depth
+from faststream_retry.amqp.probe import depth
+from faststream_retry.amqp.registry import registered_queues
+from faststream_retry.core.topology import dlq_name, retry_queue_name, tier_name
 from faststream_retry.ops.management import list_queues
-from faststream_retry.ops.registry import registered_queues
-from faststream_retry.topology import dlq_name, retry_queue_name, tier_name
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from aio_pika.abc import AbstractConnection
 
-    from faststream_retry.ops.app import LoadedApp
+    from faststream_retry.middleware.app import LoadedApp
 
 __all__ = ["Depth", "QueueStatus", "Status", "TierStatus", "status", "work_queue_of"]
 

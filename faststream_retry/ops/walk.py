@@ -51,8 +51,9 @@ from aiormq.exceptions import (
 from pamqp import commands
 
 from faststream_retry.amqp import frames
+from faststream_retry.amqp.probe import depth, plain_classic
 from faststream_retry.amqp.publisher import encodable_headers
-from faststream_retry.ops.common import OperationError, depth, exclusive, plain_classic
+from faststream_retry.ops.common import OperationError, exclusive
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -19,9 +19,9 @@ import pytest
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from faststream_retry import PermanentError
-from faststream_retry import headers as h
-from faststream_retry.tiers import Tiers
-from faststream_retry.topology import tier_name
+from faststream_retry.core import headers as h
+from faststream_retry.core.tiers import Tiers
+from faststream_retry.core.topology import tier_name
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable

@@ -12,7 +12,7 @@ import pytest
 from faststream.rabbit import QueueType, RabbitMessage, RabbitQueue
 
 from faststream_retry import RetryPolicy, Schedule
-from faststream_retry.events import EventKind
+from faststream_retry.core.events import EventKind
 from tests.faults.support import (
     MAX_ATTEMPTS,
     SCRIPTS,

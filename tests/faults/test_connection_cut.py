@@ -11,7 +11,7 @@ import pytest
 from faststream.rabbit import RabbitMessage
 
 from faststream_retry import RetryPolicy, Schedule
-from faststream_retry.events import EventKind
+from faststream_retry.core.events import EventKind
 from tests.faults.proxy import BASIC_ACK, BASIC_PUBLISH, CuttingProxy
 from tests.faults.support import (
     MAX_ATTEMPTS,

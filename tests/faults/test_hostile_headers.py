@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from pamqp.encode import field_table as encode_table
 
 from faststream_retry import Fixed, RetryPolicy, TransientError
-from faststream_retry import headers as h
-from faststream_retry.events import EventKind
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import EventKind
 from tests.faults.support import DeadLetterWatch, Tally, count_late, stopped, wait_settled
 from tests.rabbit import App, drain, eventually, queue_depth, unique
 from tests.strategies import amqp_values, hostile_headers

@@ -15,7 +15,7 @@ import sys
 from faststream.rabbit import RabbitBroker, RabbitMessage
 
 from faststream_retry import RetryMiddleware, RetryPolicy, Schedule
-from faststream_retry.events import RetryEvent
+from faststream_retry.core.events import RetryEvent
 from tests.faults.support import MAX_ATTEMPTS, Workload
 
 TICK_S = 0.2

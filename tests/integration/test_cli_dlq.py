@@ -17,7 +17,8 @@ import aio_pika
 import pytest
 from aiormq.exceptions import ChannelLockedResource, ChannelNotFoundEntity
 
-from faststream_retry import Fixed, RetryPolicy, headers, retry_policy
+from faststream_retry import Fixed, RetryPolicy, retry_policy
+from faststream_retry.core import headers
 from faststream_retry.ops.wire import read_line
 from tests.cli import environment, run_cli, script
 from tests.rabbit import App, eventually, headers_of, queue_depth, unique

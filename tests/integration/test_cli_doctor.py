@@ -14,7 +14,7 @@ import aio_pika
 import pytest
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from faststream_retry.topology import (
+from faststream_retry.core.topology import (
     Route,
     TopologyOptions,
     registry_name,

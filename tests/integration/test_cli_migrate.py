@@ -21,8 +21,8 @@ import aio_pika
 import pytest
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
+from faststream_retry.core.topology import Route, TopologyOptions, route_specs, tier_name, tier_spec
 from faststream_retry.ops.migrate import BATCH
-from faststream_retry.topology import Route, TopologyOptions, route_specs, tier_name, tier_spec
 from tests.cli import ROOT, environment, run_cli, script
 from tests.rabbit import eventually_async, unique
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 import pytest
 
-from faststream_retry.ops.app import LoadedApp, load_app
+from faststream_retry.middleware.app import LoadedApp
+from faststream_retry.ops.app import load_app
 from tests.cli import environment, run_cli, script
 from tests.rabbit import delete_declared, queue_depth, unique
 

@@ -24,7 +24,7 @@ from pamqp import commands
 from pamqp.header import ContentHeader
 
 from faststream_retry import Fixed, HeadersTooLarge, retry_policy
-from faststream_retry.fit import payload_limit
+from faststream_retry.core.fit import payload_limit
 from tests.cli import run_cli
 from tests.integration.test_cli_dlq import ids_in, seed
 from tests.rabbit import (

@@ -18,8 +18,8 @@ import pytest
 from faststream.rabbit import QueueType, RabbitMessage, RabbitQueue
 
 from faststream_retry import Fixed, RetryPolicy
-from faststream_retry.events import EventKind
-from faststream_retry.topology import tier_name
+from faststream_retry.core.events import EventKind
+from faststream_retry.core.topology import tier_name
 from tests.rabbit import App, drain, eventually, on_time, queue_depth, script_broker_ctl, unique
 
 if TYPE_CHECKING:

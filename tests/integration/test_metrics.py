@@ -10,8 +10,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from faststream_retry import Fixed, PermanentError, RetryPolicy
-from faststream_retry.events import EventKind
-from faststream_retry.telemetry import ATTR, METRICS
+from faststream_retry.core.events import EventKind
+from faststream_retry.reporting.telemetry import ATTR, METRICS
 from tests.rabbit import App, drain, eventually, on_time, unique
 
 pytestmark = pytest.mark.rabbit

@@ -15,9 +15,9 @@ import pytest
 from faststream.rabbit import RabbitMessage
 
 from faststream_retry import Fixed, PermanentError, RetryPolicy
-from faststream_retry import headers as h
-from faststream_retry.events import EventKind
-from faststream_retry.topology import tier_name
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import EventKind
+from faststream_retry.core.topology import tier_name
 from tests.rabbit import App, drain, eventually, queue_depth, unique
 
 if TYPE_CHECKING:

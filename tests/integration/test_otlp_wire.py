@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from faststream_retry import Fixed, RetryPolicy
-from faststream_retry.events import EventKind
+from faststream_retry.core.events import EventKind
 from tests.rabbit import App, eventually, unique
 
 pytestmark = pytest.mark.rabbit

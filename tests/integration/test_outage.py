@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 from faststream_retry import EventKind, Fixed, PermanentError, RetryPolicy
-from faststream_retry.telemetry import METRICS
+from faststream_retry.reporting.telemetry import METRICS
 from tests.rabbit import App, drain, eventually, eventually_async, queue_depth, unique
 
 if TYPE_CHECKING:

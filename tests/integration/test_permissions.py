@@ -15,8 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from faststream_retry import Fixed, PermanentError, RetryPolicy, RetryTopologyError
-from faststream_retry import headers as h
-from faststream_retry.events import EventKind
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import EventKind
 from tests.rabbit import App, drain, eventually, script_broker_ctl, unique
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from pamqp.commands import Basic
 
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.amqp.publisher import Outcome
-from faststream_retry.topology import tier_name
+from faststream_retry.core.topology import tier_name
 from tests.rabbit import (
     App,
     close_all_connections,

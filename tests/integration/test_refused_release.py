@@ -11,8 +11,8 @@ import aio_pika
 import pytest
 
 from faststream_retry import Fixed, RetryPolicy
-from faststream_retry import headers as h
-from faststream_retry.events import EventKind
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import EventKind
 from tests.rabbit import App, drain, eventually, queue_depth, script_broker_ctl, unique
 
 if TYPE_CHECKING:

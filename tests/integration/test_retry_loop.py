@@ -19,8 +19,8 @@ from faststream_retry import (
     RetryPolicy,
     retry_policy,
 )
-from faststream_retry.events import EventKind
-from faststream_retry.topology import tier_name
+from faststream_retry.core.events import EventKind
+from faststream_retry.core.topology import tier_name
 from tests.rabbit import App, drain, eventually, headers_of, on_time, queue_depth, unique
 
 if TYPE_CHECKING:

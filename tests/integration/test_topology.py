@@ -15,11 +15,11 @@ from faststream_retry import (
     PermanentError,
     RetryPolicy,
     RetryTopologyError,
-    headers,
     retry_policy,
 )
-from faststream_retry.events import EventKind
-from faststream_retry.topology import tier_name
+from faststream_retry.core import headers
+from faststream_retry.core.events import EventKind
+from faststream_retry.core.topology import tier_name
 from tests.rabbit import App, drain, eventually, headers_of, unique
 
 if TYPE_CHECKING:

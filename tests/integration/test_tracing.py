@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from faststream_retry import Fixed, PermanentError, RetryPolicy
-from faststream_retry.events import EventKind
-from faststream_retry.telemetry import ATTR
+from faststream_retry.core.events import EventKind
+from faststream_retry.reporting.telemetry import ATTR
 from tests.rabbit import App, drain, eventually, on_time, unique
 
 pytestmark = pytest.mark.rabbit

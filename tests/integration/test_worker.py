@@ -27,12 +27,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from faststream_retry import headers as h
-from faststream_retry.intake import intake_dlq_name, intake_name
-from faststream_retry.telemetry import ATTR, METRICS
-from faststream_retry.topology import registry_name
-from faststream_retry.worker import RetryWorker
-from faststream_retry.worker_config import WorkerConfig, policy_command, worker_config
+from faststream_retry.core import headers as h
+from faststream_retry.core.topology import intake_dlq_name, intake_name, registry_name
+from faststream_retry.core.worker_config import WorkerConfig, policy_command, worker_config
+from faststream_retry.reporting.telemetry import ATTR, METRICS
+from faststream_retry.worker.worker import RetryWorker
 from tests.cli import environment, run_cli, script
 from tests.integration.test_frame_limit import BODY, big_message, frame_payload_limit
 from tests.integration.test_metrics import points, total
@@ -560,6 +559,73 @@ async def _consumers(connection: AbstractRobustConnection, queue: str, n: int) -
 
 async def _empty(connection: AbstractRobustConnection, queue: str) -> bool:
     return await queue_depth(connection, queue) == 0
+
+
+_NO_FASTSTREAM = """
+import importlib.abc
+import sys
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("faststream", "fast_depends"):
+            with open(__file__ + ".tried", "a") as tried:
+                tried.write(name + "\\n")
+            raise ImportError(f"importing {name} is refused here")
+        return None
+
+
+sys.meta_path.insert(0, _Refuse())
+"""
+
+
+async def test_the_deployed_worker_runs_where_faststream_cannot_be_imported(
+    amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str, tmp_path: Path
+) -> None:
+    """``faststream-retry worker`` in a process where importing FastStream raises (and is
+    written down): it retries a rejected message back to its queue, stops with exit 0, and
+    never tried to import FastStream."""
+    refuse = tmp_path / "refuse"
+    refuse.mkdir()
+    (refuse / "sitecustomize.py").write_text(_NO_FASTSTREAM)
+    config_path = tmp_path / "retry.toml"
+    config_path.write_text(
+        f'prefix = "{setup.prefix}"\ntick = 0.25\nmax_delay = 60\n'
+        "[defaults]\nmax_attempts = 3\n"
+        'backoff = { kind = "fixed", delay = "250ms" }\n'
+        f'[[queues]]\nname = "{setup.queue}"\n'
+    )
+    config = setup.config()
+    fanout = await setup.declare(amqp)
+    consumer = Consumer(lambda _: 2)
+    log = tmp_path / "worker.log"
+    with log.open("ab") as out:
+        worker = subprocess.Popen(
+            [*script(), "worker", "--config", str(config_path), "--url", rabbit_url],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={
+                **environment(rabbit_url),
+                "PYTHONPATH": f"{refuse}{os.pathsep}{environment(None)['PYTHONPATH']}",
+            },
+        )
+    try:
+        await eventually_async(
+            lambda: _consumers(amqp, setup.intake, 1), 30, "the worker consuming its intake"
+        )
+        await consuming(setup.queue, consumer)
+        await publish(fanout, "m1")
+        await eventually(lambda: consumer.acked["m1"] == 1, 20, "m1 retried and acked")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, log.read_text()[-3000:]
+        assert not (refuse / "sitecustomize.py.tried").exists(), (
+            refuse / "sitecustomize.py.tried"
+        ).read_text()
+        assert len(consumer.arrivals["m1"]) == 2
+        assert "Traceback" not in log.read_text()
+    finally:
+        _stop(worker)
+        await setup.cleanup(amqp, config)
 
 
 async def test_the_worker_comes_back_after_the_broker_drops_its_connections(

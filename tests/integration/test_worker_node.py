@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 import pytest
 
-from faststream_retry.intake import intake_dlq_name, intake_name
-from faststream_retry.topology import registry_name, tier_name
-from faststream_retry.worker_config import load_worker_config
+from faststream_retry.core.topology import intake_dlq_name, intake_name, registry_name, tier_name
+from faststream_retry.core.worker_config import load_worker_config
 from tests.cli import ROOT, environment, script
 from tests.rabbit import drain, eventually, headers_of, queue_depth, unique
 

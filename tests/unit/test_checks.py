@@ -25,8 +25,8 @@ from faststream_retry.amqp.declare import (
     too_old,
     work_queue_findings,
 )
-from faststream_retry.policy import HandlerPolicy
-from faststream_retry.topology import Handler, Route, TopologyOptions, plan
+from faststream_retry.core.policy import HandlerPolicy
+from faststream_retry.core.topology import Handler, Route, TopologyOptions, plan
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from unittest.mock import AsyncMock
 import pytest
 
 from faststream_retry import Fixed, RetryConfigError, RetryEvent, RetryMiddleware, RetryPolicy
-from faststream_retry.config import RETRY_TRACEBACKS, RetryConfig, traceback_on_retry
-from faststream_retry.outage import OutageOptions
-from faststream_retry.topology import TopologyOptions
+from faststream_retry.core.config import RETRY_TRACEBACKS, RetryConfig, traceback_on_retry
+from faststream_retry.core.outage import OutageOptions
+from faststream_retry.core.topology import TopologyOptions
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -30,12 +30,12 @@ from faststream_retry import (
     RetryPolicy,
     TransientError,
 )
-from faststream_retry import headers as h
-from faststream_retry.decision import Action, decide
-from faststream_retry.policy import HandlerPolicy
-from faststream_retry.reporting import Reporter
-from faststream_retry.telemetry import Telemetry
-from faststream_retry.tiers import Tiers
+from faststream_retry.core import headers as h
+from faststream_retry.core.decision import Action, decide
+from faststream_retry.core.policy import HandlerPolicy
+from faststream_retry.core.tiers import Tiers
+from faststream_retry.reporting.reporter import Reporter
+from faststream_retry.reporting.telemetry import Telemetry
 
 
 class ApiError(Exception):

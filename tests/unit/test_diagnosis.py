@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from faststream_retry.amqp.declare import Mismatch, Refusal
+from faststream_retry.core.topology import TopologyOptions
 from faststream_retry.ops.diagnosis import (
     Finding,
     QueueState,
@@ -23,7 +24,6 @@ from faststream_retry.ops.diagnosis import (
     tier_candidates,
     version_finding,
 )
-from faststream_retry.topology import TopologyOptions
 
 OPTIONS = TopologyOptions("p", 60_000)
 

@@ -13,8 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faststream_retry import Exponential, Fixed, RetryPolicy, Schedule, TransientError
-from faststream_retry.decision import Action, decide
-from faststream_retry.explanation import (
+from faststream_retry.core.decision import Action, decide
+from faststream_retry.core.policy import HandlerPolicy
+from faststream_retry.core.tiers import Tiers
+from faststream_retry.core.topology import Handler, Route, TopologyOptions, plan
+from faststream_retry.ops.explanation import (
     Explanation,
     Leg,
     describe_backoff,
@@ -24,9 +27,6 @@ from faststream_retry.explanation import (
 )
 from faststream_retry.ops.management import vhost_of
 from faststream_retry.ops.status import work_queue_of
-from faststream_retry.policy import HandlerPolicy
-from faststream_retry.tiers import Tiers
-from faststream_retry.topology import Handler, Route, TopologyOptions, plan
 
 
 def _explain(route: Route, default: RetryPolicy, max_delay_ms: int) -> Explanation:

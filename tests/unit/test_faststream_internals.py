@@ -15,7 +15,7 @@ from faststream.middlewares import AckPolicy
 from faststream.rabbit import RabbitBroker, RabbitRouter, TestRabbitBroker
 
 from faststream_retry import RetryConfigError, RetryMiddleware, retry_policy
-from faststream_retry import _faststream as fs
+from faststream_retry.middleware import _internals as fs
 
 
 def prefixed_subscriber() -> tuple[RabbitBroker, Any, Any]:

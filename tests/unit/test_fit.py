@@ -1,4 +1,4 @@
-"""The frame rules of ``faststream_retry.fit``: the quick bound, lean copies, making room.
+"""The frame rules of ``faststream_retry.core.fit``: the quick bound, lean copies, making room.
 
 The encoder here is pamqp's, as aiormq uses it: what the broker receives is what is
 measured.
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from faststream_retry import fit
-from faststream_retry import headers as h
+from faststream_retry.core import fit
+from faststream_retry.core import headers as h
 from tests.strategies import amqp_values
 
 SHORT = ("x" * 255).encode().decode()

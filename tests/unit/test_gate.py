@@ -20,12 +20,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from faststream_retry import EventKind, RetryEvent, Rule, Verdict
-from faststream_retry.classify import Classification
-from faststream_retry.decision import Action, Decision
-from faststream_retry.gate import Gate, Outages, Requeue
-from faststream_retry.outage import Outage, OutageOptions
-from faststream_retry.reporting import Reporter
-from faststream_retry.telemetry import ATTR, METRICS, Telemetry
+from faststream_retry.core.classify import Classification
+from faststream_retry.core.decision import Action, Decision
+from faststream_retry.core.outage import Outage, OutageOptions
+from faststream_retry.engine.outages import Gate, Outages, Requeue
+from faststream_retry.reporting.reporter import Reporter
+from faststream_retry.reporting.telemetry import ATTR, METRICS, Telemetry
 from tests.rabbit import eventually
 
 PROBE_MS = 150

@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faststream_retry import headers as h
-from faststream_retry.events import Reason
-from faststream_retry.intake import (
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import Reason
+from faststream_retry.core.intake import (
     PERMANENT,
     DeadLetter,
     Death,
@@ -17,13 +17,11 @@ from faststream_retry.intake import (
     QueueRules,
     Refuse,
     Retry,
-    intake_dlq_name,
-    intake_name,
     intake_step,
     newest_death,
 )
-from faststream_retry.policy import Exponential, Fixed, Schedule
-from faststream_retry.tiers import Tiers
+from faststream_retry.core.policy import Exponential, Fixed, Schedule
+from faststream_retry.core.tiers import Tiers
 from tests.strategies import hostile_headers
 
 TIERS = Tiers.build(500, 60_000)
@@ -66,11 +64,6 @@ def failure(result: Retry | DeadLetter) -> tuple[int, int, str, str, int]:
     """The failure record a decision carries: attempt, time, exception, error, delay."""
     f = result.failure
     return (f.attempt, f.at_ms, f.exception, f.error, f.delay_ms)
-
-
-def test_names_derive_from_the_prefix() -> None:
-    assert intake_name("p") == "p.intake"
-    assert intake_dlq_name("p") == "p.intake.dlq"
 
 
 class TestOrigin:

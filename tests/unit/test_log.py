@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from faststream.rabbit import RabbitBroker
 
-from faststream_retry import _faststream as fs
-from faststream_retry import _log
-from faststream_retry._log import LINE_LIMIT, NAME, TRACEBACK_LIMIT, PluginLogger, log
-from faststream_retry.headers import traceback_text
+from faststream_retry.core.headers import traceback_text
+from faststream_retry.middleware import _internals as fs
+from faststream_retry.reporting import log as _log
+from faststream_retry.reporting.log import LINE_LIMIT, NAME, TRACEBACK_LIMIT, PluginLogger, log
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -30,7 +30,7 @@ class Lines(logging.Handler):
 
 
 class Outlet:
-    """A broker's logger, as ``_faststream.broker_outlet`` hands it over."""
+    """A broker's logger, as ``_internals.broker_outlet`` hands it over."""
 
     def __init__(self, *, answer: bool = True, fail: bool = False) -> None:
         self.lines: list[tuple[int, str, BaseException | None, Mapping[str, Any]]] = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from faststream_retry.core.policy import RetryPolicy
+from faststream_retry.core.topology import Handler, Route, TopologyOptions, plan
 from faststream_retry.ops.migration import (
     ROUTING_KEY_HEADER,
     Owned,
@@ -14,8 +16,6 @@ from faststream_retry.ops.migration import (
     target_spec,
     temp_name,
 )
-from faststream_retry.policy import RetryPolicy
-from faststream_retry.topology import Handler, Route, TopologyOptions, plan
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from pamqp import commands
 from pamqp.decode import field_table as decode_table
 from pamqp.encode import field_table as encode_table
 
-from faststream_retry import headers as h
+from faststream_retry.core import headers as h
 from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.records import DeadLetter, Selection, decode_body, parse_time, selection
 from faststream_retry.ops.wire import (

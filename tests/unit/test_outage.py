@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faststream_retry import RetryConfigError, RetryMiddleware, Verdict
-from faststream_retry.outage import (
+from faststream_retry.core.outage import (
     DEFAULT_HOLD_MS,
     MIN_PROBE_MS,
     Entered,

@@ -20,8 +20,8 @@ from faststream_retry import (
     Schedule,
     retry_policy,
 )
-from faststream_retry import policy as policy_module
-from faststream_retry.policy import HandlerPolicy, effective_policy, get_handler_policy, to_ms
+from faststream_retry.core import policy as policy_module
+from faststream_retry.core.policy import HandlerPolicy, effective_policy, get_handler_policy, to_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import given
 
-from faststream_retry import headers as h
+from faststream_retry.core import headers as h
 from tests.strategies import hostile_headers
 
 

@@ -15,9 +15,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from faststream_retry import EventKind, Reason, RetryEvent, Rule, Verdict
-from faststream_retry import headers as h
-from faststream_retry.reporting import Copy, Reporter
-from faststream_retry.telemetry import ATTR, METRICS, Telemetry
+from faststream_retry.core import headers as h
+from faststream_retry.core.steps import Copy
+from faststream_retry.reporting.reporter import Reporter, emit
+from faststream_retry.reporting.telemetry import ATTR, METRICS, Telemetry
 
 
 class Harness:
@@ -305,7 +306,7 @@ async def test_a_tracer_that_cannot_start_a_span_does_not_stop_the_step(
     def broken(*_: Any, **__: Any) -> None:
         raise RuntimeError("propagator down")
 
-    monkeypatch.setattr("faststream_retry.telemetry.propagate.inject", broken)
+    monkeypatch.setattr("faststream_retry.reporting.telemetry.propagate.inject", broken)
     sent: list[Copy] = []
 
     async def send(copy: Copy) -> bool:
@@ -610,6 +611,27 @@ def test_a_broken_meter_never_disturbs_a_probe_or_a_requeue(
 )
 def test_durations_in_outage_lines(ms: int, text: str) -> None:
     """Short ones in ms, then seconds, then minutes and seconds."""
-    from faststream_retry.reporting import _duration  # noqa: PLC0415
+    from faststream_retry.reporting.reporter import _duration  # noqa: PLC0415
 
     assert _duration(ms) == text
+
+
+def test_a_failing_hook_is_logged_and_the_next_one_still_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One broken hook costs a log line with its traceback, not the other hooks."""
+    seen: list[RetryEvent] = []
+
+    def broken(event: RetryEvent) -> None:
+        raise RuntimeError(event.queue)
+
+    event = RetryEvent(EventKind.SCHEDULED, "orders", "m1", attempt=1, at_ms=0)
+    with caplog.at_level(logging.ERROR, logger="faststream_retry"):
+        emit([broken, seen.append], event)
+    assert seen == [event]
+    [record] = caplog.records
+    assert record.getMessage() == f"faststream-retry hook {broken!r} failed on scheduled"
+    assert record.exc_info is None  # formatted by the plugin, bounded (see _log)
+    assert record.exc_text is not None
+    assert record.exc_text.startswith("Traceback (most recent call last):\n")
+    assert record.exc_text.endswith("RuntimeError: orders")

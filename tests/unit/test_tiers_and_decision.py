@@ -21,12 +21,25 @@ from faststream_retry import (
     Schedule,
     TransientError,
 )
-from faststream_retry.classify import BUILTIN_PERMANENT_NAMES, Classification, Verdict, classify
-from faststream_retry.decision import Action, Decision, Hop, Invalid, Release, decide, recheck_step
-from faststream_retry.events import Reason, Rule
-from faststream_retry.policy import HandlerPolicy
-from faststream_retry.tiers import MIN_TICK_MS, Tiers, Wait, compute_tick_ms
-from faststream_retry.topology import dlq_name, tier_name
+from faststream_retry.core.classify import (
+    BUILTIN_PERMANENT_NAMES,
+    Classification,
+    Verdict,
+    classify,
+)
+from faststream_retry.core.decision import (
+    Action,
+    Decision,
+    Hop,
+    Invalid,
+    Release,
+    decide,
+    recheck_step,
+)
+from faststream_retry.core.events import Reason, Rule
+from faststream_retry.core.policy import HandlerPolicy
+from faststream_retry.core.tiers import MIN_TICK_MS, Tiers, Wait, compute_tick_ms
+from faststream_retry.core.topology import dlq_name, tier_name
 
 
 def hops(tiers: Tiers, delay_ms: int) -> int:

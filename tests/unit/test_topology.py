@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from faststream_retry import Exponential, Fixed, RetryPolicy, Schedule
-from faststream_retry.policy import HandlerPolicy
-from faststream_retry.topology import (
+from faststream_retry.core.policy import HandlerPolicy
+from faststream_retry.core.topology import (
+    MAX_NAME_BYTES,
     Handler,
     QueueType,
     Route,
     TopologyOptions,
+    dlq_of,
+    intake_dlq_name,
+    intake_name,
+    lock_name,
     merge_routes,
     plan,
     registry_name,
@@ -48,6 +55,28 @@ class TestNames:
         p = plan([route("q")], DEFAULT, options())
         assert p.exchanges == ("p.delay.1000", "p.delay.2000", "p.delay.4000", "p.delay.8000")
         assert p.tier(2000) == "p.delay.2000"
+
+    def test_the_workers_intake_names_derive_from_the_prefix(self) -> None:
+        assert intake_name("p") == "p.intake"
+        assert intake_dlq_name("p") == "p.intake.dlq"
+
+    def test_a_dlq_is_named_by_its_work_queue_or_by_itself(self) -> None:
+        """An operator may name the work queue or its `.dlq`: both mean the same queue."""
+        assert dlq_of("orders") == "orders.dlq"
+        assert dlq_of("orders.dlq") == "orders.dlq"
+        assert dlq_of("orders.dlq.x") == "orders.dlq.x.dlq"
+
+    def test_a_lock_name_stays_within_what_amqp_allows(self) -> None:
+        """The lock of a queue whose name is long is named by the name's hash instead."""
+        assert MAX_NAME_BYTES == 255
+        prefix = "faststream-retry.lock."
+        fits = "q" * (MAX_NAME_BYTES - len(prefix))
+        assert lock_name(fits) == prefix + fits
+        assert len(lock_name(fits).encode()) == MAX_NAME_BYTES
+        longer = fits + "q"
+        assert lock_name(longer) == prefix + hashlib.sha256(longer.encode()).hexdigest()
+        wide = "é" * 120  # 240 bytes: over the limit with the prefix, though 142 characters
+        assert lock_name(wide) == prefix + hashlib.sha256(wide.encode()).hexdigest()
 
 
 class TestClassicSpecs:

@@ -53,7 +53,7 @@ def test_metric_and_event_values() -> None:
 def test_exception_header_values() -> None:
     """What ``retry-exception`` says of each exception the plugin itself names."""
     from faststream_retry import InvalidDueTime  # noqa: PLC0415 - part of what is pinned
-    from faststream_retry.headers import exception_name  # noqa: PLC0415
+    from faststream_retry.core.headers import exception_name  # noqa: PLC0415
 
     assert exception_name(PermanentError()) == "faststream_retry.errors.PermanentError"
     assert exception_name(RetryLater(1)) == "faststream_retry.errors.RetryLater"
@@ -79,3 +79,53 @@ def test_reason_and_rule_values() -> None:
         "fallback",
         "dead_lettering",
     ]
+
+
+def test_metric_and_span_attribute_names() -> None:
+    """Dashboards and alerts select on these names: they are written out here, not imported."""
+    from faststream_retry.reporting.telemetry import ATTR, METRICS  # noqa: PLC0415
+
+    metrics = {k: v for k, v in vars(METRICS).items() if k.isupper()}
+    assert metrics == {
+        "SCHEDULED": "faststream_retry.retries.scheduled",
+        "RELEASED": "faststream_retry.retries.released",
+        "DEAD_LETTERED": "faststream_retry.dead_lettered",
+        "FAILURES": "faststream_retry.failures",
+        "LATENESS": "faststream_retry.lateness",
+        "PLANNED_DELAY": "faststream_retry.planned_delay",
+        "OUTAGE_ACTIVE": "faststream_retry.outage.active",
+        "OUTAGE_ENTERED": "faststream_retry.outage.entered",
+        "OUTAGE_PROBES": "faststream_retry.outage.probes",
+        "OUTAGE_REQUEUED": "faststream_retry.outage.requeued",
+        "OUTAGE_DURATION": "faststream_retry.outage.duration",
+    }
+    attributes = {k: v for k, v in vars(ATTR).items() if k.isupper()}
+    assert attributes == {
+        "SYSTEM": "messaging.system",
+        "DESTINATION": "messaging.destination.name",
+        "OPERATION": "messaging.operation.type",
+        "MESSAGE_ID": "messaging.message.id",
+        "ROUTING_KEY": "messaging.rabbitmq.destination.routing_key",
+        "QUEUE": "faststream_retry.queue",
+        "ATTEMPT": "faststream_retry.attempt",
+        "MAX_ATTEMPTS": "faststream_retry.max_attempts",
+        "CLASSIFICATION": "faststream_retry.classification",
+        "RULE": "faststream_retry.rule",
+        "DELAY_MS": "faststream_retry.delay_ms",
+        "DUE_MS": "faststream_retry.due_ms",
+        "NOW_MS": "faststream_retry.now_ms",
+        "REMAINING_MS": "faststream_retry.remaining_ms",
+        "TIER_MS": "faststream_retry.tier_ms",
+        "LATENESS_MS": "faststream_retry.lateness_ms",
+        "REASON": "faststream_retry.reason",
+        "DLQ": "faststream_retry.dlq",
+        "IMMEDIATE": "faststream_retry.immediate",
+        "OUTAGE_AFTER": "faststream_retry.outage.after",
+        "OUTAGE_PROBE_MS": "faststream_retry.outage.probe_ms",
+        "OUTAGE_FAILURES": "faststream_retry.outage.failures",
+        "OUTAGE_PROBE_COUNT": "faststream_retry.outage.probe_count",
+        "OUTAGE_DURATION_MS": "faststream_retry.outage.duration_ms",
+        "OUTAGE_END": "faststream_retry.outage.end",
+        "EXCEPTION_TYPE": "exception.type",
+        "EXCEPTION_MESSAGE": "exception.message",
+    }

@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from faststream_retry.errors import RetryConfigError
-from faststream_retry.intake import OnDeath
-from faststream_retry.policy import Exponential, Fixed, RetryPolicy, Schedule
-from faststream_retry.worker_config import (
+from faststream_retry.core.intake import OnDeath
+from faststream_retry.core.policy import Exponential, Fixed, RetryPolicy, Schedule
+from faststream_retry.core.worker_config import (
     _built,
     load_worker_config,
     parse_duration,
     policy_command,
     worker_config,
 )
+from faststream_retry.errors import RetryConfigError
 
 if TYPE_CHECKING:
     from pathlib import Path

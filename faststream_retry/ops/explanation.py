@@ -14,24 +14,29 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.classify import (
+from faststream_retry.core.classify import (
     BUILTIN_PERMANENT,
     BUILTIN_PERMANENT_NAMES,
     BUILTIN_TRANSIENT,
     classify,
 )
-from faststream_retry.decision import Action, Hop, decide, recheck_step
-from faststream_retry.errors import PermanentError, RetryConfigError, RetryLater, TransientError
-from faststream_retry.policy import Exponential, Fixed, Schedule, effective_policy
-from faststream_retry.tiers import Wait
-from faststream_retry.topology import Route, registry_name
+from faststream_retry.core.decision import Action, Hop, decide, recheck_step
+from faststream_retry.core.policy import Exponential, Fixed, Schedule, effective_policy
+from faststream_retry.core.tiers import Wait
+from faststream_retry.core.topology import Route, registry_name
+from faststream_retry.errors import (
+    PermanentError,
+    RetryConfigError,
+    RetryLater,
+    TransientError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
-    from faststream_retry.policy import Backoff, HandlerPolicy, RetryPolicy
-    from faststream_retry.tiers import Tiers
-    from faststream_retry.topology import Plan
+    from faststream_retry.core.policy import Backoff, HandlerPolicy, RetryPolicy
+    from faststream_retry.core.tiers import Tiers
+    from faststream_retry.core.topology import Plan
 
 __all__ = [
     "FORMAT",

@@ -28,8 +28,8 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from faststream_retry.core.events import Rule, Verdict
 from faststream_retry.errors import PermanentError, RetryConfigError, TransientError
-from faststream_retry.events import Rule, Verdict
 
 __all__ = [
     "BUILTIN_PERMANENT",

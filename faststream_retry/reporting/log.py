@@ -25,7 +25,8 @@ exception whose formatting raises (a ``__notes__`` property, say) still gets its
 on the logging path it is the record's ``exc_text`` (``exc_info`` stays ``None``).
 
 This module imports no FastStream: the broker's logger comes in as an ``Outlet``
-(``_faststream.broker_outlet``), so the ``amqp`` parts and the core use it too.
+(``middleware._internals.broker_outlet``), so ``amqp``, ``engine`` and the worker use
+it too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.headers import exception_name, traceback_text, truncate
+from faststream_retry.core.headers import exception_name, traceback_text, truncate
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -22,23 +22,19 @@ import asyncio
 import collections
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from faststream_retry import _faststream
-from faststream_retry import headers as h
-from faststream_retry.events import EventKind, RetryEvent
-from faststream_retry.outage import Outage, OutageOptions
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import EventKind, RetryEvent
+from faststream_retry.core.outage import Outage, OutageOptions
 
 if TYPE_CHECKING:
-    from faststream._internal.context import ContextRepo
-    from faststream.message import StreamMessage
     from opentelemetry.trace import Span
 
-    from faststream_retry.decision import Decision
-    from faststream_retry.plugin import Plugin
-    from faststream_retry.reporting import Reporter
+    from faststream_retry.core.decision import Decision
+    from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["Gate", "Outages", "Requeue", "gate_of"]
+__all__ = ["Gate", "Outages", "Requeue"]
 
 
 class Requeue(Exception):  # noqa: N818 - what the scope does with the message, not an error
@@ -274,33 +270,3 @@ class Outages:
         """Requeue every held message, of every queue (the broker stops)."""
         for gate in self._gates.values():
             gate.close()
-
-
-async def gate_of(plugin: Plugin, context: ContextRepo, msg: StreamMessage[Any]) -> Gate | None:
-    """Return the gate ``msg`` passes; ``None``: it passes none.
-
-    None for a broker the plugin has not started (test mode under ``TestRabbitBroker``:
-    no gate there), a message without its subscriber, a queue the plugin does not
-    cover, and a handler with ``enabled=False`` (its messages are left alone, and its
-    outcomes do not count).
-    """
-    broker = _faststream.current_broker(context)
-    sub = _faststream.current_subscriber(context)
-    if broker is None or sub is None:
-        return None
-    live = plugin.runtime(broker).live
-    outages = None if live is None else live.outages
-    queue = _faststream.queue_of(sub)
-    if outages is None or live is None or queue is None:
-        return None
-    route = live.plan.route(queue)
-    if route is None:
-        return None
-    handler = await _faststream.select_policy(route, msg)
-    default = plugin.config.default
-    # effective_policy(handler, default).enabled, without building a policy per message.
-    if not (
-        default.enabled if handler is None else handler.options.get("enabled", default.enabled)
-    ):
-        return None
-    return outages.gate(queue)

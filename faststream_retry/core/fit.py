@@ -30,7 +30,7 @@ from __future__ import annotations
 import marshal
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry import headers as h
+from faststream_retry.core import headers as h
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from faststream_retry.events import EventKind, RetryEvent, RetryHook
+from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -2,7 +2,7 @@
 
 The middleware, the re-check consumer and the retry worker all end a step here. A retry
 copy, a hop or a release whose headers would not fit in a frame even lean (the message's
-own headers leave no room: see ``faststream_retry.fit``) is never retried with its own
+own headers leave no room: see ``faststream_retry.core.fit``) is never retried with its own
 headers cut: it goes to the dead-letter queue as ``invalid``, ``HeadersTooLarge``, and
 that dead letter leaves out the message's largest headers to fit.
 """
@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from faststream_retry import headers as h
 from faststream_retry.amqp.publisher import Outcome
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.events import Reason
 from faststream_retry.errors import HeadersTooLarge
-from faststream_retry.events import EventKind, Reason, RetryEvent
-from faststream_retry.reporting import Copy
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage
 
     from faststream_retry.amqp.publisher import Publisher
-    from faststream_retry.reporting import Reporter
+    from faststream_retry.core.steps import Copy, Step
+    from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["TOO_LARGE_ERROR", "publish_step"]
 
@@ -38,16 +39,14 @@ async def publish_step(
     reporter: Reporter,
     publisher: Publisher,
     message: AbstractIncomingMessage,
-    event: RetryEvent,
-    copy: Copy,
+    step: Step,
     *,
     dlq: str,
     origin_queue: str,
     exception: BaseException | None = None,
-    tier_ms: int | None = None,
     outcomes: list[Outcome] | None = None,
 ) -> bool:
-    """Publish ``copy`` of ``message`` inside ``event``'s span; ``True`` once it is confirmed.
+    """Publish ``step``'s copy of ``message`` inside its event's span; ``True`` once confirmed.
 
     A copy too large for a frame is replaced by an ``invalid`` dead letter to ``dlq``
     (reported as such); ``outcomes`` collects each publish's outcome.
@@ -61,37 +60,39 @@ async def publish_step(
 
     incoming = message.headers
     ok = await reporter.publish(
-        event, copy, send, incoming=incoming, exception=exception, tier_ms=tier_ms
+        step.event,
+        step.copy,
+        send,
+        incoming=incoming,
+        exception=exception,
+        tier_ms=step.tier_ms,
     )
-    if ok or copy.room or seen[-1:] != [Outcome.TOO_LARGE]:
+    if ok or step.copy.room or seen[-1:] != [Outcome.TOO_LARGE]:
         return ok
-    dead, letter = _too_large(event, message, dlq, origin_queue)
-    return await reporter.publish(dead, letter, send, incoming=incoming, exception=exception)
+    letter = _too_large(step, message, dlq, origin_queue)
+    return await reporter.publish(
+        letter.event, letter.copy, send, incoming=incoming, exception=exception
+    )
 
 
-def _too_large(
-    event: RetryEvent, message: AbstractIncomingMessage, dlq: str, origin_queue: str
-) -> tuple[RetryEvent, Copy]:
+def _too_large(step: Step, message: AbstractIncomingMessage, dlq: str, origin_queue: str) -> Step:
     """Return the ``invalid`` dead letter of a message whose step's copy cannot fit."""
-    now = h.now_ms()
+    event = step.event
     error = TOO_LARGE_ERROR
     if event.exception:
         error += f"; it had failed with {event.exception}: {event.error or ''}"
-    failure = h.FailureRecord(attempt=event.attempt, at_ms=now, exception=_TOO_LARGE, error=error)
-    headers = h.dead_letter_headers(
-        message.headers, failure, reason=Reason.INVALID, origin_queue=origin_queue
+    failure = h.FailureRecord(
+        attempt=event.attempt, at_ms=h.now_ms(), exception=_TOO_LARGE, error=error
     )
-    dead = RetryEvent(
-        EventKind.DEAD_LETTERED,
+    return steps.dead_letter(
+        dlq,
         event.queue,
         event.message_id,
-        event.attempt,
-        now,
-        max_attempts=event.max_attempts,
+        message.headers,
+        failure,
         reason=Reason.INVALID,
-        exception=_TOO_LARGE,
-        error=h.truncate(error, h.HISTORY_ERROR_LIMIT),
+        origin_queue=origin_queue,
+        max_attempts=event.max_attempts,
         rule=event.rule,
         classification=event.classification,
     )
-    return dead, Copy("", dlq, headers, room=True)

@@ -20,18 +20,17 @@ from urllib.parse import urlsplit
 import aio_pika
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, ChannelPair, close_quietly
+from faststream_retry.amqp.connection import connect_failure, safe_url
 from faststream_retry.amqp.declare import check_broker
-from faststream_retry.amqp.intake import IntakeConsumer, check_intake, declare_intake
-from faststream_retry.amqp.registry import survey
+from faststream_retry.amqp.registry import registered_queues, survey
+from faststream_retry.core.topology import Handler, Plan, Route, queue_specs
+from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.ops.common import connect_failure, safe_url
-from faststream_retry.ops.registry import registered_queues
-from faststream_retry.plugin import Live
-from faststream_retry.reporting import Reporter
-from faststream_retry.telemetry import Telemetry
-from faststream_retry.topology import Handler, Plan, Route, queue_specs
+from faststream_retry.reporting.log import log
+from faststream_retry.reporting.reporter import Reporter
+from faststream_retry.reporting.telemetry import Telemetry
+from faststream_retry.worker.consumer import IntakeConsumer, check_intake, declare_intake
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -41,8 +40,8 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-    from faststream_retry.events import RetryHook
-    from faststream_retry.worker_config import WorkerConfig
+    from faststream_retry.core.events import RetryHook
+    from faststream_retry.core.worker_config import WorkerConfig
 
 __all__ = ["DRAIN_S", "RetryWorker"]
 

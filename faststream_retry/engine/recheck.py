@@ -16,17 +16,17 @@ import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry import headers as h
-from faststream_retry._log import log
 from faststream_retry.amqp.acks import AckRuns
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S
 from faststream_retry.amqp.declare import declare_retry_queue
 from faststream_retry.amqp.publisher import Outcome
-from faststream_retry.amqp.step import publish_step
-from faststream_retry.decision import Hop, Release, recheck_step
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.decision import Hop, Release, recheck_step
+from faststream_retry.core.events import Reason
+from faststream_retry.engine.step import publish_step
 from faststream_retry.errors import InvalidDueTime
-from faststream_retry.events import EventKind, Reason, RetryEvent
-from faststream_retry.reporting import Copy
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, ConsumerTag
 
     from faststream_retry.amqp.publisher import Publisher
-    from faststream_retry.reporting import Reporter
-    from faststream_retry.topology import Plan, Route
+    from faststream_retry.core.steps import Step
+    from faststream_retry.core.topology import Plan, Route
+    from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["RecheckConsumer", "settle"]
 
@@ -152,36 +153,45 @@ class RecheckConsumer:
             incoming = message.headers
             due = h.read_due(incoming)
             attempt = h.read_attempt(incoming)
-            step = recheck_step(due, now, self._plan.tiers)
-            if isinstance(step, Release):
-                event = RetryEvent(
-                    EventKind.RELEASED,
-                    route.queue,
+            plan = self._plan
+            step = recheck_step(due, now, plan.tiers)
+
+            def hop(tier_ms: int, at_ms: int, *, last: bool) -> Step:
+                return steps.hop(
+                    plan,
+                    route,
                     message.message_id,
-                    attempt,
-                    now,
+                    incoming,
+                    attempt=attempt,
+                    now_ms=at_ms,
+                    due_ms=due,
+                    tier_ms=tier_ms,
+                    last=last,
+                )
+
+            if isinstance(step, Release):
+                sent = steps.release(
+                    route,
+                    message.message_id,
+                    incoming,
+                    attempt=attempt,
+                    now_ms=now,
                     due_ms=due,
                     lateness_ms=step.lateness_ms,
                 )
-                copy = Copy("", route.queue, h.carry_over(incoming))
             elif isinstance(step, Hop):
-                last = step.last and route.home_from_tier
-                event, copy = self._hop(
-                    route, message, attempt, now, due=due, tier_ms=step.tier_ms, last=last
-                )
+                sent = hop(step.tier_ms, now, last=step.last)
             else:
-                event, copy = self._invalid(route, message, attempt, now, due)
+                sent = self._invalid(route, message, attempt, now, due)
 
-            ok = await self._publish(route, message, event, copy, outcomes)
+            ok = await self._publish(route, message, sent, outcomes)
             if not ok and isinstance(step, Release) and self._wait_again(step, outcomes, message):
                 # Half the time it is already late, at least a tick: a refusal of a few
                 # seconds costs a few tries, a long one a try every so often.
-                tiers = self._plan.tiers
-                tier_ms = tiers.pick(max((step.lateness_ms or 0) // 2, tiers.tick_ms))
-                event, copy = self._hop(
-                    route, message, attempt, h.now_ms(), due=due, tier_ms=tier_ms
+                tier_ms = plan.tiers.pick(max((step.lateness_ms or 0) // 2, plan.tiers.tick_ms))
+                ok = await self._publish(
+                    route, message, hop(tier_ms, h.now_ms(), last=False), outcomes
                 )
-                ok = await self._publish(route, message, event, copy, outcomes)
         except Exception:  # a hostile message must never kill the consumer
             log.exception("re-check of a message from %s failed", route.retry_queue)
         except BaseException:
@@ -208,16 +218,14 @@ class RecheckConsumer:
         self,
         route: Route,
         message: AbstractIncomingMessage,
-        event: RetryEvent,
-        copy: Copy,
+        step: Step,
         outcomes: list[Outcome],
     ) -> bool:
         return await publish_step(
             self._reporter,
             self._publisher,
             message,
-            event,
-            copy,
+            step,
             dlq=route.dlq,
             origin_queue=route.queue,
             outcomes=outcomes,
@@ -258,34 +266,6 @@ class RecheckConsumer:
             and not message.channel.is_closed
         )
 
-    def _hop(
-        self,
-        route: Route,
-        message: AbstractIncomingMessage,
-        attempt: int,
-        now: int,
-        *,
-        due: int | None,
-        tier_ms: int,
-        last: bool = False,
-    ) -> tuple[RetryEvent, Copy]:
-        """Return the event and the copy that send ``message`` round the tier ``tier_ms``.
-
-        The last tier's copy is addressed to the work queue itself: the broker
-        delivers it there on expiry. Any other comes back to ``<queue>.retry``.
-        """
-        event = RetryEvent(
-            EventKind.HOP,
-            route.queue,
-            message.message_id,
-            attempt,
-            now,
-            delay_ms=tier_ms,
-            due_ms=due,
-        )
-        home = route.queue if last else route.retry_queue
-        return event, Copy(self._plan.tier(tier_ms), home, h.carry_over(message.headers))
-
     def _invalid(
         self,
         route: Route,
@@ -293,7 +273,7 @@ class RecheckConsumer:
         attempt: int,
         now: int,
         due: int | None,
-    ) -> tuple[RetryEvent, Copy]:
+    ) -> Step:
         error = InvalidDueTime(
             f"retry-due {due} is more than max_delay ({self._plan.tiers.max_delay_ms} ms) "
             f"ahead of now ({now})"
@@ -301,21 +281,15 @@ class RecheckConsumer:
         failure = h.FailureRecord(
             attempt=attempt, at_ms=now, exception=h.exception_name(error), error=str(error)
         )
-        headers = h.dead_letter_headers(
-            message.headers, failure, reason=Reason.INVALID, origin_queue=route.queue
-        )
-        event = RetryEvent(
-            EventKind.DEAD_LETTERED,
+        return steps.dead_letter(
+            route.dlq,
             route.queue,
             message.message_id,
-            attempt,
-            now,
-            due_ms=due,
+            message.headers,
+            failure,
             reason=Reason.INVALID,
-            exception=failure.exception,
-            error=h.truncate(failure.error, h.HISTORY_ERROR_LIMIT),
+            due_ms=due,
         )
-        return event, Copy("", route.dlq, headers, room=True)
 
 
 async def settle(message: AbstractIncomingMessage, *, ok: bool, pause_s: float) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from faststream_retry.core.outage import OutageOptions
+from faststream_retry.core.policy import RetryPolicy, to_ms
+from faststream_retry.core.tiers import Tiers, checked_tick_ms
+from faststream_retry.core.topology import TopologyOptions
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.outage import OutageOptions
-from faststream_retry.policy import RetryPolicy, to_ms
-from faststream_retry.tiers import Tiers, checked_tick_ms
-from faststream_retry.topology import TopologyOptions
 
 if TYPE_CHECKING:
     from datetime import timedelta

@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any
 
 from faststream.middlewares import AckPolicy
 
-from faststream_retry._log import log
+from faststream_retry.core.policy import get_handler_policy
+from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.policy import get_handler_policy
-from faststream_retry.topology import Handler, Route
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -59,8 +59,8 @@ if TYPE_CHECKING:
     from faststream._internal.context import ContextRepo
     from faststream.rabbit import RabbitBroker
 
-    from faststream_retry._log import Outlet
-    from faststream_retry.policy import HandlerPolicy
+    from faststream_retry.core.policy import HandlerPolicy
+    from faststream_retry.reporting.log import Outlet
 
 __all__ = [
     "FASTSTREAM_VERSION",

@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry import headers as h
-from faststream_retry.events import Reason
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import Reason
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from faststream_retry.policy import Backoff
-    from faststream_retry.tiers import Tiers
+    from faststream_retry.core.policy import Backoff
+    from faststream_retry.core.tiers import Tiers
 
 __all__ = [
     "PERMANENT",
@@ -38,8 +38,6 @@ __all__ = [
     "QueueRules",
     "Refuse",
     "Retry",
-    "intake_dlq_name",
-    "intake_name",
     "intake_step",
     "newest_death",
 ]
@@ -57,16 +55,6 @@ REJECTED = "rejected"
 EXPIRED = "expired"
 MAXLEN = "maxlen"
 DELIVERY_LIMIT = "delivery_limit"
-
-
-def intake_name(prefix: str) -> str:
-    """Return the intake exchange and queue work queues dead-letter into."""
-    return f"{prefix}.intake"
-
-
-def intake_dlq_name(prefix: str) -> str:
-    """Return the queue for intake deliveries the worker refuses (reason ``invalid``)."""
-    return f"{prefix}.intake.dlq"
 
 
 class OnDeath(str, enum.Enum):

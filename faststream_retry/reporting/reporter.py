@@ -18,24 +18,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry import headers as h
-from faststream_retry._log import log
-from faststream_retry.config import traceback_on_retry
-from faststream_retry.events import EventKind, RetryEvent, RetryHook, emit
-from faststream_retry.telemetry import ATTR
-from faststream_retry.topology import dlq_name, retry_queue_name
+from faststream_retry.core import headers as h
+from faststream_retry.core.config import traceback_on_retry
+from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
+from faststream_retry.core.topology import dlq_name, retry_queue_name
+from faststream_retry.reporting.log import log
+from faststream_retry.reporting.telemetry import ATTR
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
     from opentelemetry.trace import Span
 
-    from faststream_retry.telemetry import Telemetry
+    from faststream_retry.core.steps import Copy
+    from faststream_retry.reporting.telemetry import Telemetry
 
-__all__ = ["Copy", "Reporter"]
+__all__ = ["Reporter", "emit"]
 
 _SPAN_SUFFIX = {
     EventKind.SCHEDULED: "retry scheduled",
@@ -43,17 +43,6 @@ _SPAN_SUFFIX = {
     EventKind.RELEASED: "retry release",
     EventKind.DEAD_LETTERED: "dead-letter",
 }
-
-
-@dataclass(slots=True)
-class Copy:
-    """The copy a step publishes: where to, and with which headers."""
-
-    exchange: str
-    routing_key: str
-    headers: dict[str, Any]
-    room: bool = False
-    """A dead letter that may leave out its own largest headers to fit in a frame."""
 
 
 class Reporter:
@@ -367,6 +356,15 @@ def _end_outage_span(span: Span, event: RetryEvent) -> None:
         }
     )
     span.end()
+
+
+def emit(hooks: Sequence[RetryHook], event: RetryEvent) -> None:
+    """Call every hook; a failing hook is logged and never disturbs the message."""
+    for hook in hooks:
+        try:
+            hook(event)
+        except Exception:  # noqa: PERF203 - a user's hook must never lose or stall a message
+            log.exception("faststream-retry hook %r failed on %s", hook, event.kind)
 
 
 def _guarded(what: str, event: RetryEvent, call: Callable[..., object], *args: object) -> None:

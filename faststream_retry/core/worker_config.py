@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.config import RetryConfig
+from faststream_retry.core.config import RetryConfig
+from faststream_retry.core.intake import OnDeath, QueueRules
+from faststream_retry.core.policy import Backoff, Exponential, Fixed, RetryPolicy, Schedule
+from faststream_retry.core.tiers import Tiers, compute_tick_ms
+from faststream_retry.core.topology import intake_name
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.intake import OnDeath, QueueRules, intake_name
-from faststream_retry.policy import Backoff, Exponential, Fixed, RetryPolicy, Schedule
-from faststream_retry.tiers import Tiers, compute_tick_ms
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,33 +1,26 @@
-"""How subscribers reach the plugin: the wiring checks, and subscribers that join late.
+"""The wiring checks: what the plugin refuses, or warns of, in how an app is wired.
 
-At start the plugin covers the subscribers the broker has then. A subscriber can also
-join a running broker: ``broker.subscriber(...)`` then ``await sub.start()``, or a
-router included after start. ``watch`` follows both: such a subscriber's queues are
-declared before it consumes, its re-check consumer starts once it consumes and stops
-with it. One that reaches the broker some other way is covered at its first failure
-(``cover_failed``), before its copy is published.
+Run at start over the broker's subscribers, and again for a subscriber that joins a
+running broker (``runtime``). Each refusal raises with the fix in its text.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry import _faststream
-from faststream_retry._log import log
+from faststream_retry.core.topology import registry_name
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.topology import registry_name
+from faststream_retry.middleware import _internals
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from faststream.rabbit import RabbitBroker
 
-    from faststream_retry.plugin import Runtime
-    from faststream_retry.topology import Plan, Route
+    from faststream_retry.core.topology import Plan, Route
 
 __all__ = [
-    "cover_failed",
-    "follow",
     "refuse_ack_first",
     "refuse_ack_first_of",
     "refuse_on_plugin_queues",
@@ -35,88 +28,20 @@ __all__ = [
     "refuse_other_queue_type",
     "refuse_plugin_queues",
     "warn_uncovered",
-    "watch",
 ]
-
-_FOLLOWED_ATTR = "__faststream_retry_followed__"
-
-
-def watch(broker: RabbitBroker, runtime: Runtime, middleware: Any) -> None:  # noqa: ANN401
-    """Follow every subscriber that joins ``broker`` while it runs."""
-    original_subscriber = broker.subscriber
-    original_include = broker.include_router
-
-    def subscriber(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - FastStream's
-        sub = original_subscriber(*args, **kwargs)
-        if runtime.live is not None:
-            follow(runtime, sub)
-        return sub
-
-    def include_router(router: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
-        original_include(router, *args, **kwargs)
-        if runtime.live is not None:
-            # A second instance on the new router would decide its failures too.
-            refuse_other_instances(broker, middleware)
-            for sub in router.subscribers:
-                follow(runtime, sub)
-
-    broker.subscriber = subscriber  # type: ignore[method-assign]
-    broker.include_router = include_router  # type: ignore[method-assign]
-
-
-def follow(runtime: Runtime, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subscriber
-    """Cover ``sub`` each time it starts, and stop covering it when it stops (once per sub)."""
-    if getattr(sub, _FOLLOWED_ATTR, False):
-        return
-    original_start, original_stop = sub.start, sub.stop
-
-    async def start() -> None:
-        route = _faststream.route_of(sub)
-        if route is not None and route.enabled(runtime.config.default):
-            refuse_ack_first_of(sub, route)  # before it consumes anything
-        if runtime.live is not None:
-            refuse_on_plugin_queues([sub], runtime.live.plan)
-        # Declared before it consumes (a mismatch raises here, and it does not
-        # start); its re-check consumer starts once the work queue is consumed.
-        covered = await runtime.cover(sub, consume=False)
-        await original_start()
-        if covered is not None and runtime.live is not None:
-            await runtime.live.consume(covered)
-
-    async def stop() -> None:
-        await runtime.forget(sub)
-        await original_stop()
-
-    sub.start, sub.stop = start, stop
-    setattr(sub, _FOLLOWED_ATTR, True)
-
-
-async def cover_failed(runtime: Runtime, sub: Any) -> Route | None:  # noqa: ANN401
-    """Return the route for a failure of a subscriber the start plan does not cover.
-
-    A running subscriber is covered from now on, and followed so its re-check
-    consumer stops with it. A stopped one (its failure was in flight when it
-    stopped) is not covered again: its copy goes to the queues declared when it
-    joined, and no consumer is started for it.
-    """
-    if not getattr(sub, "running", True):
-        route = _faststream.route_of(sub)
-        return route if route is not None and not _faststream.acks_first(sub) else None
-    follow(runtime, sub)
-    return await runtime.cover(sub, consume=True)
 
 
 def refuse_ack_first(broker: RabbitBroker, topology: Plan) -> None:
     """Refuse a covered subscriber that acks before its handler runs."""
     for sub in broker.subscribers:
-        route = topology.route(_faststream.queue_of(sub) or "")
+        route = topology.route(_internals.queue_of(sub) or "")
         if route is not None:
             refuse_ack_first_of(sub, route)
 
 
 def refuse_ack_first_of(sub: Any, route: Route) -> None:  # noqa: ANN401 - a subscriber
     """Refuse ``sub`` if it acks before its handler runs (nothing left to retry)."""
-    if _faststream.acks_first(sub):
+    if _internals.acks_first(sub):
         raise RetryConfigError(
             f"subscriber of {route.queue!r} uses AckPolicy.ACK_FIRST: the message is "
             "acked before the handler runs, so a failure cannot be retried safely. "
@@ -130,10 +55,10 @@ def refuse_other_instances(broker: RabbitBroker, middleware: Any) -> None:  # no
     cls = type(middleware)
     covers: dict[int, tuple[Any, list[str]]] = {}
     for sub in broker.subscribers:
-        for found in _faststream.middlewares_of(sub):
+        for found in _internals.middlewares_of(sub):
             if isinstance(found, cls):
                 _, queues = covers.setdefault(id(found), (found, []))
-                queue = _faststream.queue_of(sub) or "?"
+                queue = _internals.queue_of(sub) or "?"
                 if queue not in queues:
                     queues.append(queue)
     if len(covers) < 2:  # one instance, or none yet
@@ -160,7 +85,7 @@ def refuse_other_queue_type(broker: RabbitBroker, topology: Plan) -> None:
     """
     problems = []
     for sub in broker.subscribers:
-        name = _faststream.queue_of(sub)
+        name = _internals.queue_of(sub)
         queue = getattr(sub, "queue", None)
         if name is None or queue is None or getattr(queue, "declare", True) is False:
             continue
@@ -205,7 +130,7 @@ def refuse_on_plugin_queues(subs: Iterable[Any], topology: Plan) -> None:
     ours = {r.retry_queue for r in topology.routes.values()}
     ours |= {topology.tier(ttl) for ttl in topology.tiers.ttls_ms}
     ours.add(registry_name(topology.options.prefix))
-    taken = sorted({q for sub in subs if (q := _faststream.queue_of(sub)) in ours})
+    taken = sorted({q for sub in subs if (q := _internals.queue_of(sub)) in ours})
     if taken:
         raise RetryConfigError(
             f"{', '.join(map(repr, taken))}: the plugin consumes "
@@ -219,14 +144,14 @@ def warn_uncovered(broker: RabbitBroker, topology: Plan) -> None:
     """Say which subscribers can still lose a failed message, and how to fix each."""
     dlqs = {r.dlq for r in topology.routes.values()}
     for sub in broker.subscribers:
-        queue = _faststream.queue_of(sub)
-        if _faststream.server_named(sub):
+        queue = _internals.queue_of(sub)
+        if _internals.server_named(sub):
             log.warning(
                 "faststream-retry: a subscriber of a server-named queue (RabbitQueue('')) is "
                 "not covered: the broker names the queue only when it is declared. Its "
                 "failures are FastStream's (rejected). Give the queue a name to retry them"
             )
-        elif queue in dlqs and queue not in topology.routes and _faststream.drops_on_error(sub):
+        elif queue in dlqs and queue not in topology.routes and _internals.drops_on_error(sub):
             log.warning(
                 "faststream-retry: the subscriber of %r rejects a dead letter its handler fails "
                 "on (ack policy %s), and a .dlq has no dead-letter exchange: that dead letter "

@@ -7,16 +7,18 @@ adapters declare exactly what it says, and the startup checks compare it with th
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from faststream_retry.policy import HandlerPolicy, RetryPolicy, effective_policy
-from faststream_retry.tiers import Tiers, compute_tick_ms
+from faststream_retry.core.policy import HandlerPolicy, RetryPolicy, effective_policy
+from faststream_retry.core.tiers import Tiers, compute_tick_ms
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
 __all__ = [
+    "MAX_NAME_BYTES",
     "Handler",
     "Plan",
     "QueueSpec",
@@ -24,6 +26,10 @@ __all__ = [
     "Route",
     "TopologyOptions",
     "dlq_name",
+    "dlq_of",
+    "intake_dlq_name",
+    "intake_name",
+    "lock_name",
     "merge_routes",
     "plan",
     "queue_specs",
@@ -36,6 +42,9 @@ __all__ = [
 
 QueueType = Literal["classic", "quorum"]
 
+MAX_NAME_BYTES = 255
+"""The longest queue name AMQP allows, in UTF-8 bytes."""
+
 
 def retry_queue_name(queue: str) -> str:
     """Return the re-check queue of work queue ``queue``."""
@@ -45,6 +54,29 @@ def retry_queue_name(queue: str) -> str:
 def dlq_name(queue: str) -> str:
     """Return the dead-letter queue of work queue ``queue``."""
     return f"{queue}.dlq"
+
+
+def dlq_of(queue: str) -> str:
+    """Return the dead-letter queue meant by ``queue``: a work queue or a ``.dlq`` itself."""
+    return queue if queue.endswith(".dlq") else dlq_name(queue)
+
+
+def intake_name(prefix: str) -> str:
+    """Return the retry worker's intake exchange and queue, where work queues dead-letter."""
+    return f"{prefix}.intake"
+
+
+def intake_dlq_name(prefix: str) -> str:
+    """Return the queue for intake deliveries the worker refuses (reason ``invalid``)."""
+    return f"{prefix}.intake.dlq"
+
+
+def lock_name(queue: str) -> str:
+    """Return the name of the lock queue of ``queue`` (at most ``MAX_NAME_BYTES``)."""
+    name = f"faststream-retry.lock.{queue}"
+    if len(name.encode()) <= MAX_NAME_BYTES:
+        return name
+    return f"faststream-retry.lock.{hashlib.sha256(queue.encode()).hexdigest()}"
 
 
 def registry_name(prefix: str) -> str:

@@ -8,12 +8,10 @@ value (``Reason.EXHAUSTED == "exhausted"``).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from faststream_retry._log import log
-
-__all__ = ["EventKind", "Reason", "RetryEvent", "RetryHook", "Rule", "Verdict", "Word", "emit"]
+__all__ = ["EventKind", "Reason", "RetryEvent", "RetryHook", "Rule", "Verdict", "Word"]
 
 
 class Word(str, enum.Enum):
@@ -73,7 +71,7 @@ class Verdict(Word):
 
 
 class Rule(Word):
-    """Which classification rule decided (see ``faststream_retry.classify``)."""
+    """Which classification rule decided (see ``faststream_retry.core.classify``)."""
 
     EXPLICIT = "explicit"
     HANDLER = "handler"
@@ -125,12 +123,3 @@ class RetryEvent:
 
 RetryHook = Callable[[RetryEvent], None]
 """A callable that receives every event; it must be quick and must not block."""
-
-
-def emit(hooks: Sequence[RetryHook], event: RetryEvent) -> None:
-    """Call every hook; a failing hook is logged and never disturbs the message."""
-    for hook in hooks:
-        try:
-            hook(event)
-        except Exception:  # noqa: PERF203 - a user's hook must never lose or stall a message
-            log.exception("faststream-retry hook %r failed on %s", hook, event.kind)

@@ -18,7 +18,7 @@ What counts:
 One probe at a time: the next one is due ``probe_ms`` after the previous one finished
 (or after the mode began), so a handler that hangs against a dead dependency is never
 called by two probes at once. This module is the state machine and keeps no clock:
-callers pass the time in. ``faststream_retry.gate`` holds the messages and carries its
+callers pass the time in. ``faststream_retry.engine.outages`` holds the messages and carries its
 decisions out.
 """
 
@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from faststream_retry.core.events import Verdict
+from faststream_retry.core.policy import to_ms
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.events import Verdict
-from faststream_retry.policy import to_ms
 
 if TYPE_CHECKING:
     from datetime import timedelta

@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING, Any
 from aio_pika import ExchangeType
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
-from faststream_retry import headers as h
-from faststream_retry._log import log
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 from faststream_retry.amqp.publisher import Outcome
-from faststream_retry.amqp.recheck import settle
-from faststream_retry.amqp.step import publish_step
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.events import Reason, Rule, Verdict
+from faststream_retry.core.intake import DeadLetter, Refuse, intake_step
+from faststream_retry.core.topology import intake_dlq_name
+from faststream_retry.engine.recheck import settle
+from faststream_retry.engine.step import publish_step
 from faststream_retry.errors import RetryTopologyError
-from faststream_retry.events import EventKind, Reason, RetryEvent, Rule, Verdict
-from faststream_retry.intake import DeadLetter, Refuse, Retry, intake_dlq_name, intake_step
-from faststream_retry.reporting import Copy
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -33,9 +34,10 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 
     from faststream_retry.amqp.publisher import Publisher
-    from faststream_retry.reporting import Reporter
-    from faststream_retry.topology import Plan, Route
-    from faststream_retry.worker_config import WorkerConfig
+    from faststream_retry.core.steps import Step
+    from faststream_retry.core.topology import Plan, Route
+    from faststream_retry.core.worker_config import WorkerConfig
+    from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["IntakeConsumer", "check_intake", "declare_intake", "intake_arguments"]
 
@@ -183,70 +185,66 @@ class IntakeConsumer:
             now_ms=now,
             rand=self._rand,
         )
-        tier_ms = None
         if isinstance(step, Refuse):
-            event, copy = self._refuse(message, step, now)
-            dlq = copy.routing_key
+            await self._send(message, outcomes, self._refuse(message, step, now))
+            return
+        try:
+            route = await self._cover(step.queue)
+        except RetryTopologyError as exc:
+            # Its .retry or .dlq exists with other arguments, or may not be declared:
+            # kept in the intake's DLQ with the reason, not retried every second.
+            refusal = Refuse(f"cannot retry in {step.queue!r}: {exc}", step.queue)
+            await self._send(message, outcomes, self._refuse(message, refusal, now))
+            return
+        if isinstance(step, DeadLetter):
+            sent = steps.dead_letter(
+                route.dlq,
+                route.queue,
+                message.message_id,
+                incoming,
+                step.failure,
+                reason=step.reason,
+                max_attempts=step.max_attempts,
+                rule=Rule.DEAD_LETTERING,
+                classification=Verdict.PERMANENT,
+            )
         else:
-            try:
-                route = await self._cover(step.queue)
-            except RetryTopologyError as exc:
-                # Its .retry or .dlq exists with other arguments, or may not be declared:
-                # kept in the intake's DLQ with the reason, not retried every second.
-                refusal = Refuse(f"cannot retry in {step.queue!r}: {exc}", step.queue)
-                event, copy = self._refuse(message, refusal, now)
-                await self._send(message, outcomes, event, copy, dlq=copy.routing_key)
-                return
-            dlq = route.dlq
-            if isinstance(step, DeadLetter):
-                event, copy = self._dead_letter(message, route, step, now)
-            else:
-                wait = plan.tiers.wait(step.delay_ms)
-                tier_ms = wait.tier_ms
-                home = route.queue if wait.last and route.home_from_tier else route.retry_queue
-                headers = h.retry_headers(incoming, step.failure, now + step.delay_ms)
-                copy = Copy(plan.tier(wait.tier_ms), home, headers)
-                event = _event(step, message, now)
-
-        await self._send(message, outcomes, event, copy, dlq=dlq, tier_ms=tier_ms)
+            sent = steps.retry(
+                plan,
+                route,
+                message.message_id,
+                incoming,
+                step.failure,
+                max_attempts=step.max_attempts,
+                rule=Rule.DEAD_LETTERING,
+                classification=Verdict.TRANSIENT,
+            )
+        await self._send(message, outcomes, sent, dlq=route.dlq)
 
     async def _send(
         self,
         message: AbstractIncomingMessage,
         outcomes: list[Outcome],
-        event: RetryEvent,
-        copy: Copy,
+        step: Step,
         *,
-        dlq: str,
-        tier_ms: int | None = None,
+        dlq: str | None = None,
     ) -> None:
-        """Publish ``copy`` and report ``event``; ``outcomes`` learns each outcome at once.
+        """Publish ``step``'s copy and report it; ``outcomes`` learns each outcome at once.
 
-        ``dlq`` takes the message if a retry copy cannot fit in a frame.
+        ``dlq`` takes the message if a retry copy cannot fit in a frame (a dead letter
+        makes room instead).
         """
         await publish_step(
             self._reporter,
             self._publisher,
             message,
-            event,
-            copy,
-            dlq=dlq,
-            origin_queue=event.queue,
-            tier_ms=tier_ms,
+            step,
+            dlq=step.copy.routing_key if dlq is None else dlq,
+            origin_queue=step.event.queue,
             outcomes=outcomes,
         )
 
-    def _dead_letter(
-        self, message: AbstractIncomingMessage, route: Route, step: DeadLetter, now: int
-    ) -> tuple[RetryEvent, Copy]:
-        headers = h.dead_letter_headers(
-            message.headers, step.failure, reason=step.reason, origin_queue=route.queue
-        )
-        return _event(step, message, now), Copy("", route.dlq, headers, room=True)
-
-    def _refuse(
-        self, message: AbstractIncomingMessage, step: Refuse, now: int
-    ) -> tuple[RetryEvent, Copy]:
+    def _refuse(self, message: AbstractIncomingMessage, step: Refuse, now: int) -> Step:
         intake = self._config.intake
         failure = h.FailureRecord(
             attempt=h.read_attempt(message.headers),
@@ -256,39 +254,14 @@ class IntakeConsumer:
         )
         # The queue it died in, when RabbitMQ says so, for the operator who replays it
         # there (dlq replay <prefix>.intake --to <queue>) once the config names it.
-        headers = h.dead_letter_headers(
-            message.headers, failure, reason=Reason.INVALID, origin_queue=step.queue or intake
-        )
-        event = RetryEvent(
-            EventKind.DEAD_LETTERED,
+        return steps.dead_letter(
+            intake_dlq_name(self._config.prefix),
             intake,
             message.message_id,
-            failure.attempt,
-            now,
+            message.headers,
+            failure,
             reason=Reason.INVALID,
-            exception=failure.exception,
-            error=h.truncate(step.problem, h.HISTORY_ERROR_LIMIT),
+            origin_queue=step.queue or intake,
             rule=Rule.DEAD_LETTERING,
             classification=Verdict.PERMANENT,
         )
-        return event, Copy("", intake_dlq_name(self._config.prefix), headers, room=True)
-
-
-def _event(step: Retry | DeadLetter, message: AbstractIncomingMessage, now: int) -> RetryEvent:
-    dead = isinstance(step, DeadLetter)
-    delay = step.delay_ms if isinstance(step, Retry) else None
-    return RetryEvent(
-        EventKind.DEAD_LETTERED if dead else EventKind.SCHEDULED,
-        step.queue,
-        message.message_id,
-        step.attempt,
-        now,
-        max_attempts=step.max_attempts,
-        delay_ms=delay,
-        due_ms=None if delay is None else now + delay,
-        reason=step.reason if isinstance(step, DeadLetter) else None,
-        exception=step.failure.exception,
-        error=h.truncate(step.failure.error, h.HISTORY_ERROR_LIMIT),
-        rule=Rule.DEAD_LETTERING,
-        classification=Verdict.PERMANENT if dead else Verdict.TRANSIENT,
-    )

@@ -5,179 +5,43 @@ FastStream 0.7 has no broker start hook, so ``install`` wraps ``broker.start`` a
 has then, checks it against the live broker, opens its channels and declares it, starts
 FastStream's subscribers and then the re-check consumers (they release into the
 subscribers' queues, so those must exist first). On stop it undoes that in reverse.
+
+A subscriber can also join a running broker: ``broker.subscriber(...)`` then ``await
+sub.start()``, or a router included after start. ``watch`` follows both: such a
+subscriber's queues are declared before it consumes, its re-check consumer starts once
+it consumes and stops with it. One that reaches the broker some other way is covered at
+its first failure (``cover_failed``), before its copy is published.
 """
 
 from __future__ import annotations
 
-import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from aiormq.exceptions import ChannelAccessRefused
-
-from faststream_retry import _faststream, wiring
-from faststream_retry._log import log
-from faststream_retry.amqp.channels import ChannelPair
 from faststream_retry.amqp.declare import (
     check_broker,
-    declare_late_route,
-    declare_topology,
-    owns,
-    parse_refusal,
-    redeclare,
-    refused,
     work_queue_findings,
 )
-from faststream_retry.amqp.publisher import Publisher
-from faststream_retry.amqp.recheck import RecheckConsumer
-from faststream_retry.amqp.registry import record, retry_queues_in_use, survey
+from faststream_retry.amqp.registry import retry_queues_in_use, survey
+from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
+from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.gate import Outages
-from faststream_retry.topology import Plan, Route, merge_routes, plan, retry_queue_name
+from faststream_retry.middleware import _internals, checks
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from types import TracebackType
 
-    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+    from aio_pika.abc import AbstractRobustConnection
     from faststream.rabbit import RabbitBroker
 
-    from faststream_retry.config import RetryConfig
-    from faststream_retry.reporting import Reporter
+    from faststream_retry.core.config import RetryConfig
+    from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["Live", "Plugin", "Runtime"]
+__all__ = ["Plugin", "Runtime", "cover_failed", "follow", "watch"]
 
 _INSTALLED_ATTR = "__faststream_retry_installed__"
-
-
-class Live:
-    """The plugin's connected parts for one broker: channels, publisher, re-check consumers."""
-
-    def __init__(
-        self,
-        topology: Plan,
-        connection: AbstractRobustConnection,
-        config: RetryConfig,
-        reporter: Reporter,
-    ) -> None:
-        """Wire the parts together; ``open`` connects them."""
-        self.plan = topology
-        self.channels = ChannelPair(
-            connection,
-            prefetch=config.prefetch,
-            wait_s=config.publish_timeout_s,
-            on_open=self._on_open,
-        )
-        self.publisher = Publisher(
-            self.channels.underlay_for_publish, config.publish_timeout_s, repair=self._repair
-        )
-        self.recheck = RecheckConsumer(topology, self.publisher, reporter, pause_s=config.pause_s)
-        self.outages = Outages.of(config.outage, topology.tiers.tick_ms, reporter)
-        """Outage mode's gates (``None``: off); probes come once a tick unless told."""
-        self.connection = connection
-        self._wait_s = config.publish_timeout_s
-        self._consuming = False
-        self._adopting = asyncio.Lock()
-
-    async def open(self) -> None:
-        """Open the channels and declare the topology on them."""
-        await self.channels.open()
-
-    async def _on_open(self, publish: AbstractChannel, consume: AbstractChannel) -> None:
-        # Runs on every (re)open: the topology may have been deleted meanwhile.
-        await declare_topology(publish, self.plan)
-        if self._consuming:
-            await self._consume(consume)
-
-    async def _repair(self, exchange: str, routing_key: str) -> bool:
-        # A publish found a destination missing (an operator deleted it while the
-        # app runs). Only the plugin's own objects are declared again: a missing
-        # work queue is its application's business, and its releases are requeued.
-        if not owns(self.plan, exchange, routing_key):
-            return False
-        log.warning(
-            "faststream-retry: %r/%r was missing (deleted while the app runs?); "
-            "declaring the topology again",
-            exchange,
-            routing_key,
-        )
-        await redeclare(self.connection, self.plan)
-        return True
-
-    async def _consume(self, channel: AbstractChannel) -> None:
-        try:
-            tags = await self.recheck.start(channel)
-        except ChannelAccessRefused as exc:
-            # The user may declare .retry (checked at start) but not read it.
-            reply = str(exc.args[0]) if exc.args else repr(exc)
-            refusal = parse_refusal(reply, "queue", "a .retry queue", "read permission", "consume")
-            raise refused([refusal]) from exc
-        for tag in tags:
-            self.channels.track(tag)
-
-    async def start_consumers(self) -> None:
-        """Start the re-check consumers (and again after each reopen)."""
-        self._consuming = True
-        channel = self.channels.consume_channel
-        # A channel being reopened right now may be past its on_open: start on it
-        # here too (once per channel); a closed one is replaced, and its
-        # replacement's on_open starts them.
-        if channel is not None and not channel.is_closed:
-            await self._consume(channel)
-
-    async def stop_consumers(self) -> None:
-        """Stop the re-check consumers and let their in-flight hops finish.
-
-        Messages held in outage mode are requeued first: the broker's graceful stop
-        would otherwise wait for them.
-        """
-        if self.outages is not None:
-            self.outages.close()
-        self._consuming = False
-        self.channels.forget_consumers()
-        await self.recheck.stop(self._wait_s)
-
-    async def cover(
-        self, route: Route, why: str = "its subscriber joined the running broker"
-    ) -> Route:
-        """Cover ``route`` from now on: declare its queues and record it; no consumer yet.
-
-        For a subscriber that joins the running broker. Its queues exist when this
-        returns, so its first copy has somewhere to go; ``consume`` starts its
-        re-check consumer once the subscriber consumes.
-
-        Raises:
-            RetryTopologyError: one of its queues exists with other arguments.
-        """
-        async with self._adopting:  # two first failures at once declare once
-            known = self.plan.route(route.queue)
-            if known is not None:
-                return known
-            topology = self.plan.with_route(route)
-            await declare_late_route(self.connection, topology, route)
-            self.plan = self.recheck.plan = topology
-        await record(self.connection, topology, route.queue)
-        log.info("faststream-retry: now covering %r (%s)", route.queue, why)
-        return route
-
-    async def consume(self, route: Route) -> None:
-        """Start ``route``'s re-check consumer, if the plugin's consumers run."""
-        if self._consuming:
-            tag = await self.recheck.add(route)
-            if tag is not None:
-                self.channels.track(tag)
-
-    async def forget(self, queue: str) -> None:
-        """Stop covering ``queue`` (its subscriber stopped): its re-check consumer stops."""
-        async with self._adopting:
-            self.plan = self.recheck.plan = self.plan.without(queue)
-        await self.recheck.remove(queue)
-
-    async def close(self) -> None:
-        """Stop reopening the channels, stop the consumers, then close the channels."""
-        await self.channels.stop_supervising()
-        await self.stop_consumers()
-        await self.channels.close()
 
 
 class Runtime:
@@ -206,7 +70,7 @@ class Runtime:
     def replan(self) -> Plan:
         """Plan from the subscribers the broker has now (no network)."""
         self._plan = plan(
-            _faststream.routes_of(self.broker), self.config.default, self.config.topology
+            _internals.routes_of(self.broker), self.config.default, self.config.topology
         )
         return self._plan
 
@@ -217,9 +81,9 @@ class Runtime:
         waits there still goes home). ``consume`` starts its re-check consumer now;
         otherwise ``Live.consume`` does, once the subscriber consumes.
         """
-        route = _faststream.route_of(sub)
+        route = _internals.route_of(sub)
         live = self.live
-        if live is None or route is None or _faststream.acks_first(sub):
+        if live is None or route is None or _internals.acks_first(sub):
             return None  # ACK_FIRST: acked before its handler ran, nothing to keep
         if (
             not route.enabled(self.config.default)
@@ -235,7 +99,7 @@ class Runtime:
 
     async def forget(self, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subscriber
         """Stop covering a subscriber that stopped while the broker runs."""
-        queue = _faststream.queue_of(sub)
+        queue = _internals.queue_of(sub)
         live = self.live
         if live is None or queue is None or queue not in live.plan.routes:
             return
@@ -243,7 +107,7 @@ class Runtime:
         if not any(
             other is not sub
             and getattr(other, "running", False)
-            and _faststream.queue_of(other) == queue
+            and _internals.queue_of(other) == queue
             for other in self.broker.subscribers
         ):
             await live.forget(queue)
@@ -262,7 +126,7 @@ class Runtime:
         again, the topology is declared again and the consumers restart.
         """
         # The broker's subscribers, retries on or off: read once for both looks below.
-        routes = merge_routes(_faststream.routes_of(self.broker))
+        routes = merge_routes(_internals.routes_of(self.broker))
         topology = await self._keep_releasing(connection, topology, routes)
         version = await check_broker(connection, topology)
         for level, text in work_queue_findings(
@@ -374,14 +238,14 @@ class Plugin:
             return broker
         if installed is not None:
             raise RetryConfigError("another RetryMiddleware is already installed on this broker")
-        _faststream.check()
+        _internals.check()
         if middleware not in broker.middlewares:
             # Outermost: a failure raised anywhere in the broker's middlewares is
             # covered too. Pass it in middlewares= to choose its place yourself.
             broker.insert_middleware(middleware)
         # The plugin's lines go through this broker's logger unless logging is
         # configured for them (see _log).
-        log.send_to(_faststream.broker_outlet(broker), _faststream.broker_level(broker))
+        log.send_to(_internals.broker_outlet(broker), _internals.broker_level(broker))
         original_start = broker.start
         original_stop = broker.stop
         runtime = self.runtime(broker)
@@ -394,11 +258,11 @@ class Plugin:
                 return
             # Planned from the subscribers the broker has now, at start.
             topology = runtime.replan()
-            wiring.refuse_ack_first(broker, topology)
-            wiring.refuse_other_instances(broker, middleware)
-            wiring.refuse_plugin_queues(broker, topology)
-            wiring.refuse_other_queue_type(broker, topology)
-            wiring.warn_uncovered(broker, topology)
+            checks.refuse_ack_first(broker, topology)
+            checks.refuse_other_instances(broker, middleware)
+            checks.refuse_plugin_queues(broker, topology)
+            checks.refuse_other_queue_type(broker, topology)
+            checks.warn_uncovered(broker, topology)
             await runtime.start(await broker.connect(), topology)
             await original_start()
             await runtime.start_consumers()
@@ -419,6 +283,74 @@ class Plugin:
 
         broker.start = start  # type: ignore[method-assign]
         broker.stop = stop  # type: ignore[method-assign]
-        wiring.watch(broker, runtime, middleware)
+        watch(broker, runtime, middleware)
         setattr(broker, _INSTALLED_ATTR, middleware)
         return broker
+
+
+_FOLLOWED_ATTR = "__faststream_retry_followed__"
+
+
+def watch(broker: RabbitBroker, runtime: Runtime, middleware: Any) -> None:  # noqa: ANN401
+    """Follow every subscriber that joins ``broker`` while it runs."""
+    original_subscriber = broker.subscriber
+    original_include = broker.include_router
+
+    def subscriber(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - FastStream's
+        sub = original_subscriber(*args, **kwargs)
+        if runtime.live is not None:
+            follow(runtime, sub)
+        return sub
+
+    def include_router(router: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+        original_include(router, *args, **kwargs)
+        if runtime.live is not None:
+            # A second instance on the new router would decide its failures too.
+            checks.refuse_other_instances(broker, middleware)
+            for sub in router.subscribers:
+                follow(runtime, sub)
+
+    broker.subscriber = subscriber  # type: ignore[method-assign]
+    broker.include_router = include_router  # type: ignore[method-assign]
+
+
+def follow(runtime: Runtime, sub: Any) -> None:  # noqa: ANN401 - a Rabbit subscriber
+    """Cover ``sub`` each time it starts, and stop covering it when it stops (once per sub)."""
+    if getattr(sub, _FOLLOWED_ATTR, False):
+        return
+    original_start, original_stop = sub.start, sub.stop
+
+    async def start() -> None:
+        route = _internals.route_of(sub)
+        if route is not None and route.enabled(runtime.config.default):
+            checks.refuse_ack_first_of(sub, route)  # before it consumes anything
+        if runtime.live is not None:
+            checks.refuse_on_plugin_queues([sub], runtime.live.plan)
+        # Declared before it consumes (a mismatch raises here, and it does not
+        # start); its re-check consumer starts once the work queue is consumed.
+        covered = await runtime.cover(sub, consume=False)
+        await original_start()
+        if covered is not None and runtime.live is not None:
+            await runtime.live.consume(covered)
+
+    async def stop() -> None:
+        await runtime.forget(sub)
+        await original_stop()
+
+    sub.start, sub.stop = start, stop
+    setattr(sub, _FOLLOWED_ATTR, True)
+
+
+async def cover_failed(runtime: Runtime, sub: Any) -> Route | None:  # noqa: ANN401
+    """Return the route for a failure of a subscriber the start plan does not cover.
+
+    A running subscriber is covered from now on, and followed so its re-check
+    consumer stops with it. A stopped one (its failure was in flight when it
+    stopped) is not covered again: its copy goes to the queues declared when it
+    joined, and no consumer is started for it.
+    """
+    if not getattr(sub, "running", True):
+        route = _internals.route_of(sub)
+        return route if route is not None and not _internals.acks_first(sub) else None
+    follow(runtime, sub)
+    return await runtime.cover(sub, consume=True)

@@ -19,21 +19,23 @@ from typing import TYPE_CHECKING, Any
 from faststream import BaseMiddleware, SourceType
 from faststream.exceptions import IgnoredException
 
-from faststream_retry import _faststream, wiring
-from faststream_retry import headers as h
-from faststream_retry._log import log
-from faststream_retry.amqp.step import publish_step
-from faststream_retry.config import RetryConfig
-from faststream_retry.decision import Action, Decision, decide
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.config import RetryConfig
+from faststream_retry.core.decision import Action, Decision, decide
+from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
+from faststream_retry.core.outage import DEFAULT_HOLD_MS
+from faststream_retry.core.policy import RetryPolicy, effective_policy
+from faststream_retry.engine.outages import Requeue
+from faststream_retry.engine.step import publish_step
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.events import EventKind, Reason, RetryEvent, RetryHook
-from faststream_retry.gate import Requeue, gate_of
-from faststream_retry.outage import DEFAULT_HOLD_MS
-from faststream_retry.plugin import Plugin, Runtime
-from faststream_retry.policy import RetryPolicy, effective_policy
-from faststream_retry.reporting import Copy, Reporter
-from faststream_retry.telemetry import Telemetry
-from faststream_retry.testing import RetryRecorder, recording
+from faststream_retry.middleware import _internals
+from faststream_retry.middleware.gate import gate_of
+from faststream_retry.middleware.runtime import Plugin, Runtime, cover_failed
+from faststream_retry.middleware.testing import RetryRecorder, recording
+from faststream_retry.reporting.log import log
+from faststream_retry.reporting.reporter import Reporter
+from faststream_retry.reporting.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -45,10 +47,11 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-    from faststream_retry.gate import Gate
-    from faststream_retry.plugin import Live
-    from faststream_retry.policy import HandlerPolicy
-    from faststream_retry.topology import Route
+    from faststream_retry.core.policy import HandlerPolicy
+    from faststream_retry.core.steps import Step
+    from faststream_retry.core.topology import Route
+    from faststream_retry.engine.live import Live
+    from faststream_retry.engine.outages import Gate
 
 __all__ = ["RetryMiddleware"]
 
@@ -304,8 +307,8 @@ class _RetryScope(BaseMiddleware):
             return await self._on_failure(call_next, msg, exc)
 
     def _warn_spurious(self, msg: StreamMessage[Any]) -> None:
-        sub = _faststream.current_subscriber(self.context)
-        queue = (_faststream.queue_of(sub) if sub is not None else None) or "?"
+        sub = _internals.current_subscriber(self.context)
+        queue = (_internals.queue_of(sub) if sub is not None else None) or "?"
         self._plugin.reporter.warn_once(
             ("cancelled", queue),
             "a handler of %s raised asyncio.CancelledError (message %s) while its task was "
@@ -325,14 +328,14 @@ class _RetryScope(BaseMiddleware):
         """
         try:
             raw = msg.raw_message
-            broker = _faststream.current_broker(self.context)
+            broker = _internals.current_broker(self.context)
             live = None if broker is None else self._plugin.runtime(broker).live
             if live is None or raw.redelivered:
                 return
             if h.expired_from(msg.headers) not in live.plan.exchanges:
                 return
-            sub = _faststream.current_subscriber(self.context)
-            queue = _faststream.queue_of(sub) if sub is not None else None
+            sub = _internals.current_subscriber(self.context)
+            queue = _internals.queue_of(sub) if sub is not None else None
             if queue is None:
                 return
             now, due = h.now_ms(), h.read_due(msg.headers)
@@ -386,7 +389,7 @@ class _RetryScope(BaseMiddleware):
         live = runtime.live
         testing = live is None
         topology = live.plan if live is not None else runtime.plan
-        handler = await _faststream.select_policy(route, msg)
+        handler = await _internals.select_policy(route, msg)
         if not effective_policy(handler, config.default).enabled:
             raise exc
         attempt = h.read_attempt(msg.headers)
@@ -411,7 +414,9 @@ class _RetryScope(BaseMiddleware):
             immediate = decision.action is Action.RETRY_NOW
             if not immediate and not (testing and decision.action is Action.RETRY_LATER):
                 break
-            event = _event(route, msg, decision, exc, h.now_ms(), immediate=immediate)
+            event = steps.in_process(
+                route.queue, msg.message_id, decision, exc, h.now_ms(), immediate=immediate
+            )
             reporter.record(event, incoming=msg.headers, exception=exc)
             if testing:
                 # Mirror what the copy would carry, so the handler sees its attempt.
@@ -428,7 +433,16 @@ class _RetryScope(BaseMiddleware):
                 _warn_settled_once(route.queue, msg, exc)
                 raise exc
         if live is None:  # test mode: no broker to hold the copy
-            await self._dead_letter_in_test_mode(runtime.broker, route, msg, decision, exc)
+            letter = steps.failed(
+                topology,
+                route,
+                decision,
+                exc,
+                message_id=msg.message_id,
+                incoming=msg.headers,
+                now_ms=h.now_ms(),
+            )
+            await self._dead_letter_in_test_mode(runtime.broker, route, msg, letter, exc)
             raise exc
         ok = await self._publish(live, route, msg, decision, exc)
         await self._settle(msg, ok=ok, pause_s=config.pause_s)
@@ -441,18 +455,18 @@ class _RetryScope(BaseMiddleware):
         itself, and a queue the plugin does not cover. A subscriber started after
         the broker is covered here, before its first copy is published.
         """
-        broker = _faststream.current_broker(self.context)
-        sub = _faststream.current_subscriber(self.context)
+        broker = _internals.current_broker(self.context)
+        sub = _internals.current_subscriber(self.context)
         if broker is None or sub is None:
             if broker is not None:
-                _faststream.warn_no_subscriber()
+                _internals.warn_no_subscriber()
             return None
         if _settled_by_handler(msg):
-            _warn_settled_once(_faststream.queue_of(sub) or "?", msg, exc)
+            _warn_settled_once(_internals.queue_of(sub) or "?", msg, exc)
             return None
         runtime = self._plugin.runtime(broker)
         live = runtime.live
-        if live is None and not _faststream.under_test_broker(broker):
+        if live is None and not _internals.under_test_broker(broker):
             # Consuming without our start hook: install() was not called, or the
             # broker was started by other means. Without the topology a retry can
             # only be kept by handing the message back, slowly.
@@ -464,14 +478,14 @@ class _RetryScope(BaseMiddleware):
             await self._requeue_after_pause(msg, self._plugin.config.pause_s)
             return None
         topology = live.plan if live is not None else runtime.plan
-        route = topology.route(_faststream.queue_of(sub) or "")
+        route = topology.route(_internals.queue_of(sub) or "")
         if route is None and live is not None:
             try:
-                route = await wiring.cover_failed(runtime, sub)
+                route = await cover_failed(runtime, sub)
             except Exception:  # its queues could not be declared: keep the message
                 log.exception(
                     "faststream-retry could not cover %r; requeueing message %s",
-                    _faststream.queue_of(sub),
+                    _internals.queue_of(sub),
                     msg.message_id,
                 )
                 await self._requeue_after_pause(msg, self._plugin.config.pause_s)
@@ -488,31 +502,23 @@ class _RetryScope(BaseMiddleware):
     ) -> bool:
         """Publish the copy the decision calls for, and report it once confirmed."""
         raw = msg.raw_message
-        now = h.now_ms()
-        tier_ms = None
-        if decision.action is Action.RETRY_LATER:
-            wait = live.plan.tiers.wait(decision.delay_ms)
-            tier_ms = wait.tier_ms
-            headers = h.retry_headers(
-                raw.headers, _failure(decision, exc, now), now + decision.delay_ms
-            )
-            # A wait that is one tier goes from it straight back to the work queue,
-            # addressed by the routing key; a longer one passes the re-check step.
-            home = route.queue if wait.last and route.home_from_tier else route.retry_queue
-            copy = Copy(live.plan.tier(tier_ms), home, headers)
-        else:
-            headers = _dead_letter_headers(raw.headers, route, decision, exc, now)
-            copy = Copy("", route.dlq, headers, room=True)
+        step = steps.failed(
+            live.plan,
+            route,
+            decision,
+            exc,
+            message_id=msg.message_id,
+            incoming=raw.headers,
+            now_ms=h.now_ms(),
+        )
         return await publish_step(
             self._plugin.reporter,
             live.publisher,
             raw,
-            _event(route, msg, decision, exc, now),
-            copy,
+            step,
             dlq=route.dlq,
             origin_queue=route.queue,
             exception=exc,
-            tier_ms=tier_ms,
         )
 
     async def _dead_letter_in_test_mode(
@@ -520,7 +526,7 @@ class _RetryScope(BaseMiddleware):
         broker: RabbitBroker,
         route: Route,
         msg: StreamMessage[Any],
-        decision: Decision,
+        letter: Step,
         exc: Failure,
     ) -> None:
         """Record and settle a dead letter; hand it to the app's ``<queue>.dlq`` subscriber.
@@ -534,17 +540,14 @@ class _RetryScope(BaseMiddleware):
         ``testing(raise_on_dead_letter=True)``, raised from ``publish()`` with the
         handler's exception as its cause.
         """
-        now = h.now_ms()
-        self._plugin.reporter.record(
-            _event(route, msg, decision, exc, now), incoming=msg.headers, exception=exc
-        )
+        self._plugin.reporter.record(letter.event, incoming=msg.headers, exception=exc)
         await self._settle(msg, ok=True, pause_s=0)
-        if any(_faststream.queue_of(sub) == route.dlq for sub in broker.subscribers):
+        if any(_internals.queue_of(sub) == route.dlq for sub in broker.subscribers):
             try:
                 await broker.publish(
                     msg.body,
                     queue=route.dlq,
-                    headers=_dead_letter_headers(msg.headers, route, decision, exc, now),
+                    headers=letter.copy.headers,
                     message_id=msg.message_id,
                     correlation_id=msg.correlation_id,
                     content_type=msg.content_type or None,
@@ -660,60 +663,6 @@ def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Failure) -> Non
         msg.message_id,
         status,
         h.exception_name(exc),
-    )
-
-
-def _failure(decision: Decision, exc: Failure, now: int) -> h.FailureRecord:
-    return h.FailureRecord.of(
-        exc,
-        attempt=decision.attempt,
-        at_ms=now,
-        delay_ms=decision.delay_ms,
-        problem=decision.problem,
-    )
-
-
-def _dead_letter_headers(
-    incoming: Any,  # noqa: ANN401 - the delivery's header table
-    route: Route,
-    decision: Decision,
-    exc: Failure,
-    now: int,
-) -> dict[str, Any]:
-    return h.dead_letter_headers(
-        incoming,
-        _failure(decision, exc, now),
-        reason=decision.reason or Reason.PERMANENT,
-        origin_queue=route.queue,
-        traceback=h.traceback_text(exc),
-    )
-
-
-def _event(
-    route: Route,
-    msg: StreamMessage[Any],
-    decision: Decision,
-    exc: BaseException,
-    now: int,
-    *,
-    immediate: bool = False,
-) -> RetryEvent:
-    dead = decision.action is Action.DEAD_LETTER
-    return RetryEvent(
-        kind=EventKind.DEAD_LETTERED if dead else EventKind.SCHEDULED,
-        queue=route.queue,
-        message_id=msg.message_id,
-        attempt=decision.attempt,
-        max_attempts=decision.max_attempts,
-        at_ms=now,
-        delay_ms=None if dead else decision.delay_ms,
-        due_ms=None if dead or immediate else now + decision.delay_ms,
-        reason=decision.reason,
-        exception=h.exception_name(exc),
-        error=h.error_text(exc, h.HISTORY_ERROR_LIMIT, decision.problem),
-        rule=decision.classification.rule,
-        immediate=immediate,
-        classification=decision.classification.verdict,
     )
 
 

@@ -6,16 +6,16 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from faststream_retry.classify import Classification, Verdict, classify
+from faststream_retry.core.classify import Classification, Verdict, classify
+from faststream_retry.core.events import Reason, Rule
+from faststream_retry.core.headers import exception_name
+from faststream_retry.core.policy import HandlerPolicy, RetryPolicy, effective_policy, to_ms
 from faststream_retry.errors import RetryConfigError, RetryLater
-from faststream_retry.events import Reason, Rule
-from faststream_retry.headers import exception_name
-from faststream_retry.policy import HandlerPolicy, RetryPolicy, effective_policy, to_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from faststream_retry.tiers import Tiers
+    from faststream_retry.core.tiers import Tiers
 
 __all__ = ["Action", "Decision", "Hop", "Invalid", "Release", "decide", "recheck_step"]
 

@@ -1,0 +1,60 @@
+"""What a look at a queue tells, without changing it: its depth, and whether it is classic."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiormq.exceptions import AMQPError, ChannelNotFoundEntity
+
+from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
+
+__all__ = ["QueueDepth", "depth", "plain_classic"]
+
+
+class QueueDepth:
+    """What a passive declare tells about a queue."""
+
+    __slots__ = ("consumers", "messages", "name")
+
+    def __init__(self, name: str, messages: int, consumers: int) -> None:
+        """Record the counts of ``name``."""
+        self.name = name
+        self.messages = messages
+        self.consumers = consumers
+
+
+async def depth(connection: AbstractConnection, queue: str) -> QueueDepth | None:
+    """Return the ready messages and consumers of ``queue``; ``None`` if it does not exist."""
+    # A channel per look: a missing queue closes the channel it was asked on.
+    channel = await connection.channel()
+    try:
+        declared = await channel.declare_queue(queue, passive=True, timeout=RPC_TIMEOUT_S)
+    except ChannelNotFoundEntity:
+        return None
+    finally:
+        await close_quietly(channel)
+    result = declared.declaration_result
+    return QueueDepth(queue, result.message_count or 0, result.consumer_count or 0)
+
+
+async def plain_classic(connection: AbstractConnection, queue: str) -> bool:
+    """Return whether ``queue`` is known to be a classic queue, where a requeue costs nothing.
+
+    Known by declaring it with ``x-queue-type=classic`` and no other argument: a classic
+    queue declared that way (the plugin's own classic queues, a plain one) takes it and
+    nothing changes; any other (quorum, stream, or a classic one with arguments) answers
+    406 on a throwaway channel and is not known to be classic.
+    """
+    channel = await connection.channel()
+    try:
+        await channel.declare_queue(
+            queue, durable=True, arguments={"x-queue-type": "classic"}, timeout=RPC_TIMEOUT_S
+        )
+    except AMQPError:
+        return False
+    finally:
+        await close_quietly(channel)
+    return True

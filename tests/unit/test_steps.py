@@ -1,0 +1,336 @@
+"""Where each step's copy goes, what it carries and what is told of it (pure, no broker).
+
+Every runtime sends what these build: a retry never goes elsewhere than its tier and its
+own queue, a dead letter only to its dead-letter queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from faststream_retry import Fixed, PermanentError, RetryPolicy, TransientError
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.classify import Classification
+from faststream_retry.core.decision import Action, Decision
+from faststream_retry.core.events import EventKind, Reason, RetryEvent, Rule, Verdict
+from faststream_retry.core.steps import Copy, Step
+from faststream_retry.core.topology import Handler, Plan, Route, TopologyOptions, plan
+
+INCOMING: dict[str, Any] = {"tenant": "acme", h.ATTEMPT: 1, "x-death": [{"queue": "orders"}]}
+"""A delivery's headers: the application's own, the plugin's, and RabbitMQ's."""
+
+HOME = Route("orders", (Handler(None),))
+FULL = Route("orders", (Handler(None),), {"x-overflow": "reject-publish", "x-max-length": 5})
+"""A queue that refuses publishes when full: its copies never go home from a tier."""
+
+
+def a_plan() -> Plan:
+    """Tiers of 1, 2, 4 and 8 s."""
+    topology = plan([HOME], RetryPolicy(backoff=Fixed(1)), TopologyOptions("p", 8000, "classic"))
+    assert topology.tiers.ttls_ms == (1000, 2000, 4000, 8000)
+    return topology
+
+
+def failure(delay_ms: int = 0, error: str = "down") -> h.FailureRecord:
+    return h.FailureRecord(
+        attempt=2, at_ms=10_000, exception="app.Down", error=error, delay_ms=delay_ms
+    )
+
+
+class TestRetry:
+    def test_a_wait_of_one_tier_goes_from_it_straight_to_the_work_queue(self) -> None:
+        step = steps.retry(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            failure(4000),
+            max_attempts=5,
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+        )
+        assert step == Step(
+            RetryEvent(
+                EventKind.SCHEDULED,
+                "orders",
+                "m1",
+                2,
+                10_000,
+                max_attempts=5,
+                delay_ms=4000,
+                due_ms=14_000,
+                exception="app.Down",
+                error="down",
+                rule=Rule.BUILTIN,
+                classification=Verdict.TRANSIENT,
+            ),
+            Copy("p.delay.4000", "orders", h.retry_headers(INCOMING, failure(4000), 14_000)),
+            4000,
+        )
+        assert step.copy.headers[h.DUE] == 14_000
+        assert not step.copy.room
+
+    def test_a_longer_wait_takes_the_largest_tier_under_it_and_the_re_check_step(self) -> None:
+        step = steps.retry(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            failure(3000),
+            max_attempts=5,
+            rule=Rule.EXPLICIT,
+            classification=Verdict.TRANSIENT,
+        )
+        assert (step.copy.exchange, step.copy.routing_key, step.tier_ms) == (
+            "p.delay.2000",
+            "orders.retry",
+            2000,
+        )
+        assert step.event.due_ms == 13_000
+        assert step.event.rule is Rule.EXPLICIT
+
+    def test_a_queue_that_refuses_when_full_takes_the_re_check_step_even_for_one_tier(
+        self,
+    ) -> None:
+        step = steps.retry(
+            a_plan(),
+            FULL,
+            None,
+            None,
+            failure(4000),
+            max_attempts=5,
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+        )
+        assert (step.copy.exchange, step.copy.routing_key) == ("p.delay.4000", "orders.retry")
+        assert step.event.message_id is None
+
+    def test_the_event_carries_the_error_as_the_history_does(self) -> None:
+        long = "é" * 300
+        step = steps.retry(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            failure(1000, long),
+            max_attempts=5,
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+        )
+        assert step.event.error == h.truncate(long, h.HISTORY_ERROR_LIMIT)
+        assert len(step.event.error.encode()) <= h.HISTORY_ERROR_LIMIT
+
+
+class TestHop:
+    @pytest.mark.parametrize(
+        ("route", "last", "home"),
+        [(HOME, True, "orders"), (HOME, False, "orders.retry"), (FULL, True, "orders.retry")],
+    )
+    def test_only_a_last_tier_on_a_queue_that_takes_it_goes_home(
+        self, route: Route, last: bool, home: str
+    ) -> None:
+        step = steps.hop(
+            a_plan(),
+            route,
+            "m1",
+            INCOMING,
+            attempt=3,
+            now_ms=20_000,
+            due_ms=27_000,
+            tier_ms=4000,
+            last=last,
+        )
+        assert step == Step(
+            RetryEvent(EventKind.HOP, "orders", "m1", 3, 20_000, delay_ms=4000, due_ms=27_000),
+            Copy("p.delay.4000", home, h.carry_over(INCOMING)),
+        )
+
+
+class TestRelease:
+    def test_a_due_message_goes_home_by_the_default_exchange(self) -> None:
+        step = steps.release(
+            HOME, "m1", INCOMING, attempt=3, now_ms=20_050, due_ms=20_000, lateness_ms=50
+        )
+        assert step == Step(
+            RetryEvent(
+                EventKind.RELEASED, "orders", "m1", 3, 20_050, due_ms=20_000, lateness_ms=50
+            ),
+            Copy("", "orders", h.carry_over(INCOMING)),
+        )
+        assert "x-death" not in step.copy.headers
+
+
+class TestDeadLetter:
+    def test_the_copy_goes_to_the_dlq_and_may_make_room(self) -> None:
+        step = steps.dead_letter(
+            "orders.dlq",
+            "orders",
+            "m1",
+            INCOMING,
+            failure(),
+            reason=Reason.EXHAUSTED,
+            max_attempts=5,
+            due_ms=9000,
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+            traceback="Traceback ...",
+        )
+        headers = h.dead_letter_headers(
+            INCOMING,
+            failure(),
+            reason=Reason.EXHAUSTED,
+            origin_queue="orders",
+            traceback="Traceback ...",
+        )
+        assert step == Step(
+            RetryEvent(
+                EventKind.DEAD_LETTERED,
+                "orders",
+                "m1",
+                2,
+                10_000,
+                max_attempts=5,
+                due_ms=9000,
+                reason=Reason.EXHAUSTED,
+                exception="app.Down",
+                error="down",
+                rule=Rule.BUILTIN,
+                classification=Verdict.TRANSIENT,
+            ),
+            Copy("", "orders.dlq", headers, room=True),
+        )
+        assert step.copy.headers[h.ORIGIN_QUEUE] == "orders"
+        assert step.copy.headers[h.TRACEBACK] == "Traceback ..."
+
+    def test_by_default_it_names_no_rule_and_its_own_queue_as_the_origin(self) -> None:
+        step = steps.dead_letter(
+            "p.intake.dlq", "p.intake", None, None, failure(), reason=Reason.INVALID
+        )
+        assert step.event == RetryEvent(
+            EventKind.DEAD_LETTERED,
+            "p.intake",
+            None,
+            2,
+            10_000,
+            reason=Reason.INVALID,
+            exception="app.Down",
+            error="down",
+        )
+        assert step.copy.headers[h.ORIGIN_QUEUE] == "p.intake"
+        assert step.copy.headers[h.TRACEBACK] == ""
+        assert step.copy.routing_key == "p.intake.dlq"
+        assert step.tier_ms is None
+
+    def test_another_origin_is_recorded_for_the_operator(self) -> None:
+        step = steps.dead_letter(
+            "p.intake.dlq",
+            "p.intake",
+            "m1",
+            INCOMING,
+            failure(error="x" * 2000),
+            reason=Reason.INVALID,
+            origin_queue="orders",
+        )
+        assert step.copy.headers[h.ORIGIN_QUEUE] == "orders"
+        assert step.event.queue == "p.intake"
+        assert step.event.error == h.truncate("x" * 2000, h.HISTORY_ERROR_LIMIT)
+        assert step.copy.headers[h.ERROR] == h.truncate("x" * 2000, h.ERROR_LIMIT)
+
+
+def decision(action: Action, **fields: Any) -> Decision:
+    return Decision(action, 2, 5, Classification(Verdict.TRANSIENT, Rule.BUILTIN), **fields)
+
+
+class TestFailed:
+    def test_a_retry_later_is_sent_round_the_tiers(self) -> None:
+        exc = TransientError("db down")
+        step = steps.failed(
+            a_plan(),
+            HOME,
+            decision(Action.RETRY_LATER, delay_ms=4000),
+            exc,
+            message_id="m1",
+            incoming=INCOMING,
+            now_ms=10_000,
+        )
+        record = h.FailureRecord.of(exc, attempt=2, at_ms=10_000, delay_ms=4000)
+        assert step == steps.retry(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            record,
+            max_attempts=5,
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+        )
+        assert step.copy.headers[h.HISTORY][-1]["delay"] == 4000
+
+    def test_a_dead_letter_carries_its_reason_problem_and_traceback(self) -> None:
+        try:
+            raise PermanentError("bad order")
+        except PermanentError as raised:
+            exc = raised
+        verdict = Classification(Verdict.PERMANENT, Rule.EXPLICIT)
+        asked = Decision(
+            Action.DEAD_LETTER, 2, 5, verdict, reason=Reason.PERMANENT, problem="a bad delay"
+        )
+        step = steps.failed(
+            a_plan(), HOME, asked, exc, message_id="m1", incoming=INCOMING, now_ms=10_000
+        )
+        record = h.FailureRecord.of(exc, attempt=2, at_ms=10_000, problem="a bad delay")
+        assert step == steps.dead_letter(
+            "orders.dlq",
+            "orders",
+            "m1",
+            INCOMING,
+            record,
+            reason=Reason.PERMANENT,
+            max_attempts=5,
+            rule=Rule.EXPLICIT,
+            classification=Verdict.PERMANENT,
+            traceback=h.traceback_text(exc),
+        )
+        assert step.copy.headers[h.ERROR] == "a bad delay (bad order)"
+        assert "PermanentError: bad order" in step.copy.headers[h.TRACEBACK]
+
+    def test_a_dead_letter_without_a_reason_is_permanent(self) -> None:
+        step = steps.failed(
+            a_plan(),
+            HOME,
+            decision(Action.DEAD_LETTER),
+            ValueError("x"),
+            message_id=None,
+            incoming=None,
+            now_ms=0,
+        )
+        assert step.event.reason is Reason.PERMANENT
+        assert step.copy.headers[h.REASON] == "permanent"
+
+
+class TestInProcess:
+    @pytest.mark.parametrize(("immediate", "due"), [(True, None), (False, 10_500)])
+    def test_an_in_process_retry_is_told_with_no_copy(
+        self, immediate: bool, due: int | None
+    ) -> None:
+        exc = TransientError("é" * 300)
+        asked = decision(Action.RETRY_NOW, delay_ms=500, problem="why")
+        event = steps.in_process("orders", "m1", asked, exc, 10_000, immediate=immediate)
+        assert event == RetryEvent(
+            EventKind.SCHEDULED,
+            "orders",
+            "m1",
+            2,
+            10_000,
+            max_attempts=5,
+            delay_ms=500,
+            due_ms=due,
+            exception="faststream_retry.errors.TransientError",
+            error=h.error_text(exc, h.HISTORY_ERROR_LIMIT, "why"),
+            rule=Rule.BUILTIN,
+            immediate=immediate,
+            classification=Verdict.TRANSIENT,
+        )
