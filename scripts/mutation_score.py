@@ -78,10 +78,10 @@ def table(found: dict[str, int | None], equivalent: set[str]) -> None:
             kind = "other"
         counts[module, kind] += 1
         counts[module, "all"] += 1
-    print(f"{'module':<28} {'mutants':>7} {'killed':>7} {'equiv.':>7} {'survived':>8}")
+    print(f"{'module':<36} {'mutants':>7} {'killed':>7} {'equiv.':>7} {'survived':>8}")
     for module in sorted({m for m, _ in counts}):
         row = [counts[module, k] for k in ("all", "killed", "equivalent", "survived")]
-        print(f"{module:<28} {row[0]:>7} {row[1]:>7} {row[2]:>7} {row[3]:>8}")
+        print(f"{module:<36} {row[0]:>7} {row[1]:>7} {row[2]:>7} {row[3]:>8}")
 
 
 def stale_entries(listed: dict[str, str], found: dict[str, int | None]) -> list[str]:

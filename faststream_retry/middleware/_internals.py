@@ -20,7 +20,8 @@ private name                                              what the plugin reads 
 ``HandlerCallWrapper._original_call`` (0.7.5)             decorated
 ``SubscriberUsecase.ack_policy``                          refusing ``AckPolicy.ACK_FIRST``
 ``BrokerUsecase.config.logger`` (``LoggerState``:         the broker's logger, which the
-``.log(...)``, ``.logger`` falsy until set up)            plugin's lines go through (``_log``)
+``.log(...)``, ``.logger`` falsy until set up)            plugin's lines go through
+                                                          (``reporting.log``)
 ``LoggerState.logger.logger`` (the ``logging.Logger``     its level, which the plugin's lines
 in ``RealLoggerObject``)                                  follow (``--log-level DEBUG`` shows
                                                           the re-check hops); read if there:

@@ -2,9 +2,10 @@
 
 ``RetryMiddleware`` is configuration only; FastStream calls it for every message and it
 builds a ``_RetryScope``. The scope does nothing on success. When the handler raises, it
-classifies the failure (``decision.decide``), publishes a copy into the delay tiers or the
-dead-letter queue with a broker confirm, acks the original only then, and re-raises so
-FastStream never publishes the failed call's "result".
+classifies the failure (``core.decision.decide``), publishes the copy ``core.steps``
+builds (into the delay tiers or the dead-letter queue) with a broker confirm, acks the
+original only then, and re-raises so FastStream never publishes the failed call's
+"result".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The retry worker's intake consumer: dead letters in, retry copies or dead letters out.
 
-Each delivery is decided by ``intake.intake_step`` and settled like a re-check step:
+Each delivery is decided by ``core.intake.intake_step`` and settled like a re-check step:
 acked only once its copy is confirmed, requeued after a pause otherwise. It runs on
 channels of its own: acks of the re-check consumers go out in ``multiple`` runs per
 channel, which must never cover an intake delivery still in flight.
