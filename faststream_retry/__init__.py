@@ -24,12 +24,14 @@ from faststream_retry.core.policy import (
 )
 from faststream_retry.core.worker_config import WorkerConfig, load_worker_config
 from faststream_retry.errors import (
+    FastStreamRetryError,
     HeadersTooLarge,
     InvalidDueTime,
     PermanentError,
     RetryConfigError,
     RetryLater,
     RetryTopologyError,
+    RetryWorkerError,
     TransientError,
 )
 from faststream_retry.middleware.testing import RetryRecorder
@@ -45,6 +47,7 @@ __all__ = [
     "Backoff",
     "EventKind",
     "Exponential",
+    "FastStreamRetryError",
     "Fixed",
     "HeadersTooLarge",
     "InvalidDueTime",
@@ -59,6 +62,7 @@ __all__ = [
     "RetryRecorder",
     "RetryTopologyError",
     "RetryWorker",
+    "RetryWorkerError",
     "Rule",
     "Schedule",
     "TransientError",

@@ -13,12 +13,14 @@ import math
 from datetime import timedelta
 
 __all__ = [
+    "FastStreamRetryError",
     "HeadersTooLarge",
     "InvalidDueTime",
     "PermanentError",
     "RetryConfigError",
     "RetryLater",
     "RetryTopologyError",
+    "RetryWorkerError",
     "TransientError",
 ]
 
@@ -85,12 +87,39 @@ class RetryLater(TransientError):  # noqa: N818 - reads as an instruction, like 
         super().__init__(reason or f"retry later, in {self.delay}")
 
 
-class RetryConfigError(ValueError):
+class FastStreamRetryError(Exception):
+    """The root of faststream-retry's own errors: catch it to catch any of them.
+
+    Under it: ``RetryConfigError`` (an option; ``RetryTopologyError``, the broker),
+    ``RetryWorkerError`` (the standalone worker's connection) and
+    ``faststream_retry.ops.OperationError`` (the operator API). Not the control
+    exceptions a handler raises to steer its own message (``TransientError``,
+    ``PermanentError``, ``RetryLater``).
+    """
+
+
+class RetryConfigError(FastStreamRetryError, ValueError):
     """A retry option is missing, unknown or invalid; the message names it and the fix.
+
+    ``option`` is the argument or option it is about, when it is about one (``"factor"``
+    for ``Exponential(factor=0.5)``), and ``problem`` what is wrong with it, without its
+    name (``"must be a number >= 1, got 0.5"``); otherwise ``option`` is ``None`` and
+    ``problem`` is the whole message.
 
     Raised from a handler (``RetryLater`` with an invalid delay, say) it is a bug in
     the handler: classified permanent, like an explicit ``PermanentError``.
     """
+
+    def __init__(self, message: str, *, option: str | None = None, problem: str = "") -> None:
+        """Keep the message, and what it is about (see the class docstring)."""
+        super().__init__(message)
+        self.option = option
+        self.problem = problem or message
+
+    @classmethod
+    def argument(cls, owner: str, option: str, problem: str) -> RetryConfigError:
+        """Return the error of argument ``option`` of ``owner``: ``Owner(option=...) problem``."""
+        return cls(f"{owner}({option}=...) {problem}", option=option, problem=problem)
 
 
 class RetryTopologyError(RetryConfigError):
@@ -99,6 +128,14 @@ class RetryTopologyError(RetryConfigError):
     Either the server is too old for the queue type, or queues or exchanges the plugin
     declares already exist with other arguments; the message names each one, the
     argument and how to migrate.
+    """
+
+
+class RetryWorkerError(FastStreamRetryError, ConnectionError):
+    """The standalone worker has no connection to work on; the message says why.
+
+    The broker cannot be reached or refused the login (said in one line, without the
+    password), or the worker is not started yet or is stopping.
     """
 
 

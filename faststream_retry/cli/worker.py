@@ -12,7 +12,7 @@ import typer
 
 from faststream_retry.cli._common import err, fail, out
 from faststream_retry.core.worker_config import load_worker_config, policy_command
-from faststream_retry.errors import RetryConfigError
+from faststream_retry.errors import RetryConfigError, RetryWorkerError
 from faststream_retry.worker.worker import RetryWorker
 
 __all__ = ["register"]
@@ -77,9 +77,7 @@ def worker_command(
     try:
         worker = RetryWorker(settings, url=url)
         asyncio.run(worker.run())
-    except RetryConfigError as exc:  # RetryTopologyError included: its text names the fix
-        fail(str(exc))
-    except ConnectionError as exc:
+    except (RetryConfigError, RetryWorkerError) as exc:  # each text names the fix
         fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

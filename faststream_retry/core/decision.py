@@ -59,7 +59,7 @@ def _asked_ms(exc: RetryLater) -> int | str:
     attribute may be changed (or be a property that raises) after construction.
     """
     try:
-        return to_ms(exc.delay, "RetryLater(delay=...)")
+        return to_ms(exc.delay, "delay", owner="RetryLater")
     except RetryConfigError as refused:
         return str(refused)
     except Exception as raised:  # whatever the handler's object does: a bug in the handler

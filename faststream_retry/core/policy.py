@@ -40,18 +40,26 @@ _HELD: dict[int, tuple[object, HandlerPolicy]] = {}
 Duration = timedelta | float | int
 
 
-def to_ms(value: Duration, name: str) -> int:
+def to_ms(
+    value: Duration, option: str, *, owner: str | None = None, index: int | None = None
+) -> int:
     """Normalise a duration (``timedelta`` or seconds) to whole milliseconds.
 
-    Rounds up, so a delay is never shortened. Raises ``RetryConfigError`` naming
-    ``name`` for anything that is not a finite, non-negative duration.
+    Rounds up, so a delay is never shortened. Raises ``RetryConfigError`` about
+    ``option`` (of ``owner``, at ``index`` of a list) for anything that is not a finite,
+    non-negative duration.
     """
     if isinstance(value, bool) or not isinstance(value, (timedelta, int, float)):
-        raise RetryConfigError(f"{name} takes a timedelta or seconds, got {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise RetryConfigError(f"{name} must be a finite duration >= 0, got {value!r}")
-    return math.ceil(round(seconds * 1000, 6))
+        problem = f"takes a timedelta or seconds, got {value!r}"
+    else:
+        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+        if math.isfinite(seconds) and seconds >= 0:
+            return math.ceil(round(seconds * 1000, 6))
+        problem = f"must be a finite duration >= 0, got {value!r}"
+    label = option if owner is None else f"{owner}({option}=...)"
+    if index is not None:
+        label += f"[{index}]"
+    raise RetryConfigError(f"{label} {problem}", option=option, problem=problem)
 
 
 @runtime_checkable
@@ -76,9 +84,9 @@ class Fixed:
 
     def __init__(self, delay: Duration) -> None:
         """Take the delay as a ``timedelta`` or seconds; it must be positive."""
-        ms = to_ms(delay, "Fixed(delay=...)")
+        ms = to_ms(delay, "delay", owner="Fixed")
         if ms <= 0:
-            raise RetryConfigError("Fixed(delay=...) must be positive")
+            raise RetryConfigError.argument("Fixed", "delay", "must be positive")
         object.__setattr__(self, "delay", timedelta(milliseconds=ms))
         object.__setattr__(self, "_ms", ms)
 
@@ -115,28 +123,31 @@ class Exponential:
         jitter: float = 0.0,
     ) -> None:
         """Validate and normalise; see the class docstring."""
-        initial_ms = to_ms(initial, "Exponential(initial=...)")
+        initial_ms = to_ms(initial, "initial", owner="Exponential")
         if initial_ms <= 0:
-            raise RetryConfigError("Exponential(initial=...) must be positive")
+            raise RetryConfigError.argument("Exponential", "initial", "must be positive")
         if (
             isinstance(factor, bool)
             or not isinstance(factor, (int, float))
             or not math.isfinite(factor)
             or factor < 1
         ):
-            raise RetryConfigError(f"Exponential(factor=...) must be a number >= 1, got {factor!r}")
+            raise RetryConfigError.argument(
+                "Exponential", "factor", f"must be a number >= 1, got {factor!r}"
+            )
         maximum_ms = None
         if maximum is not None:
-            maximum_ms = to_ms(maximum, "Exponential(maximum=...)")
+            maximum_ms = to_ms(maximum, "maximum", owner="Exponential")
             if maximum_ms < initial_ms:
-                raise RetryConfigError(
-                    "Exponential(maximum=...) must be >= initial "
-                    f"({timedelta(milliseconds=maximum_ms)} < "
-                    f"{timedelta(milliseconds=initial_ms)})"
+                raise RetryConfigError.argument(
+                    "Exponential",
+                    "maximum",
+                    f"must be >= initial ({timedelta(milliseconds=maximum_ms)} < "
+                    f"{timedelta(milliseconds=initial_ms)})",
                 )
         if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
-            raise RetryConfigError(
-                f"Exponential(jitter=...) is a fraction in [0, 1], got {jitter!r}"
+            raise RetryConfigError.argument(
+                "Exponential", "jitter", f"is a fraction in [0, 1], got {jitter!r}"
             )
         object.__setattr__(self, "initial", timedelta(milliseconds=initial_ms))
         object.__setattr__(self, "factor", float(factor))
@@ -177,12 +188,14 @@ class Schedule:
     def __init__(self, delays: Sequence[Duration]) -> None:
         """Take at least one positive delay."""
         if isinstance(delays, (str, bytes)) or not isinstance(delays, Sequence):
-            raise RetryConfigError(f"Schedule(delays=...) takes a list of delays, got {delays!r}")
+            raise RetryConfigError.argument(
+                "Schedule", "delays", f"takes a list of delays, got {delays!r}"
+            )
         if not delays:
-            raise RetryConfigError("Schedule(delays=...) needs at least one delay")
-        ms = tuple(to_ms(d, f"Schedule(delays=...)[{i}]") for i, d in enumerate(delays))
+            raise RetryConfigError.argument("Schedule", "delays", "needs at least one delay")
+        ms = tuple(to_ms(d, "delays", owner="Schedule", index=i) for i, d in enumerate(delays))
         if min(ms) <= 0:
-            raise RetryConfigError("Schedule(delays=...) delays must be positive")
+            raise RetryConfigError.argument("Schedule", "delays", "must be positive")
         object.__setattr__(self, "delays", tuple(timedelta(milliseconds=m) for m in ms))
         object.__setattr__(self, "_ms", ms)
 

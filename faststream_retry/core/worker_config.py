@@ -450,25 +450,15 @@ def _backoff(value: object, key: str, fail: Any) -> Backoff:  # noqa: ANN401
     )
 
 
-# The constructors name their arguments; the config's keys for them.
-_ARGUMENT_KEYS = {
-    "(delay=": "delay",
-    "(delays=": "delays",
-    "(initial=": "initial",
-    "(factor=": "factor",
-    "(maximum=": "max",
-    "(jitter=": "jitter",
-}
+# The constructors' arguments that the config names otherwise.
+_ARGUMENT_KEYS = {"maximum": "max"}
 
 
 def _built(make: Callable[[], Backoff], key: str, fail: Any) -> Backoff:  # noqa: ANN401
     try:
         return make()
     except RetryConfigError as exc:
-        text = str(exc)
-        for argument, name in _ARGUMENT_KEYS.items():
-            if argument in text:
-                # "Exponential(factor=...) must be a number >= 1" -> "....factor must be ..."
-                rest = text.partition("...) ")[2].removeprefix(f"{argument[1:-1]} ")
-                raise fail(f"{key}.{name}", rest) from exc
-        raise fail(key, text) from exc  # a Backoff of the future, naming no argument
+        if exc.option is None:  # a Backoff of the future, naming no argument
+            raise fail(key, str(exc)) from exc
+        name = _ARGUMENT_KEYS.get(exc.option, exc.option)
+        raise fail(f"{key}.{name}", exc.problem) from exc

@@ -11,6 +11,7 @@ from aiormq.exceptions import AMQPError, ChannelAccessRefused, ChannelLockedReso
 
 from faststream_retry.amqp.connection import connect_failure, safe_url
 from faststream_retry.core.topology import lock_name
+from faststream_retry.errors import FastStreamRetryError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 CONNECT_TIMEOUT_S = 10.0
 
 
-class OperationError(Exception):
+class OperationError(FastStreamRetryError):
     """An operation could not be done as asked; the text says why and what to do."""
 
 

@@ -26,7 +26,7 @@ from faststream_retry.amqp.declare import check_broker
 from faststream_retry.amqp.registry import registered_queues, survey
 from faststream_retry.core.topology import Handler, Plan, Route, queue_specs
 from faststream_retry.engine.live import Live
-from faststream_retry.errors import RetryConfigError
+from faststream_retry.errors import RetryConfigError, RetryWorkerError
 from faststream_retry.reporting.log import log
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry
@@ -98,14 +98,14 @@ class RetryWorker:
     def plan(self) -> Plan:
         """Return what the worker declares and consumes now (after ``start``)."""
         if self.live is None:
-            raise RuntimeError("the worker is not started")
+            raise RetryWorkerError("the worker is not started")
         return self.live.plan
 
     async def start(self) -> None:
         """Connect, check and declare the topology, and start consuming.
 
         Raises:
-            ConnectionError: the broker cannot be reached or refused the login.
+            RetryWorkerError: the broker cannot be reached or refused the login.
             RetryTopologyError: a queue or exchange exists with other arguments, or the
                 user may not declare it (each named, with the fix).
         """
@@ -114,7 +114,7 @@ class RetryWorker:
                 self.url, timeout=RPC_TIMEOUT_S
             )
         except Exception as exc:  # refused, unreachable, a wrong vhost: one line says which
-            raise ConnectionError(connect_failure(self.url or "", exc)) from exc
+            raise RetryWorkerError(connect_failure(self.url or "", exc)) from exc
         try:
             # aio-pika reconnects by itself and says little; an operator wants both lines.
             connection.close_callbacks.add(_lost)
@@ -235,7 +235,7 @@ class RetryWorker:
         """Return ``queue``'s route; a new one's queues are declared and its ``.retry`` consumed."""
         live = self.live
         if live is None:
-            raise ConnectionError("the worker is stopping")
+            raise RetryWorkerError("the worker is stopping")
         known = live.plan.route(queue)
         if known is not None:
             return known

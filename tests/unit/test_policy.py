@@ -362,7 +362,7 @@ class TestBoundaries:
             "Schedule(delays=...) takes a list of delays, got None"
         )
         assert error_of(lambda: Schedule([])) == "Schedule(delays=...) needs at least one delay"
-        assert error_of(lambda: Schedule([1, 0])) == "Schedule(delays=...) delays must be positive"
+        assert error_of(lambda: Schedule([1, 0])) == "Schedule(delays=...) must be positive"
         not_a_duration: list[Any] = [1, "x"]
         assert error_of(lambda: Schedule(not_a_duration)) == (
             "Schedule(delays=...)[1] takes a timedelta or seconds, got 'x'"
@@ -524,3 +524,81 @@ class TestBackoffProperties:
         """Retry n takes the n-th delay; before the first, the first; past the end, the last."""
         backoff = Schedule([timedelta(milliseconds=d) for d in delays])
         assert backoff.delay_ms(n, mid) == delays[min(max(n, 1), len(delays)) - 1]
+
+
+@pytest.mark.parametrize(
+    ("make", "option", "label", "problem"),
+    [
+        (lambda: Fixed(0), "delay", "Fixed(delay=...)", "must be positive"),
+        (lambda: Fixed("x"), "delay", "Fixed(delay=...)", "takes a timedelta or seconds, got 'x'"),  # type: ignore[arg-type]
+        (lambda: Exponential(0), "initial", "Exponential(initial=...)", "must be positive"),
+        (
+            lambda: Exponential(-1),
+            "initial",
+            "Exponential(initial=...)",
+            "must be a finite duration >= 0, got -1",
+        ),
+        (
+            lambda: Exponential(1, factor=0.5),
+            "factor",
+            "Exponential(factor=...)",
+            "must be a number >= 1, got 0.5",
+        ),
+        (
+            lambda: Exponential(2, maximum=1),
+            "maximum",
+            "Exponential(maximum=...)",
+            "must be >= initial (0:00:01 < 0:00:02)",
+        ),
+        (
+            lambda: Exponential(1, maximum="2"),  # type: ignore[arg-type]
+            "maximum",
+            "Exponential(maximum=...)",
+            "takes a timedelta or seconds, got '2'",
+        ),
+        (
+            lambda: Exponential(1, jitter=2),
+            "jitter",
+            "Exponential(jitter=...)",
+            "is a fraction in [0, 1], got 2",
+        ),
+        (
+            lambda: Schedule("10"),  # type: ignore[arg-type]
+            "delays",
+            "Schedule(delays=...)",
+            "takes a list of delays, got '10'",
+        ),
+        (lambda: Schedule([]), "delays", "Schedule(delays=...)", "needs at least one delay"),
+        (lambda: Schedule([1, 0]), "delays", "Schedule(delays=...)", "must be positive"),
+        (
+            lambda: Schedule([1, "x"]),  # type: ignore[list-item]
+            "delays",
+            "Schedule(delays=...)[1]",
+            "takes a timedelta or seconds, got 'x'",
+        ),
+        (lambda: to_ms(-1, "tick"), "tick", "tick", "must be a finite duration >= 0, got -1"),
+        (
+            lambda: to_ms("1", "wait", owner="Thing", index=0),  # type: ignore[arg-type]
+            "wait",
+            "Thing(wait=...)[0]",
+            "takes a timedelta or seconds, got '1'",
+        ),
+    ],
+)
+def test_a_refusal_names_its_option_apart_from_the_problem(
+    make: Callable[[], object], option: str, label: str, problem: str
+) -> None:
+    """The worker's config maps ``option`` to its own key and says ``problem`` after it,
+    without reading the message: rewording a message cannot make its errors worse."""
+    with pytest.raises(RetryConfigError) as raised:
+        make()
+    assert (raised.value.option, raised.value.problem) == (option, problem)
+    assert str(raised.value) == f"{label} {problem}"
+
+
+def test_a_refusal_about_no_one_option_is_its_whole_message() -> None:
+    with pytest.raises(RetryConfigError) as raised:
+        RetryPolicy(max_attempts=0)
+    assert raised.value.option is None
+    assert raised.value.problem == str(raised.value)
+    assert str(raised.value) == "max_attempts must be an int >= 1, got 0"

@@ -12,10 +12,12 @@ import pytest
 import faststream_retry
 from faststream_retry import (
     EventKind,
+    FastStreamRetryError,
     PermanentError,
     RetryConfigError,
     RetryLater,
     RetryTopologyError,
+    RetryWorkerError,
     TransientError,
     Verdict,
 )
@@ -29,6 +31,8 @@ from faststream_retry import (
         (RetryLater, "faststream_retry.errors"),
         (RetryConfigError, "faststream_retry.errors"),
         (RetryTopologyError, "faststream_retry.errors"),
+        (FastStreamRetryError, "faststream_retry.errors"),
+        (RetryWorkerError, "faststream_retry.errors"),
     ],
 )
 def test_public_exceptions_keep_their_module(cls: type[BaseException], module: str) -> None:
