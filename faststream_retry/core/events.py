@@ -82,7 +82,7 @@ class Rule(Word):
     """(The retry worker) RabbitMQ's dead-letter reason decided: no exception to classify."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RetryEvent:
     """One thing the plugin did with a message.
 
@@ -99,6 +99,10 @@ class RetryEvent:
     is the consecutive transient failures that switched it, or those during it;
     ``delay_ms`` the probe interval; ``probes`` and ``duration_ms`` say what the
     outage took.
+
+    Each kind has a constructor that takes what that kind carries, and only that:
+    ``RetryEvent.scheduled(...)``, ``.hop``, ``.released``, ``.dead_lettered``,
+    ``.outage_started`` and ``.outage_ended``.
     """
 
     kind: EventKind
@@ -119,6 +123,184 @@ class RetryEvent:
     failures: int | None = None
     probes: int | None = None
     duration_ms: int | None = None
+
+    @classmethod
+    def scheduled(
+        cls,
+        *,
+        queue: str,
+        message_id: str | None,
+        attempt: int,
+        at_ms: int,
+        max_attempts: int,
+        delay_ms: int,
+        due_ms: int | None,
+        exception: str,
+        error: str,
+        rule: Rule,
+        classification: Verdict,
+        immediate: bool = False,
+    ) -> RetryEvent:
+        """A failed message sent round the tiers, due at ``due_ms``.
+
+        Or retried in the process: ``immediate`` (no due time), or test mode's stand-in
+        for the tiers (due when the real copy would be).
+        """
+        return cls(
+            kind=EventKind.SCHEDULED,
+            queue=queue,
+            message_id=message_id,
+            attempt=attempt,
+            at_ms=at_ms,
+            max_attempts=max_attempts,
+            delay_ms=delay_ms,
+            due_ms=due_ms,
+            exception=exception,
+            error=error,
+            rule=rule,
+            immediate=immediate,
+            classification=classification,
+        )
+
+    @classmethod
+    def hop(
+        cls,
+        *,
+        queue: str,
+        message_id: str | None,
+        attempt: int,
+        at_ms: int,
+        tier_ms: int,
+        due_ms: int | None,
+    ) -> RetryEvent:
+        """An early message sent round tier ``tier_ms`` again (its TTL is ``delay_ms``)."""
+        return cls(
+            kind=EventKind.HOP,
+            queue=queue,
+            message_id=message_id,
+            attempt=attempt,
+            at_ms=at_ms,
+            delay_ms=tier_ms,
+            due_ms=due_ms,
+        )
+
+    @classmethod
+    def released(
+        cls,
+        *,
+        queue: str,
+        message_id: str | None,
+        attempt: int,
+        at_ms: int,
+        due_ms: int | None,
+        lateness_ms: int | None,
+    ) -> RetryEvent:
+        """A due message back in its queue, ``lateness_ms`` after its due time."""
+        return cls(
+            kind=EventKind.RELEASED,
+            queue=queue,
+            message_id=message_id,
+            attempt=attempt,
+            at_ms=at_ms,
+            due_ms=due_ms,
+            lateness_ms=lateness_ms,
+        )
+
+    @classmethod
+    def dead_lettered(
+        cls,
+        *,
+        queue: str,
+        message_id: str | None,
+        attempt: int,
+        at_ms: int,
+        reason: Reason,
+        exception: str,
+        error: str,
+        max_attempts: int = 0,
+        due_ms: int | None = None,
+        rule: Rule | None = None,
+        classification: Verdict | None = None,
+    ) -> RetryEvent:
+        """A message sent to its dead-letter queue, with ``reason``.
+
+        ``rule`` and ``classification`` say how a handler's failure was classified.
+        """
+        return cls(
+            kind=EventKind.DEAD_LETTERED,
+            queue=queue,
+            message_id=message_id,
+            attempt=attempt,
+            at_ms=at_ms,
+            max_attempts=max_attempts,
+            due_ms=due_ms,
+            reason=reason,
+            exception=exception,
+            error=error,
+            rule=rule,
+            classification=classification,
+        )
+
+    @classmethod
+    def outage_started(
+        cls,
+        *,
+        queue: str,
+        message_id: str | None,
+        attempt: int,
+        at_ms: int,
+        max_attempts: int,
+        probe_ms: int,
+        exception: str,
+        error: str,
+        failures: int,
+    ) -> RetryEvent:
+        """``queue`` went into outage mode on the failure of ``message_id``.
+
+        It was the last of ``failures`` transient failures in a row; a probe goes
+        through every ``probe_ms``.
+        """
+        return cls(
+            kind=EventKind.OUTAGE_STARTED,
+            queue=queue,
+            message_id=message_id,
+            attempt=attempt,
+            at_ms=at_ms,
+            max_attempts=max_attempts,
+            delay_ms=probe_ms,
+            exception=exception,
+            error=error,
+            failures=failures,
+        )
+
+    @classmethod
+    def outage_ended(
+        cls,
+        *,
+        queue: str,
+        message_id: str | None,
+        at_ms: int,
+        probe_ms: int,
+        failures: int,
+        probes: int,
+        duration_ms: int,
+    ) -> RetryEvent:
+        """``queue`` left outage mode on the success of ``message_id``.
+
+        ``message_id`` is ``None`` when the broker stopped; the mode lasted
+        ``duration_ms``, with ``probes`` and ``failures`` during it.
+        """
+        return cls(
+            kind=EventKind.OUTAGE_ENDED,
+            queue=queue,
+            message_id=message_id,
+            attempt=0,
+            at_ms=at_ms,
+            delay_ms=probe_ms,
+            failures=failures,
+            probes=probes,
+            duration_ms=duration_ms,
+        )
 
 
 RetryHook = Callable[[RetryEvent], None]

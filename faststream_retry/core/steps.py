@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core import headers as h
 from faststream_retry.core.decision import Action, Decision
-from faststream_retry.core.events import EventKind, Reason, RetryEvent, Rule, Verdict
+from faststream_retry.core.events import Reason, RetryEvent, Rule, Verdict
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -64,12 +64,11 @@ def retry(
     # A wait that is one tier goes from it straight back to the work queue, addressed
     # by the routing key; a longer one passes the re-check step.
     home = route.queue if wait.last and route.home_from_tier else route.retry_queue
-    event = RetryEvent(
-        EventKind.SCHEDULED,
-        route.queue,
-        message_id,
-        failure.attempt,
-        failure.at_ms,
+    event = RetryEvent.scheduled(
+        queue=route.queue,
+        message_id=message_id,
+        attempt=failure.attempt,
+        at_ms=failure.at_ms,
         max_attempts=max_attempts,
         delay_ms=failure.delay_ms,
         due_ms=due,
@@ -100,13 +99,12 @@ def hop(
     delivers it on expiry (when the route allows it); any other comes back to
     ``<queue>.retry``.
     """
-    event = RetryEvent(
-        EventKind.HOP,
-        route.queue,
-        message_id,
-        attempt,
-        now_ms,
-        delay_ms=tier_ms,
+    event = RetryEvent.hop(
+        queue=route.queue,
+        message_id=message_id,
+        attempt=attempt,
+        at_ms=now_ms,
+        tier_ms=tier_ms,
         due_ms=due_ms,
     )
     home = route.queue if last and route.home_from_tier else route.retry_queue
@@ -124,12 +122,11 @@ def release(
     lateness_ms: int | None,
 ) -> Step:
     """Send a due message back to its work queue, by the default exchange."""
-    event = RetryEvent(
-        EventKind.RELEASED,
-        route.queue,
-        message_id,
-        attempt,
-        now_ms,
+    event = RetryEvent.released(
+        queue=route.queue,
+        message_id=message_id,
+        attempt=attempt,
+        at_ms=now_ms,
         due_ms=due_ms,
         lateness_ms=lateness_ms,
     )
@@ -162,12 +159,11 @@ def dead_letter(
         origin_queue=queue if origin_queue is None else origin_queue,
         traceback=traceback,
     )
-    event = RetryEvent(
-        EventKind.DEAD_LETTERED,
-        queue,
-        message_id,
-        failure.attempt,
-        failure.at_ms,
+    event = RetryEvent.dead_lettered(
+        queue=queue,
+        message_id=message_id,
+        attempt=failure.attempt,
+        at_ms=failure.at_ms,
         max_attempts=max_attempts,
         due_ms=due_ms,
         reason=reason,
@@ -240,18 +236,17 @@ def in_process(
     ``immediate``: an ``immediate`` retry (no due time); otherwise test mode's stand-in
     for a retry through the tiers, due when the real one would be.
     """
-    return RetryEvent(
-        EventKind.SCHEDULED,
-        queue,
-        message_id,
-        decision.attempt,
-        now_ms,
+    return RetryEvent.scheduled(
+        queue=queue,
+        message_id=message_id,
+        attempt=decision.attempt,
+        at_ms=now_ms,
         max_attempts=decision.max_attempts,
         delay_ms=decision.delay_ms,
         due_ms=None if immediate else now_ms + decision.delay_ms,
         exception=h.exception_name(exc),
         error=h.error_text(exc, h.HISTORY_ERROR_LIMIT, decision.problem),
         rule=decision.classification.rule,
-        immediate=immediate,
         classification=decision.classification.verdict,
+        immediate=immediate,
     )

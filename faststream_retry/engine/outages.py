@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from faststream_retry.core import headers as h
-from faststream_retry.core.events import EventKind, RetryEvent
+from faststream_retry.core.events import RetryEvent
 from faststream_retry.core.outage import Outage, OutageOptions
 
 if TYPE_CHECKING:
@@ -144,14 +144,13 @@ class Gate:
         entered = self.outage.failed(decision.classification.verdict, _now_ms())
         if entered is None:
             return
-        event = RetryEvent(
-            kind=EventKind.OUTAGE_STARTED,
+        event = RetryEvent.outage_started(
             queue=self.queue,
             message_id=message_id,
             attempt=decision.attempt,
             at_ms=h.now_ms(),
             max_attempts=decision.max_attempts,
-            delay_ms=self.outage.probe_ms,
+            probe_ms=self.outage.probe_ms,
             exception=h.exception_name(exc),
             error=h.error_text(exc, h.HISTORY_ERROR_LIMIT, decision.problem),
             failures=entered.failures,
@@ -189,13 +188,11 @@ class Gate:
     def _report_end(
         self, message_id: str | None, duration_ms: int, probes: int, failures: int
     ) -> None:
-        event = RetryEvent(
-            kind=EventKind.OUTAGE_ENDED,
+        event = RetryEvent.outage_ended(
             queue=self.queue,
             message_id=message_id,
-            attempt=0,
             at_ms=h.now_ms(),
-            delay_ms=self.outage.probe_ms,
+            probe_ms=self.outage.probe_ms,
             failures=failures,
             probes=probes,
             duration_ms=duration_ms,

@@ -24,7 +24,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.config import RetryConfig
 from faststream_retry.core.decision import Action, Decision, decide
-from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
+from faststream_retry.core.events import RetryEvent, RetryHook
 from faststream_retry.core.outage import DEFAULT_HOLD_MS
 from faststream_retry.core.policy import RetryPolicy, effective_policy
 from faststream_retry.engine.outages import Requeue
@@ -340,12 +340,11 @@ class _RetryScope(BaseMiddleware):
             if queue is None:
                 return
             now, due = h.now_ms(), h.read_due(msg.headers)
-            event = RetryEvent(
-                EventKind.RELEASED,
-                queue,
-                msg.message_id,
-                h.read_attempt(msg.headers),
-                now,
+            event = RetryEvent.released(
+                queue=queue,
+                message_id=msg.message_id,
+                attempt=h.read_attempt(msg.headers),
+                at_ms=now,
                 due_ms=due,
                 lateness_ms=None if due is None else now - due,
             )

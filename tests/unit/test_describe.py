@@ -553,11 +553,11 @@ def test_any_exception_reaches_its_retry_or_its_dlq(
     provider.add_span_processor(SimpleSpanProcessor(spans))
     reporter = Reporter(Telemetry(provider), [events.append])
     event = RetryEvent(
-        EventKind.SCHEDULED,
-        "orders",
-        "m-1",
-        attempt,
-        1_000,
+        kind=EventKind.SCHEDULED,
+        queue="orders",
+        message_id="m-1",
+        attempt=attempt,
+        at_ms=1_000,
         exception=h.exception_name(exc),
         error=h.error_text(exc, h.HISTORY_ERROR_LIMIT),
         immediate=True,

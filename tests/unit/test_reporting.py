@@ -48,11 +48,11 @@ class Harness:
 
 def failure(kind: EventKind, **fields: Any) -> RetryEvent:
     return RetryEvent(
-        kind,
-        "orders",
-        "m-1",
-        2,
-        1_000,
+        kind=kind,
+        queue="orders",
+        message_id="m-1",
+        attempt=2,
+        at_ms=1_000,
         max_attempts=4,
         exception="TimeoutError",
         error="slow",
@@ -143,8 +143,24 @@ async def test_recheck_steps_continue_the_message_trace_and_stay_at_debug(
 ) -> None:
     """Hops and releases: their own span names, lateness recorded, DEBUG lines only."""
     harness = Harness()
-    hop = RetryEvent(EventKind.HOP, "orders", "m-1", 1, 1_000, delay_ms=200, due_ms=1_300)
-    release = RetryEvent(EventKind.RELEASED, "orders", "m-1", 1, 1_305, due_ms=1_300, lateness_ms=5)
+    hop = RetryEvent(
+        kind=EventKind.HOP,
+        queue="orders",
+        message_id="m-1",
+        attempt=1,
+        at_ms=1_000,
+        delay_ms=200,
+        due_ms=1_300,
+    )
+    release = RetryEvent(
+        kind=EventKind.RELEASED,
+        queue="orders",
+        message_id="m-1",
+        attempt=1,
+        at_ms=1_305,
+        due_ms=1_300,
+        lateness_ms=5,
+    )
     caplog.set_level(logging.DEBUG, logger="faststream_retry")
     await harness.reporter.publish(
         hop, Copy("p.delay.200", "orders.retry", {}), confirmed, incoming={}
@@ -167,7 +183,13 @@ async def test_an_invalid_due_time_counts_as_a_dead_letter_not_a_failure() -> No
     """No handler failed: only the dead-letter counter moves."""
     harness = Harness()
     event = RetryEvent(
-        EventKind.DEAD_LETTERED, "orders", "m-1", 1, 1_000, due_ms=10**12, reason=Reason.INVALID
+        kind=EventKind.DEAD_LETTERED,
+        queue="orders",
+        message_id="m-1",
+        attempt=1,
+        at_ms=1_000,
+        due_ms=10**12,
+        reason=Reason.INVALID,
     )
     await harness.reporter.publish(event, Copy("", "orders.dlq", {}), confirmed, incoming={})
     assert harness.counts() == {METRICS.DEAD_LETTERED: 1}
@@ -211,11 +233,11 @@ def test_retry_lines_carry_the_traceback_as_configured(
     reporter = Reporter(Telemetry(None, None), [], log_retry_traceback=choice)
     error = ConnectionError("down")
     event = RetryEvent(
-        EventKind.SCHEDULED,
-        "orders",
-        None,
-        attempt,
-        1_000,
+        kind=EventKind.SCHEDULED,
+        queue="orders",
+        message_id=None,
+        attempt=attempt,
+        at_ms=1_000,
         max_attempts=5,
         delay_ms=100,
         exception="ConnectionError",
@@ -453,11 +475,11 @@ def test_a_traceback_that_cannot_be_formatted_still_has_its_line(
 
 def outage_started() -> RetryEvent:
     return RetryEvent(
-        EventKind.OUTAGE_STARTED,
-        "orders",
-        "m-9",
-        3,
-        1_000,
+        kind=EventKind.OUTAGE_STARTED,
+        queue="orders",
+        message_id="m-9",
+        attempt=3,
+        at_ms=1_000,
         delay_ms=1_000,
         exception="ConnectionError",
         error="database down",
@@ -467,11 +489,11 @@ def outage_started() -> RetryEvent:
 
 def outage_ended(message_id: str | None = "m-42") -> RetryEvent:
     return RetryEvent(
-        EventKind.OUTAGE_ENDED,
-        "orders",
-        message_id,
-        0,
-        605_000,
+        kind=EventKind.OUTAGE_ENDED,
+        queue="orders",
+        message_id=message_id,
+        attempt=0,
+        at_ms=605_000,
         delay_ms=1_000,
         failures=598,
         probes=599,
@@ -625,7 +647,9 @@ def test_a_failing_hook_is_logged_and_the_next_one_still_runs(
     def broken(event: RetryEvent) -> None:
         raise RuntimeError(event.queue)
 
-    event = RetryEvent(EventKind.SCHEDULED, "orders", "m1", attempt=1, at_ms=0)
+    event = RetryEvent(
+        kind=EventKind.SCHEDULED, queue="orders", message_id="m1", attempt=1, at_ms=0
+    )
     with caplog.at_level(logging.ERROR, logger="faststream_retry"):
         emit([broken, seen.append], event)
     assert seen == [event]

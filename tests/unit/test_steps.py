@@ -54,11 +54,11 @@ class TestRetry:
         )
         assert step == Step(
             RetryEvent(
-                EventKind.SCHEDULED,
-                "orders",
-                "m1",
-                2,
-                10_000,
+                kind=EventKind.SCHEDULED,
+                queue="orders",
+                message_id="m1",
+                attempt=2,
+                at_ms=10_000,
                 max_attempts=5,
                 delay_ms=4000,
                 due_ms=14_000,
@@ -144,7 +144,15 @@ class TestHop:
             last=last,
         )
         assert step == Step(
-            RetryEvent(EventKind.HOP, "orders", "m1", 3, 20_000, delay_ms=4000, due_ms=27_000),
+            RetryEvent(
+                kind=EventKind.HOP,
+                queue="orders",
+                message_id="m1",
+                attempt=3,
+                at_ms=20_000,
+                delay_ms=4000,
+                due_ms=27_000,
+            ),
             Copy("p.delay.4000", home, h.carry_over(INCOMING)),
         )
 
@@ -156,7 +164,13 @@ class TestRelease:
         )
         assert step == Step(
             RetryEvent(
-                EventKind.RELEASED, "orders", "m1", 3, 20_050, due_ms=20_000, lateness_ms=50
+                kind=EventKind.RELEASED,
+                queue="orders",
+                message_id="m1",
+                attempt=3,
+                at_ms=20_050,
+                due_ms=20_000,
+                lateness_ms=50,
             ),
             Copy("", "orders", h.carry_over(INCOMING)),
         )
@@ -187,11 +201,11 @@ class TestDeadLetter:
         )
         assert step == Step(
             RetryEvent(
-                EventKind.DEAD_LETTERED,
-                "orders",
-                "m1",
-                2,
-                10_000,
+                kind=EventKind.DEAD_LETTERED,
+                queue="orders",
+                message_id="m1",
+                attempt=2,
+                at_ms=10_000,
                 max_attempts=5,
                 due_ms=9000,
                 reason=Reason.EXHAUSTED,
@@ -210,11 +224,11 @@ class TestDeadLetter:
             "p.intake.dlq", "p.intake", None, None, failure(), reason=Reason.INVALID
         )
         assert step.event == RetryEvent(
-            EventKind.DEAD_LETTERED,
-            "p.intake",
-            None,
-            2,
-            10_000,
+            kind=EventKind.DEAD_LETTERED,
+            queue="p.intake",
+            message_id=None,
+            attempt=2,
+            at_ms=10_000,
             reason=Reason.INVALID,
             exception="app.Down",
             error="down",
@@ -320,11 +334,11 @@ class TestInProcess:
         asked = decision(Action.RETRY_NOW, delay_ms=500, problem="why")
         event = steps.in_process("orders", "m1", asked, exc, 10_000, immediate=immediate)
         assert event == RetryEvent(
-            EventKind.SCHEDULED,
-            "orders",
-            "m1",
-            2,
-            10_000,
+            kind=EventKind.SCHEDULED,
+            queue="orders",
+            message_id="m1",
+            attempt=2,
+            at_ms=10_000,
             max_attempts=5,
             delay_ms=500,
             due_ms=due,
