@@ -11,8 +11,8 @@ the registry, a durable queue ``<prefix>.queues`` holding one message per work q
 the plugin ever covered (AMQP cannot list queues), lets ``survey`` name the ``.retry``
 queues with messages and no consumer that no subscriber of this app owns.
 
-``registered_queues`` reads the registry for the operator command and the worker,
-changing nothing. Reading a record means taking it unacked and handing it back, which
+``registered_queues`` and ``stranded_queues`` read the registry for the operator commands and
+the worker, changing nothing. Reading a record means taking it unacked and handing it back, which
 is free on a classic queue and spends a delivery on a quorum one (RabbitMQ 4 drops a
 message at its delivery limit). The plugin declares the registry classic, but a queue
 of that name could be anything, so its type is checked before a record is taken.
@@ -27,7 +27,7 @@ import aio_pika
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
-from faststream_retry.amqp.probe import depth
+from faststream_retry.amqp.probe import QueueDepth, depth
 from faststream_retry.core.topology import MAX_NAME_BYTES, registry_name, retry_queue_name
 from faststream_retry.reporting.log import log
 
@@ -44,6 +44,7 @@ __all__ = [
     "record",
     "registered_queues",
     "retry_queues_in_use",
+    "stranded_queues",
     "survey",
 ]
 
@@ -56,9 +57,14 @@ class Stranded:
     messages: int
 
 
-async def retry_queues_in_use(
-    connection: AbstractRobustConnection, queues: Iterable[str]
-) -> list[str]:
+def _stranded(waiting: QueueDepth) -> Stranded | None:
+    """Return ``waiting`` (a ``.retry``) as stranded: it holds messages and nothing consumes it."""
+    if waiting.messages and not waiting.consumers:
+        return Stranded(waiting.name, waiting.messages)
+    return None
+
+
+async def retry_queues_in_use(connection: AbstractConnection, queues: Iterable[str]) -> list[str]:
     """Return those of ``queues`` whose ``.retry`` exists (retries off now, maybe on before)."""
     return [
         queue for queue in queues if await depth(connection, retry_queue_name(queue)) is not None
@@ -105,8 +111,8 @@ async def survey(
             waiting = await depth(connection, retry_queue_name(queue))
             if waiting is None:
                 await record.ack()  # its .retry is gone: nothing to watch any more
-            elif waiting.messages and not waiting.consumers:
-                stranded.append(Stranded(retry_queue_name(queue), waiting.messages))
+            elif found := _stranded(waiting):
+                stranded.append(found)
         for queue in sorted(set(plan.routes) - known):
             await _publish_record(channel, name, queue)
     finally:
@@ -131,6 +137,25 @@ async def _publish_record(channel: AbstractChannel, registry: str, queue: str) -
         routing_key=registry,
         timeout=RPC_TIMEOUT_S,
     )
+
+
+async def stranded_queues(
+    connection: AbstractConnection, prefix: str, owned: Iterable[str]
+) -> list[Stranded]:
+    """Return the stranded ``.retry`` queues of the registry's queues not in ``owned``.
+
+    What ``survey`` finds, changing nothing: no record is added or dropped. A registry
+    that is not read (see ``registered_queues``) finds none.
+    """
+    owned = set(owned)
+    found: list[Stranded] = []
+    for queue in (await registered_queues(connection, prefix)).queues:
+        if queue in owned:
+            continue
+        waiting = await depth(connection, retry_queue_name(queue))
+        if waiting is not None and (one := _stranded(waiting)):
+            found.append(one)
+    return found
 
 
 @dataclass(frozen=True, slots=True)

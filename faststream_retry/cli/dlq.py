@@ -28,7 +28,7 @@ from faststream_retry.cli._common import (
     run,
 )
 from faststream_retry.core import headers as h
-from faststream_retry.core.topology import dlq_of
+from faststream_retry.core.topology import dlq_of, looks_like_intake
 from faststream_retry.ops import dlq as ops
 from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.records import DeadLetter, Decoder, Selection, load_decoder, selection
@@ -432,7 +432,7 @@ def replay(
     kept in a retry-replayed header. Dead letters that do not match stay, in order.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
-    if to is None and queue.removesuffix(".dlq").endswith(".intake"):
+    if to is None and looks_like_intake(queue):
         # The retry worker's intake takes only dead-lettered messages: a replay into it
         # would be refused again, straight back here.
         fail(

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from faststream_retry.cli._common import Json, fail, out, print_json
+from faststream_retry.core.topology import retry_queue_name, tier_name
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.explain import explain as explain_app
@@ -63,7 +64,7 @@ def _render(explanation: Explanation) -> None:
         f"{explanation.queue_type} queues, prefix {escape(explanation.prefix)!r}"
     )
     out.print(f"tiers ({len(explanation.tiers_ms)}, shared by every queue): {tiers}")
-    tier_names = {f"{explanation.prefix}.delay.{ttl}" for ttl in explanation.tiers_ms}
+    tier_names = {tier_name(explanation.prefix, ttl) for ttl in explanation.tiers_ms}
     others = [
         o
         for o in explanation.shared
@@ -92,13 +93,14 @@ def _render_queue(queue: QueueExplanation) -> None:
     if not queue.covered:
         out.print(
             "retries off for every handler: failures go to FastStream and nothing is declared "
-            f"(what still waits in {escape(queue.queue)}.retry from before, the plugin releases)"
+            f"(what still waits in {escape(retry_queue_name(queue.queue))} from before, the plugin "
+            "releases)"
         )
         return
     if not queue.home_from_tier:
         out.print(
             "declared with x-overflow reject-publish: a copy's last tier delivers it to "
-            f"{escape(queue.queue)}.retry, and the re-check consumer releases it"
+            f"{escape(retry_queue_name(queue.queue))}, and the re-check consumer releases it"
         )
     for handler in queue.handlers:
         _render_handler(handler)

@@ -55,6 +55,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from faststream_retry.core.topology import MAX_NAME_BYTES
+
 __all__ = [
     "ATTEMPT",
     "DUE",
@@ -128,7 +130,8 @@ ERROR_LIMIT = 1024
 HISTORY_ERROR_LIMIT = 200
 EXCEPTION_LIMIT = 200
 TRACEBACK_LIMIT = 4096
-QUEUE_LIMIT = 255
+QUEUE_LIMIT = MAX_NAME_BYTES
+"""An origin queue is a queue name: at most the bytes AMQP allows one."""
 MAX_ADDED_BYTES = 12 * 1024
 """Upper bound of what the plugin adds to a message's headers, history included."""
 

@@ -1,4 +1,9 @@
-"""Names and the plan of everything the plugin declares (pure: no broker imports).
+"""Every name on the broker, and the plan of everything the plugin declares (pure).
+
+Every queue and exchange name the package uses is built here (a work queue's ``.retry``
+and ``.dlq``, the tiers, the registry, the worker's intake, an operator command's lock,
+a migration's temporary queue), and read back here: which work queue a name belongs to,
+whether it is a tier, one of the machinery's own.
 
 The plan is worked out from the work queues and their handlers' policies, before any
 connection exists: the tick and the tiers, and every queue with its arguments. The
@@ -8,6 +13,7 @@ adapters declare exactly what it says, and the startup checks compare it with th
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,7 +24,12 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
 __all__ = [
+    "DLQ_SUFFIX",
+    "INTAKE_SUFFIX",
+    "LOCK_PREFIX",
     "MAX_NAME_BYTES",
+    "MIGRATING_SUFFIX",
+    "RETRY_SUFFIX",
     "Handler",
     "Plan",
     "QueueSpec",
@@ -27,10 +38,18 @@ __all__ = [
     "TopologyOptions",
     "dlq_name",
     "dlq_of",
+    "dlq_owner",
     "intake_dlq_name",
     "intake_name",
+    "is_dlq",
+    "is_own_queue",
+    "is_retry_or_dlq",
+    "is_retry_queue",
     "lock_name",
+    "looks_like_intake",
     "merge_routes",
+    "migrating_name",
+    "migrating_of",
     "plan",
     "queue_specs",
     "registry_name",
@@ -38,6 +57,8 @@ __all__ = [
     "route_specs",
     "tier_name",
     "tier_spec",
+    "tier_ttl",
+    "work_queue_of",
 ]
 
 QueueType = Literal["classic", "quorum"]
@@ -45,38 +66,106 @@ QueueType = Literal["classic", "quorum"]
 MAX_NAME_BYTES = 255
 """The longest queue name AMQP allows, in UTF-8 bytes."""
 
+RETRY_SUFFIX = ".retry"
+"""A work queue's re-check queue is the work queue's name and this."""
+DLQ_SUFFIX = ".dlq"
+"""A work queue's dead-letter queue is the work queue's name and this."""
+INTAKE_SUFFIX = ".intake"
+"""The retry worker's intake is the prefix and this."""
+MIGRATING_SUFFIX = ".migrating"
+"""A migration's temporary queue is the migrated queue's name and this."""
+LOCK_PREFIX = "faststream-retry.lock."
+"""An operator command's lock queue is this and the queue's name (or its hash)."""
+
 
 def retry_queue_name(queue: str) -> str:
     """Return the re-check queue of work queue ``queue``."""
-    return f"{queue}.retry"
+    return queue + RETRY_SUFFIX
 
 
 def dlq_name(queue: str) -> str:
     """Return the dead-letter queue of work queue ``queue``."""
-    return f"{queue}.dlq"
+    return queue + DLQ_SUFFIX
+
+
+def is_retry_queue(name: str) -> bool:
+    """Return whether ``name`` has the shape of a work queue's re-check queue."""
+    return name.endswith(RETRY_SUFFIX)
+
+
+def is_dlq(name: str) -> bool:
+    """Return whether ``name`` has the shape of a work queue's dead-letter queue."""
+    return name.endswith(DLQ_SUFFIX)
+
+
+def is_retry_or_dlq(name: str) -> bool:
+    """Return whether ``name`` has the shape of a work queue's ``.retry`` or ``.dlq``."""
+    return is_retry_queue(name) or is_dlq(name)
+
+
+def is_own_queue(name: str, prefix: str) -> bool:
+    """Return whether ``name`` belongs to the retry machinery, never to an application.
+
+    A ``.retry`` or ``.dlq``, or any name under ``prefix`` (its tiers, its registry,
+    the worker's intake): sending a message back to one of those would be a loop.
+    """
+    return is_retry_or_dlq(name) or name.startswith(prefix + ".")
+
+
+def work_queue_of(name: str) -> str:
+    """Return the work queue ``name`` means: itself, or the owner of a ``.retry`` or ``.dlq``."""
+    for suffix in (RETRY_SUFFIX, DLQ_SUFFIX):
+        owner = name.removesuffix(suffix)
+        if owner != name and owner:
+            return owner
+    return name
 
 
 def dlq_of(queue: str) -> str:
     """Return the dead-letter queue meant by ``queue``: a work queue or a ``.dlq`` itself."""
-    return queue if queue.endswith(".dlq") else dlq_name(queue)
+    return queue if is_dlq(queue) else dlq_name(queue)
+
+
+def dlq_owner(dlq: str) -> str:
+    """Return the queue whose dead letters ``dlq`` holds: ``dlq`` without ``.dlq``."""
+    return dlq.removesuffix(DLQ_SUFFIX)
 
 
 def intake_name(prefix: str) -> str:
     """Return the retry worker's intake exchange and queue, where work queues dead-letter."""
-    return f"{prefix}.intake"
+    return prefix + INTAKE_SUFFIX
 
 
 def intake_dlq_name(prefix: str) -> str:
     """Return the queue for intake deliveries the worker refuses (reason ``invalid``)."""
-    return f"{prefix}.intake.dlq"
+    return dlq_name(intake_name(prefix))
+
+
+def looks_like_intake(queue: str) -> bool:
+    """Return whether ``queue`` (or its ``.dlq``) is shaped like a worker's intake's ``.dlq``.
+
+    Of any prefix: an operator's command does not know the worker's.
+    """
+    return dlq_owner(dlq_of(queue)).endswith(INTAKE_SUFFIX)
 
 
 def lock_name(queue: str) -> str:
     """Return the name of the lock queue of ``queue`` (at most ``MAX_NAME_BYTES``)."""
-    name = f"faststream-retry.lock.{queue}"
+    name = LOCK_PREFIX + queue
     if len(name.encode()) <= MAX_NAME_BYTES:
         return name
-    return f"faststream-retry.lock.{hashlib.sha256(queue.encode()).hexdigest()}"
+    return LOCK_PREFIX + hashlib.sha256(queue.encode()).hexdigest()
+
+
+def migrating_name(queue: str) -> str:
+    """Return the temporary queue of ``queue``'s migration: derived, so a rerun finds it."""
+    return queue + MIGRATING_SUFFIX
+
+
+def migrating_of(name: str) -> str | None:
+    """Return the queue whose migration's temporary queue ``name`` is; ``None`` if it is none."""
+    queue = name.removesuffix(MIGRATING_SUFFIX)
+    return None if queue == name else queue
 
 
 def registry_name(prefix: str) -> str:
@@ -87,6 +176,12 @@ def registry_name(prefix: str) -> str:
 def tier_name(prefix: str, ttl_ms: int) -> str:
     """Return the name of the delay tier exchange and queue with this TTL."""
     return f"{prefix}.delay.{ttl_ms}"
+
+
+def tier_ttl(name: str, prefix: str) -> int | None:
+    """Return the TTL of ``name`` if it is a tier of ``prefix`` (``tier_name``'s inverse)."""
+    match = re.fullmatch(rf"{re.escape(prefix)}\.delay\.([1-9][0-9]*)", name)
+    return None if match is None else int(match[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +310,16 @@ class Plan:
     def exchanges(self) -> tuple[str, ...]:
         """Return the tier exchanges, one per tier, each bound to its queue."""
         return tuple(self.tier(ttl) for ttl in self.tiers.ttls_ms)
+
+    def owns(self, exchange: str, routing_key: str) -> bool:
+        """Return whether a publish to ``exchange``/``routing_key`` is to the plugin's objects.
+
+        A tier exchange, or the default exchange to a ``<queue>.retry`` or ``<queue>.dlq``
+        of the plan. A work queue is its application's: the plugin never declares one.
+        """
+        if exchange:
+            return exchange in self.exchanges
+        return any(routing_key in (route.retry_queue, route.dlq) for route in self.routes.values())
 
 
 def merge_routes(routes: Iterable[Route]) -> dict[str, Route]:

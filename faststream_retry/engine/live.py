@@ -13,16 +13,11 @@ from typing import TYPE_CHECKING
 from aiormq.exceptions import ChannelAccessRefused
 
 from faststream_retry.amqp.channels import ChannelPair
-from faststream_retry.amqp.declare import (
-    declare_late_route,
-    declare_topology,
-    owns,
-    parse_refusal,
-    redeclare,
-    refused,
-)
+from faststream_retry.amqp.checks import declare_late_route
+from faststream_retry.amqp.declare import declare_topology, redeclare
 from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.registry import record
+from faststream_retry.core.advice import parse_refusal, refused
 from faststream_retry.engine.outages import Outages
 from faststream_retry.engine.recheck import RecheckConsumer
 from faststream_retry.reporting.log import log
@@ -80,7 +75,7 @@ class Live:
         # A publish found a destination missing (an operator deleted it while the
         # app runs). Only the plugin's own objects are declared again: a missing
         # work queue is its application's business, and its releases are requeued.
-        if not owns(self.plan, exchange, routing_key):
+        if not self.plan.owns(exchange, routing_key):
             return False
         log.warning(
             "faststream-retry: %r/%r was missing (deleted while the app runs?); "

@@ -18,11 +18,9 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.amqp.declare import (
-    check_broker,
-    work_queue_findings,
-)
+from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.registry import retry_queues_in_use, survey
+from faststream_retry.core.advice import work_queue_findings
 from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError

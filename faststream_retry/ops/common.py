@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aio_pika
 from aiormq.exceptions import AMQPError, ChannelAccessRefused, ChannelLockedResource
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from aio_pika.abc import AbstractConnection
 
-__all__ = ["DEFAULT_URL", "OperationError", "connect", "exclusive"]
+__all__ = ["DEFAULT_URL", "OperationError", "amqp_of", "connect", "exclusive"]
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 CONNECT_TIMEOUT_S = 10.0
@@ -50,6 +50,18 @@ async def connect(
         yield connection
     finally:
         await connection.close()
+
+
+def amqp_of(connection: AbstractConnection) -> Any:  # noqa: ANN401 - aiormq's connection
+    """Return the aiormq connection under ``connection``.
+
+    Raises:
+        OperationError: the connection is closed.
+    """
+    transport = connection.transport
+    if transport is None:
+        raise OperationError("the broker connection is closed")
+    return transport.connection
 
 
 @asynccontextmanager

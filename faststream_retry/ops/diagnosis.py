@@ -12,14 +12,14 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from faststream_retry.core.topology import tier_name
+from faststream_retry.core.advice import migrate_command, mismatch_advice, refusal_advice
+from faststream_retry.core.topology import is_retry_queue, migrating_name, tier_name
 from faststream_retry.core.versions import MIN_VERSION, parse_version, too_old
-from faststream_retry.ops.migration import TEMP_SUFFIX
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from faststream_retry.amqp.declare import Mismatch, Refusal
+    from faststream_retry.core.advice import Advice, Mismatch, Refusal
     from faststream_retry.core.topology import TopologyOptions
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "Severity",
     "cut_short_findings",
     "limit_findings",
-    "migrate_command",
     "mismatch_findings",
     "missing_findings",
     "old_tier_findings",
@@ -44,9 +43,6 @@ __all__ = [
 Severity = Literal["ok", "warning", "action"]
 SEVERITIES: tuple[Severity, ...] = ("ok", "warning", "action")
 """From least to most urgent; a report is as urgent as its most urgent finding."""
-
-DEFAULT_DELIVERY_LIMIT = 20
-"""``RetryMiddleware``'s default ``delivery_limit`` (``migrate`` needs it only when other)."""
 
 PROBED_TICKS_MS = (
     *range(100, 1001, 100),
@@ -82,6 +78,11 @@ class Finding:
     what: str
     why: str
     fix: str
+
+    @classmethod
+    def of(cls, severity: Severity, check: str, subject: str, advice: Advice) -> Finding:
+        """Return the finding that ``advice`` (what, why, fix) words."""
+        return cls(severity, check, subject, advice.what, advice.why, advice.fix)
 
     def as_dict(self) -> dict[str, str]:
         """Return the finding as JSON-able data."""
@@ -159,65 +160,16 @@ def version_finding(version_text: str | None, queue_type: str) -> Finding:
     )
 
 
-def migrate_command(name: str, options: TopologyOptions, *, retry_queue: bool) -> str:
-    """Return the ``faststream-retry migrate`` command that gives ``name`` the planned arguments."""
-    command = f"faststream-retry migrate {name} --queue-type {options.queue_type}"
-    command += f" --prefix {options.prefix}"
-    quorum = options.queue_type == "quorum"
-    if retry_queue and quorum and options.delivery_limit != DEFAULT_DELIVERY_LIMIT:
-        command += f" --delivery-limit {options.delivery_limit}"
-    return command
-
-
-def _show(value: str) -> str:
-    return "unset" if value == "none" else repr(value)
-
-
 def mismatch_findings(mismatches: Iterable[Mismatch], options: TopologyOptions) -> list[Finding]:
     """Name each object that exists with other arguments, and how to migrate it."""
-    findings = []
-    for m in mismatches:
-        what = (
-            f"{m.kind} {m.name!r}: argument {m.argument!r} is {_show(m.current)} on the broker, "
-            f"the app declares {_show(m.wanted)}"
-        )
-        why = (
-            "the app refuses to start: RabbitMQ answers its declaration with "
-            "406 PRECONDITION_FAILED"
-        )
-        if m.fits is not None:
-            why += f"; the queue is what queue_type={m.fits!r} declares"
-        if m.kind == "exchange":
-            fix = (
-                "an exchange holds no messages: stop the services that use prefix "
-                f"{options.prefix!r}, delete it (rabbitmqadmin delete exchange name={m.name}, or "
-                "the management UI: rabbitmqctl cannot delete exchanges) and start the app, "
-                "which declares it again"
-            )
-        else:
-            fix = "stop every service that consumes it, then run: " + migrate_command(
-                m.name, options, retry_queue=m.name.endswith(".retry")
-            )
-            if m.fits is not None:
-                fix += f' (or keep it: pass RetryMiddleware(queue_type="{m.fits}"))'
-        findings.append(Finding("action", "arguments", m.name, what, why, fix))
-    return findings
+    return [
+        Finding.of("action", "arguments", m.name, mismatch_advice(m, options)) for m in mismatches
+    ]
 
 
 def refusal_findings(refusals: Iterable[Refusal]) -> list[Finding]:
     """Name each object the app's user may not use as the plugin needs (a 403)."""
-    return [
-        Finding(
-            "action",
-            "permissions",
-            r.name,
-            f"{r.kind} {r.name!r}: the user may not {r.doing} it",
-            f"the app refuses to start (403 ACCESS_REFUSED). RabbitMQ said: {r.detail}",
-            f"grant {r.permission} (rabbitmqctl set_permissions; the README's 'Permissions' "
-            "section lists the patterns the plugin needs)",
-        )
-        for r in refusals
-    ]
+    return [Finding.of("action", "permissions", r.name, refusal_advice(r)) for r in refusals]
 
 
 def missing_findings(missing: Iterable[tuple[str, str]]) -> list[Finding]:
@@ -369,10 +321,10 @@ def cut_short_findings(temps: Iterable[tuple[str, int]], options: TopologyOption
             "migration",
             queue,
             f"a migration of {queue!r} was cut short: {messages} message(s) wait in "
-            f"{queue + TEMP_SUFFIX!r}",
+            f"{migrating_name(queue)!r}",
             "they are out of their queue until the migration is finished",
             "stop the services that use it and run the migration again: "
-            + migrate_command(queue, options, retry_queue=queue.endswith(".retry")),
+            + migrate_command(queue, options, retry_queue=is_retry_queue(queue)),
         )
         for queue, messages in temps
     ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from faststream_retry.core import headers as h
-from faststream_retry.core.topology import dlq_of
+from faststream_retry.core.topology import dlq_of, dlq_owner
 from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.records import DeadLetter, Decoder, Selection
 from faststream_retry.ops.walk import (
@@ -98,10 +98,7 @@ def _read(seen: Seen, decoder: Decoder | None = None) -> DeadLetter:
 
 def _target(queue: str, to: str | None) -> str:
     """Where replayed dead letters of ``queue``'s DLQ go: ``to``, or the work queue."""
-    if to:
-        return to
-    dlq = dlq_of(queue)
-    return dlq.removesuffix(".dlq")
+    return to or dlq_owner(dlq_of(queue))
 
 
 async def list_dead_letters(

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.amqp.declare import check_objects, parse_version, work_queue_findings
+from faststream_retry.amqp.checks import check_objects
 from faststream_retry.amqp.probe import depth
-from faststream_retry.amqp.registry import registered_queues
-from faststream_retry.core.topology import merge_routes, retry_queue_name
+from faststream_retry.amqp.registry import retry_queues_in_use, stranded_queues
+from faststream_retry.core.advice import work_queue_findings
+from faststream_retry.core.topology import merge_routes, migrating_name
+from faststream_retry.core.versions import parse_version
 from faststream_retry.ops import diagnosis
-from faststream_retry.ops.common import OperationError
-from faststream_retry.ops.migration import temp_name
+from faststream_retry.ops.common import amqp_of
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -25,14 +26,6 @@ if TYPE_CHECKING:
     from faststream_retry.middleware.app import LoadedApp
 
 __all__ = ["doctor"]
-
-
-def amqp_of(connection: AbstractConnection) -> Any:  # noqa: ANN401 - aiormq's connection
-    """Return the aiormq connection under ``connection``."""
-    transport = connection.transport
-    if transport is None:
-        raise OperationError("the broker connection is closed")
-    return transport.connection
 
 
 async def doctor(connection: AbstractConnection, app: LoadedApp) -> diagnosis.Report:
@@ -75,7 +68,8 @@ async def doctor(connection: AbstractConnection, app: LoadedApp) -> diagnosis.Re
     findings += diagnosis.queue_findings(await _states(connection, topology))
     findings += diagnosis.cut_short_findings(await _cut_short(connection, topology), options)
     owned = {route.queue for route in app.routes}
-    findings += diagnosis.stranded_findings(await _stranded(connection, options.prefix, owned))
+    stranded = await stranded_queues(connection, options.prefix, owned)
+    findings += diagnosis.stranded_findings((s.queue, s.messages) for s in stranded)
     findings += diagnosis.old_tier_findings(await _old_tiers(connection, topology))
     return diagnosis.Report(
         app=app.spec,
@@ -94,9 +88,8 @@ async def _as_started(connection: AbstractConnection, app: LoadedApp) -> Plan:
     """
     topology = app.plan
     routes = merge_routes(app.routes)
-    for queue in sorted(set(routes) - set(topology.routes)):
-        if await depth(connection, retry_queue_name(queue)) is not None:
-            topology = topology.with_route(routes[queue])
+    for queue in await retry_queues_in_use(connection, sorted(set(routes) - set(topology.routes))):
+        topology = topology.with_route(routes[queue])
     return topology
 
 
@@ -116,24 +109,10 @@ async def _cut_short(connection: AbstractConnection, topology: Plan) -> list[tup
     """Return the app's queues whose migration's temporary queue still exists."""
     found = []
     for spec in topology.queues:
-        temp = await depth(connection, temp_name(spec.name))
+        temp = await depth(connection, migrating_name(spec.name))
         if temp is not None:
             found.append((spec.name, temp.messages))
     return found
-
-
-async def _stranded(
-    connection: AbstractConnection, prefix: str, owned: set[str]
-) -> list[tuple[str, int]]:
-    stranded = []
-    # A quorum registry is not read (its delivery count would be spent): nothing found.
-    for queue in (await registered_queues(connection, prefix)).queues:
-        if queue in owned:
-            continue
-        found = await depth(connection, retry_queue_name(queue))
-        if found is not None and found.messages and not found.consumers:
-            stranded.append((found.name, found.messages))
-    return stranded
 
 
 async def _old_tiers(connection: AbstractConnection, topology: Plan) -> list[tuple[str, int]]:

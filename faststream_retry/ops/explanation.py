@@ -23,7 +23,7 @@ from faststream_retry.core.classify import (
 from faststream_retry.core.decision import Action, Hop, decide, recheck_step
 from faststream_retry.core.policy import Exponential, Fixed, Schedule, effective_policy
 from faststream_retry.core.tiers import Wait
-from faststream_retry.core.topology import Route, registry_name
+from faststream_retry.core.topology import Route, registry_name, tier_name
 from faststream_retry.errors import (
     PermanentError,
     RetryConfigError,
@@ -292,7 +292,7 @@ class Explanation:
             "tick_ms": self.tick_ms,
             "max_delay_ms": self.max_delay_ms,
             "tiers": [
-                {"name": f"{self.prefix}.delay.{ttl}", "ttl_ms": ttl} for ttl in self.tiers_ms
+                {"name": tier_name(self.prefix, ttl), "ttl_ms": ttl} for ttl in self.tiers_ms
             ],
             "shared_objects": [o.to_json() for o in self.shared],
             "queues": [q.to_json() for q in self.queues],

@@ -20,13 +20,14 @@ from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from pamqp import commands as spec
 
 from faststream_retry.amqp import frames
+from faststream_retry.amqp.checks import declare_checked
 from faststream_retry.amqp.probe import depth
 from faststream_retry.amqp.registry import registered_queues
-from faststream_retry.core.topology import retry_queue_name
+from faststream_retry.core.advice import Refusal
+from faststream_retry.core.topology import migrating_name, retry_queue_name
 from faststream_retry.core.versions import MIN_VERSION, parse_version
 from faststream_retry.ops import migration
-from faststream_retry.ops.common import OperationError, exclusive
-from faststream_retry.ops.doctor import amqp_of
+from faststream_retry.ops.common import OperationError, amqp_of, exclusive
 from faststream_retry.ops.walk import TooLarge
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ async def _migrate(
         need = ".".join(map(str, MIN_VERSION[queue_type]))
         raise OperationError(f"queue_type={queue_type!r} needs RabbitMQ {need} or later")
     target = migration.target_spec(role, queue_type, prefix, delivery_limit)
-    temp = migration.temp_name(queue)
+    temp = migrating_name(queue)
     todo, resumed, classic = await _todo(connection, role, target.arguments, prefix)
     result = MigrationResult(
         queue, role.role, queue_type, dict(target.arguments), temp, resumed=resumed, steps=todo
@@ -171,7 +172,7 @@ async def _todo(
     Raises:
         OperationError: the queue or its temporary queue has a consumer, or neither exists.
     """
-    queue, temp = role.name, migration.temp_name(role.name)
+    queue, temp = role.name, migrating_name(role.name)
     source, held = await depth(connection, queue), await depth(connection, temp)
     # Nothing consumes a tier or a .dlq: a running app shows in the consumers of its
     # work queues and their .retry queues. Their copies would meet a queue being
@@ -217,15 +218,10 @@ async def _matches(amqp: Any, queue: str, arguments: Any) -> bool:  # noqa: ANN4
     Declaring it with them is a no-op when they are equal and a 406 when not, which
     closes only this throwaway channel.
     """
-    channel = await amqp.channel()
-    try:
-        await channel.queue_declare(queue, durable=True, arguments=dict(arguments))
-    except ChannelPreconditionFailed:
-        return False
-    except ChannelAccessRefused as exc:
-        raise OperationError(f"may not declare {queue!r}: {exc.args[0]}") from exc
-    await channel.close()
-    return True
+    found = await declare_checked(amqp, "queue", queue, dict(arguments))
+    if isinstance(found, Refusal):
+        raise OperationError(f"may not declare {queue!r}: {found.detail}")
+    return found is None
 
 
 async def _replace(

@@ -1,14 +1,13 @@
 """What ``migrate`` may move and how (pure: no broker imports).
 
-Which names the plugin owns and in which role, the arguments a queue gets in its new
-type (exactly what ``topology`` plans), the temporary queue's name, and the steps left
-to do given what exists: a migration killed at any point is finished by running it
-again, because every state it passes through is told apart by what exists.
+Which names the plugin owns and in which role (told by ``topology``'s readings of a
+name), the arguments a queue gets in its new type (exactly what ``topology`` plans),
+and the steps left to do given what exists: a migration killed at any point is
+finished by running it again, because every state it passes through is told apart by what exists.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,14 +15,17 @@ from faststream_retry.core.topology import (
     QueueSpec,
     Route,
     TopologyOptions,
+    is_retry_queue,
+    migrating_of,
     registry_name,
     route_specs,
     tier_spec,
+    tier_ttl,
+    work_queue_of,
 )
 
 __all__ = [
     "ROUTING_KEY_HEADER",
-    "TEMP_SUFFIX",
     "Look",
     "Owned",
     "Step",
@@ -33,7 +35,6 @@ __all__ = [
     "steps",
     "target_spec",
     "temp_arguments",
-    "temp_name",
 ]
 
 Role = Literal["tier", "retry", "dlq"]
@@ -55,9 +56,6 @@ is kept here and restored on the way back.
 _BROKER_HEADERS = frozenset({"x-delivery-count"})
 """Set by a quorum queue on each delivery: a fact about that delivery, not the message."""
 
-TEMP_SUFFIX = ".migrating"
-"""A temporary queue is named after its queue: a second run finds what the first left."""
-
 
 @dataclass(frozen=True, slots=True)
 class Owned:
@@ -78,25 +76,24 @@ def owned(name: str, prefix: str) -> Owned | str:
     and ``.dlq``. Not the work queues (their applications declare them), not its
     registry (always classic), and not a temporary queue of a migration.
     """
-    tier = re.fullmatch(rf"{re.escape(prefix)}\.delay\.(\d+)", name)
-    if tier is not None and int(tier[1]) > 0:
-        return Owned(name, "tier", ttl_ms=int(tier[1]))
+    ttl = tier_ttl(name, prefix)
+    if ttl is not None:
+        return Owned(name, "tier", ttl_ms=ttl)
     hint = (
         f"migrate moves the queues the plugin declares: <queue>.retry, <queue>.dlq and the "
         f"tiers {prefix}.delay.<ms> (pass --prefix if the app's prefix is not {prefix!r})"
     )
-    if name.endswith(TEMP_SUFFIX):
+    migrated = migrating_of(name)
+    if migrated is not None:
         return (
             f"{name!r} is a migration's temporary queue: run migrate on "
-            f"{name.removesuffix(TEMP_SUFFIX)!r} to finish that migration"
+            f"{migrated!r} to finish that migration"
         )
     if name == registry_name(prefix):
         return f"{name!r} is the plugin's registry, a classic queue whatever queue_type says"
-    roles: tuple[Role, ...] = ("retry", "dlq")
-    for role in roles:
-        queue = name.removesuffix(f".{role}")
-        if queue != name and queue:
-            return Owned(name, role, queue=queue)
+    queue = work_queue_of(name)
+    if queue != name:
+        return Owned(name, "retry" if is_retry_queue(name) else "dlq", queue=queue)
     return (
         f"{name!r} is not a queue the plugin owns: {hint}. A work queue is its "
         "application's own: change its arguments where the subscriber declares it"
@@ -116,11 +113,6 @@ def target_spec(
     assert queue.queue is not None  # noqa: S101 - owned() sets it for .retry and .dlq
     retry, dlq = route_specs(Route(queue.queue, ()), options)
     return retry if queue.role == "retry" else dlq
-
-
-def temp_name(name: str) -> str:
-    """Return the temporary queue of ``name``'s migration: derived, so a rerun finds it."""
-    return name + TEMP_SUFFIX
 
 
 def temp_arguments(quorum: bool) -> dict[str, Any]:

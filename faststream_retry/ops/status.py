@@ -9,23 +9,29 @@ management API's listing, since AMQP cannot list queues.
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.amqp.probe import depth
 from faststream_retry.amqp.registry import registered_queues
-from faststream_retry.core.topology import dlq_name, retry_queue_name, tier_name
+from faststream_retry.core.topology import (
+    dlq_name,
+    is_retry_or_dlq,
+    retry_queue_name,
+    tier_name,
+    tier_ttl,
+    work_queue_of,
+)
 from faststream_retry.ops.management import list_queues
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Sequence
 
     from aio_pika.abc import AbstractConnection
 
     from faststream_retry.middleware.app import LoadedApp
 
-__all__ = ["Depth", "QueueStatus", "Status", "TierStatus", "status", "work_queue_of"]
+__all__ = ["Depth", "QueueStatus", "Status", "TierStatus", "status"]
 
 FORMAT = 1
 """The version of the JSON shape ``Status.to_json`` returns; it changes only by adding."""
@@ -114,14 +120,6 @@ class Status:
         }
 
 
-def work_queue_of(name: str) -> str:
-    """Return the work queue ``name`` means: itself, or the owner of a ``.retry`` or ``.dlq``."""
-    for suffix in (".retry", ".dlq"):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 async def _queues(
     connection: AbstractConnection,
     queues: Sequence[str],
@@ -141,7 +139,7 @@ async def _queues(
         notes.append(registry.note)
     names = list(registry.queues)
     if listed is not None:
-        owners = {work_queue_of(n) for n in listed if n.endswith((".retry", ".dlq"))}
+        owners = {work_queue_of(n) for n in listed if is_retry_or_dlq(n)}
         more = sorted(owners - set(names))
         if more:
             return names + more, ("registry", "management")
@@ -158,7 +156,7 @@ def _tiers(
         ttls |= set(app.plan.tiers.ttls_ms)
         tiers_from.append("app")
     if listed is not None:
-        ttls |= _tier_ttls(prefix, listed)
+        ttls |= {ttl for name in listed if (ttl := tier_ttl(name, prefix)) is not None}
         tiers_from.append("management")
     if not tiers_from:
         notes.append(
@@ -170,11 +168,6 @@ def _tiers(
             "how many of their messages belong to each queue is not known"
         )
     return ttls, tuple(tiers_from)
-
-
-def _tier_ttls(prefix: str, names: Iterable[str]) -> set[int]:
-    pattern = re.compile(rf"{re.escape(prefix)}\.delay\.([1-9][0-9]*)")
-    return {int(m.group(1)) for name in names if (m := pattern.fullmatch(name))}
 
 
 async def _depth(connection: AbstractConnection, name: str) -> Depth:

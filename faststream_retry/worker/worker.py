@@ -21,8 +21,8 @@ import aio_pika
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, ChannelPair, close_quietly
+from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.connection import connect_failure, safe_url
-from faststream_retry.amqp.declare import check_broker
 from faststream_retry.amqp.registry import registered_queues, survey
 from faststream_retry.core.topology import Handler, Plan, Route, queue_specs
 from faststream_retry.engine.live import Live

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from faststream_retry.amqp.declare import Mismatch, Refusal
+from faststream_retry.core.advice import Mismatch, Refusal, migrate_command
 from faststream_retry.core.topology import TopologyOptions
 from faststream_retry.ops.diagnosis import (
     Finding,
@@ -14,7 +14,6 @@ from faststream_retry.ops.diagnosis import (
     Report,
     cut_short_findings,
     limit_findings,
-    migrate_command,
     mismatch_findings,
     missing_findings,
     old_tier_findings,

@@ -16,7 +16,7 @@ from faststream_retry import Exponential, Fixed, RetryPolicy, Schedule, Transien
 from faststream_retry.core.decision import Action, decide
 from faststream_retry.core.policy import HandlerPolicy
 from faststream_retry.core.tiers import Tiers
-from faststream_retry.core.topology import Handler, Route, TopologyOptions, plan
+from faststream_retry.core.topology import Handler, Route, TopologyOptions, plan, work_queue_of
 from faststream_retry.ops.explanation import (
     Explanation,
     Leg,
@@ -26,7 +26,6 @@ from faststream_retry.ops.explanation import (
     legs,
 )
 from faststream_retry.ops.management import vhost_of
-from faststream_retry.ops.status import work_queue_of
 
 
 def _explain(route: Route, default: RetryPolicy, max_delay_ms: int) -> Explanation:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from faststream_retry.core.policy import RetryPolicy
-from faststream_retry.core.topology import Handler, Route, TopologyOptions, plan
+from faststream_retry.core.topology import Handler, Route, TopologyOptions, migrating_name, plan
 from faststream_retry.ops.migration import (
     ROUTING_KEY_HEADER,
     Owned,
@@ -14,7 +14,6 @@ from faststream_retry.ops.migration import (
     restored_headers,
     steps,
     target_spec,
-    temp_name,
 )
 
 
@@ -64,7 +63,7 @@ def test_the_target_arguments_are_exactly_what_the_plan_declares(queue_type: str
 
 def test_the_temporary_queue_is_derived_from_the_name() -> None:
     """A second run finds what the first left."""
-    assert temp_name("orders.dlq") == "orders.dlq.migrating"
+    assert migrating_name("orders.dlq") == "orders.dlq.migrating"
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,23 @@ from faststream_retry.core.topology import (
     Route,
     TopologyOptions,
     dlq_of,
+    dlq_owner,
     intake_dlq_name,
     intake_name,
+    is_dlq,
+    is_own_queue,
+    is_retry_or_dlq,
+    is_retry_queue,
     lock_name,
+    looks_like_intake,
     merge_routes,
+    migrating_name,
+    migrating_of,
     plan,
     registry_name,
+    tier_name,
+    tier_ttl,
+    work_queue_of,
 )
 
 DEFAULT = RetryPolicy(backoff=Fixed(1))
@@ -65,6 +76,52 @@ class TestNames:
         assert dlq_of("orders") == "orders.dlq"
         assert dlq_of("orders.dlq") == "orders.dlq"
         assert dlq_of("orders.dlq.x") == "orders.dlq.x.dlq"
+
+    def test_a_name_tells_the_work_queue_it_belongs_to(self) -> None:
+        """A ``.retry`` or ``.dlq`` belongs to its work queue; a bare suffix is a name of its own."""
+        assert [work_queue_of(q) for q in ("o", "o.retry", "o.dlq", "o.dlq.retry", ".retry")] == [
+            "o",
+            "o",
+            "o",
+            "o.dlq",
+            ".retry",
+        ]
+        assert [is_retry_queue(q) for q in ("o.retry", "o.dlq", "o.retry.x")] == [1, 0, 0]
+        assert [is_dlq(q) for q in ("o.dlq", "o.retry", "o.dlq.x")] == [1, 0, 0]
+        assert [is_retry_or_dlq(q) for q in ("o.retry", "o.dlq", "o")] == [1, 1, 0]
+        assert dlq_owner("o.dlq") == "o"
+        assert dlq_owner("o") == "o"
+
+    def test_the_machinerys_own_queues_are_told_by_name(self) -> None:
+        """Sending a message back to a ``.retry``, a ``.dlq`` or a prefix's queue would loop."""
+        assert [is_own_queue(q, "p") for q in ("o.retry", "o.dlq", "p.intake", "p", "o")] == [
+            1,
+            1,
+            1,
+            0,
+            0,
+        ]
+
+    def test_an_intake_is_told_by_its_shape_whatever_the_prefix(self) -> None:
+        assert looks_like_intake("p.intake")
+        assert looks_like_intake("other.intake.dlq")
+        assert not looks_like_intake("p.intake.retry")
+        assert not looks_like_intake("orders.dlq")
+
+    def test_a_tier_name_reads_back_to_its_ttl(self) -> None:
+        """Only the names ``tier_name`` makes: the prefix, ``.delay.`` and a TTL of 1 ms or more."""
+        assert tier_name("p", 100) == "p.delay.100"
+        assert tier_ttl("p.delay.100", "p") == 100
+        assert tier_ttl("a.b.delay.2000", "a.b") == 2000
+        for other in ("p.delay.0", "p.delay.0100", "p.delay.1e3", "p.delay.", "q.delay.100"):
+            assert tier_ttl(other, "p") is None, other
+        assert tier_ttl("pxdelay.100", "p") is None
+        assert tier_ttl("p.delay.100", ".") is None
+
+    def test_a_migrations_temporary_queue_is_named_after_its_queue(self) -> None:
+        assert migrating_name("o.dlq") == "o.dlq.migrating"
+        assert migrating_of("o.dlq.migrating") == "o.dlq"
+        assert migrating_of("o.dlq") is None
 
     def test_a_lock_name_stays_within_what_amqp_allows(self) -> None:
         """The lock of a queue whose name is long is named by the name's hash instead."""
@@ -248,3 +305,20 @@ class TestLateRoutes:
         assert less.tiers == p.tiers
         assert less.options == p.options
         assert p.without("unknown") is p
+
+
+def test_the_plugin_owns_its_tiers_retry_and_dead_letter_queues_only() -> None:
+    """A missing work queue is its application's: never declared again by the plugin."""
+    topology = plan(
+        [Route("orders", (Handler(None),))],
+        RetryPolicy(),
+        TopologyOptions("p", 200, tick_ms=100),
+    )
+    assert topology.owns("p.delay.100", "orders.retry")
+    assert topology.owns("p.delay.200", "anything")
+    assert not topology.owns("p.delay.400", "orders.retry")
+    assert topology.owns("", "orders.retry")
+    assert topology.owns("", "orders.dlq")
+    assert not topology.owns("", "orders")
+    assert not topology.owns("", "other.dlq")
+    assert not topology.owns("amq.direct", "orders.dlq")
