@@ -3,7 +3,8 @@
 ``faststream_retry.ops.doctor`` gathers the facts (the server version, the 406 and 403
 replies to declarations, queue depths and consumers, the registry); the functions here
 turn them into findings an operator can act on: each says what was found, why it
-matters and the fix, with a severity.
+matters and the fix, with a severity. What is said of a 406 or a 403 is
+``faststream_retry.core.advice``'s, the same words the start's error uses.
 """
 
 from __future__ import annotations
