@@ -6,7 +6,14 @@ elsewhere". A retry waits in the tier its delay takes, addressed to ``<queue>.re
 or straight to the work queue when that tier is the whole wait; a hop goes round
 another tier the same way; a release goes to the work queue by the default exchange;
 a dead letter goes to its dead-letter queue, and only a dead letter may leave out its
-own largest headers to fit in a frame.
+own largest headers to fit in a frame. Any other copy that cannot fit even lean is
+never sent with its own headers cut: the message goes to its dead-letter queue instead
+(``too_large``).
+
+One function a runtime's step: ``failed`` (the middleware's handler failed),
+``recheck`` and ``wait_again`` (a copy back from a tier in ``<queue>.retry``),
+``intake`` and ``refused`` (a dead letter in the worker's intake), ``in_process`` (a
+retry with no copy); they build on ``retry``, ``hop``, ``release`` and ``dead_letter``.
 """
 
 from __future__ import annotations
@@ -15,15 +22,40 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core import headers as h
-from faststream_retry.core.decision import Action, Decision
+from faststream_retry.core.decision import Action, Decision, Hop, Release, recheck_step
 from faststream_retry.core.events import Reason, RetryEvent, Rule, Verdict
+from faststream_retry.core.intake import DeadLetter, Refuse, Retry
+from faststream_retry.errors import HeadersTooLarge, InvalidDueTime
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from faststream_retry.core.topology import Plan, Route
 
-__all__ = ["Copy", "Step", "dead_letter", "failed", "hop", "in_process", "release", "retry"]
+__all__ = [
+    "TOO_LARGE_ERROR",
+    "Copy",
+    "Step",
+    "dead_letter",
+    "failed",
+    "hop",
+    "in_process",
+    "intake",
+    "recheck",
+    "refused",
+    "release",
+    "retry",
+    "too_large",
+    "wait_again",
+]
+
+TOO_LARGE_ERROR = (
+    "with the retry headers its copy would not fit in the frame RabbitMQ carries headers "
+    "in (frame_max): its own headers leave no room"
+)
+"""``retry-error`` of a message dead-lettered as ``HeadersTooLarge``, before its failure."""
+
+_TOO_LARGE = h.exception_name(HeadersTooLarge())
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +77,9 @@ class Step:
     copy: Copy
     tier_ms: int | None = None
     """The tier a retry's copy waits in (``None`` for any other step)."""
+    dlq: str | None = None
+    """Where the message goes instead if the copy cannot fit in a frame even lean
+    (``too_large``); ``None`` for a dead letter, which makes room itself."""
 
 
 def retry(
@@ -78,7 +113,7 @@ def retry(
         classification=classification,
     )
     copy = Copy(plan.tier(wait.tier_ms), home, h.retry_headers(incoming, failure, due))
-    return Step(event, copy, wait.tier_ms)
+    return Step(event, copy, wait.tier_ms, route.dlq)
 
 
 def hop(
@@ -108,7 +143,7 @@ def hop(
         due_ms=due_ms,
     )
     home = route.queue if last and route.home_from_tier else route.retry_queue
-    return Step(event, Copy(plan.tier(tier_ms), home, h.carry_over(incoming)))
+    return Step(event, Copy(plan.tier(tier_ms), home, h.carry_over(incoming)), dlq=route.dlq)
 
 
 def release(
@@ -130,7 +165,7 @@ def release(
         due_ms=due_ms,
         lateness_ms=lateness_ms,
     )
-    return Step(event, Copy("", route.queue, h.carry_over(incoming)))
+    return Step(event, Copy("", route.queue, h.carry_over(incoming)), dlq=route.dlq)
 
 
 def dead_letter(
@@ -249,4 +284,190 @@ def in_process(
         rule=decision.classification.rule,
         classification=decision.classification.verdict,
         immediate=immediate,
+    )
+
+
+def recheck(
+    plan: Plan,
+    route: Route,
+    message_id: str | None,
+    incoming: Mapping[str, Any] | None,
+    *,
+    now_ms: int,
+) -> Step:
+    """The step of a copy back from a tier in ``route``'s ``<queue>.retry``.
+
+    A release once it is due (``decision.recheck_step``: a missing or unreadable due
+    time is due now), else a hop round the tier the rest of its wait takes; a due time
+    no delay explains is dead-lettered as ``invalid`` (``InvalidDueTime``).
+    """
+    due = h.read_due(incoming)
+    attempt = h.read_attempt(incoming)
+    decided = recheck_step(due, now_ms, plan.tiers)
+    if isinstance(decided, Release):
+        return release(
+            route,
+            message_id,
+            incoming,
+            attempt=attempt,
+            now_ms=now_ms,
+            due_ms=due,
+            lateness_ms=decided.lateness_ms,
+        )
+    if isinstance(decided, Hop):
+        return hop(
+            plan,
+            route,
+            message_id,
+            incoming,
+            attempt=attempt,
+            now_ms=now_ms,
+            due_ms=due,
+            tier_ms=decided.tier_ms,
+            last=decided.last,
+        )
+    error = InvalidDueTime(
+        f"retry-due {due} is more than max_delay ({plan.tiers.max_delay_ms} ms) "
+        f"ahead of now ({now_ms})"
+    )
+    failure = h.FailureRecord(
+        attempt=attempt, at_ms=now_ms, exception=h.exception_name(error), error=str(error)
+    )
+    return dead_letter(
+        route.dlq, route.queue, message_id, incoming, failure, reason=Reason.INVALID, due_ms=due
+    )
+
+
+def wait_again(
+    plan: Plan,
+    route: Route,
+    refused: Step,
+    incoming: Mapping[str, Any] | None,
+    *,
+    now_ms: int,
+) -> Step | None:
+    """Where a release its work queue refused waits, rather than be requeued; ``None``: requeue.
+
+    Requeueing spends a redelivery of ``.retry``, and a quorum ``.retry`` dead-letters
+    at its delivery limit: a work queue whose leader moves for longer than limit x
+    pause would send every waiting message to the DLQ. A tier costs no redelivery. Only
+    a release with a known lateness (no other step has one) waits, and only up to
+    ``max_delay`` past its due time: a queue that refuses for longer gets the requeue
+    path and its limit back. It waits half its lateness, at least a tick: a refusal of
+    a few seconds costs a few tries, a long one a try every so often.
+    """
+    event = refused.event
+    lateness = event.lateness_ms
+    tiers = plan.tiers
+    if lateness is None or lateness >= tiers.max_delay_ms:
+        return None
+    return hop(
+        plan,
+        route,
+        event.message_id,
+        incoming,
+        attempt=event.attempt,
+        now_ms=now_ms,
+        due_ms=event.due_ms,
+        tier_ms=tiers.pick(max(lateness // 2, tiers.tick_ms)),
+        last=False,
+    )
+
+
+def intake(
+    plan: Plan,
+    route: Route,
+    message_id: str | None,
+    incoming: Mapping[str, Any] | None,
+    decided: Retry | DeadLetter,
+) -> Step:
+    """The step of a dead letter the worker's intake took for ``route``'s queue.
+
+    ``decided`` is ``intake.intake_step``'s answer: a retry round the tiers (transient),
+    or a dead letter to ``<queue>.dlq`` (permanent), both by the dead-lettering rule.
+    """
+    if isinstance(decided, DeadLetter):
+        return dead_letter(
+            route.dlq,
+            route.queue,
+            message_id,
+            incoming,
+            decided.failure,
+            reason=decided.reason,
+            max_attempts=decided.max_attempts,
+            rule=Rule.DEAD_LETTERING,
+            classification=Verdict.PERMANENT,
+        )
+    return retry(
+        plan,
+        route,
+        message_id,
+        incoming,
+        decided.failure,
+        max_attempts=decided.max_attempts,
+        rule=Rule.DEAD_LETTERING,
+        classification=Verdict.TRANSIENT,
+    )
+
+
+def refused(
+    refusal: Refuse,
+    *,
+    intake_queue: str,
+    dlq: str,
+    message_id: str | None,
+    incoming: Mapping[str, Any] | None,
+    now_ms: int,
+) -> Step:
+    """The ``invalid`` dead letter of a delivery the worker's intake refuses, to its ``dlq``.
+
+    Its origin is the queue it died in, when RabbitMQ says so, for the operator who
+    replays it there (``dlq replay <prefix>.intake --to <queue>``) once the config
+    names it.
+    """
+    failure = h.FailureRecord(
+        attempt=h.read_attempt(incoming),
+        at_ms=now_ms,
+        exception="refused",
+        error=refusal.problem,
+    )
+    return dead_letter(
+        dlq,
+        intake_queue,
+        message_id,
+        incoming,
+        failure,
+        reason=Reason.INVALID,
+        origin_queue=refusal.queue or intake_queue,
+        rule=Rule.DEAD_LETTERING,
+        classification=Verdict.PERMANENT,
+    )
+
+
+def too_large(step: Step, incoming: Mapping[str, Any] | None, *, now_ms: int) -> Step | None:
+    """The ``invalid`` dead letter a message takes when ``step``'s copy cannot fit in a frame.
+
+    ``HeadersTooLarge``, to the step's ``dlq``, keeping what the step's event knew of the
+    failure; the dead letter leaves out the message's largest headers to fit. ``None``
+    for a step that is a dead letter already: it makes room itself.
+    """
+    if step.dlq is None:
+        return None
+    event = step.event
+    error = TOO_LARGE_ERROR
+    if event.exception:
+        error += f"; it had failed with {event.exception}: {event.error or ''}"
+    failure = h.FailureRecord(
+        attempt=event.attempt, at_ms=now_ms, exception=_TOO_LARGE, error=error
+    )
+    return dead_letter(
+        step.dlq,
+        event.queue,
+        event.message_id,
+        incoming,
+        failure,
+        reason=Reason.INVALID,
+        max_attempts=event.max_attempts,
+        rule=event.rule,
+        classification=event.classification,
     )

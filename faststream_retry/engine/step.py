@@ -1,10 +1,7 @@
-"""One step's copy, published and reported; one that cannot fit in a frame is dead-lettered.
+"""One step's copy, published with a confirm and reported; one too large goes to the DLQ.
 
-The middleware, the re-check consumer and the retry worker all end a step here. A retry
-copy, a hop or a release whose headers would not fit in a frame even lean (the message's
-own headers leave no room: see ``faststream_retry.core.fit``) is never retried with its own
-headers cut: it goes to the dead-letter queue as ``invalid``, ``HeadersTooLarge``, and
-that dead letter leaves out the message's largest headers to fit.
+The middleware, the re-check consumer and the retry worker all end a step here; where
+each copy goes, and where a copy that cannot fit goes instead, is ``core.steps``'s.
 """
 
 from __future__ import annotations
@@ -14,8 +11,6 @@ from typing import TYPE_CHECKING
 from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
-from faststream_retry.core.events import Reason
-from faststream_retry.errors import HeadersTooLarge
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage
@@ -24,15 +19,7 @@ if TYPE_CHECKING:
     from faststream_retry.core.steps import Copy, Step
     from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["TOO_LARGE_ERROR", "publish_step"]
-
-TOO_LARGE_ERROR = (
-    "with the retry headers its copy would not fit in the frame RabbitMQ carries headers "
-    "in (frame_max): its own headers leave no room"
-)
-"""``retry-error`` of a message dead-lettered as ``HeadersTooLarge``, before its failure."""
-
-_TOO_LARGE = h.exception_name(HeadersTooLarge())
+__all__ = ["publish_step"]
 
 
 async def publish_step(
@@ -41,15 +28,18 @@ async def publish_step(
     message: AbstractIncomingMessage,
     step: Step,
     *,
-    dlq: str,
-    origin_queue: str,
     exception: BaseException | None = None,
     outcomes: list[Outcome] | None = None,
+    # Ignored, and to go once middleware/middleware.py stops passing them: the step says
+    # both (Step.dlq, and its event's queue).
+    dlq: str | None = None,  # noqa: ARG001
+    origin_queue: str | None = None,  # noqa: ARG001
 ) -> bool:
     """Publish ``step``'s copy of ``message`` inside its event's span; ``True`` once confirmed.
 
-    A copy too large for a frame is replaced by an ``invalid`` dead letter to ``dlq``
-    (reported as such); ``outcomes`` collects each publish's outcome.
+    A copy too large for a frame is replaced by the step's ``invalid`` dead letter
+    (``core.steps.too_large``), reported as such; ``outcomes`` collects each publish's
+    outcome.
     """
     seen: list[Outcome] = [] if outcomes is None else outcomes
 
@@ -67,32 +57,11 @@ async def publish_step(
         exception=exception,
         tier_ms=step.tier_ms,
     )
-    if ok or step.copy.room or seen[-1:] != [Outcome.TOO_LARGE]:
+    if ok or seen[-1:] != [Outcome.TOO_LARGE]:
         return ok
-    letter = _too_large(step, message, dlq, origin_queue)
+    letter = steps.too_large(step, incoming, now_ms=h.now_ms())
+    if letter is None:
+        return ok
     return await reporter.publish(
         letter.event, letter.copy, send, incoming=incoming, exception=exception
-    )
-
-
-def _too_large(step: Step, message: AbstractIncomingMessage, dlq: str, origin_queue: str) -> Step:
-    """Return the ``invalid`` dead letter of a message whose step's copy cannot fit."""
-    event = step.event
-    error = TOO_LARGE_ERROR
-    if event.exception:
-        error += f"; it had failed with {event.exception}: {event.error or ''}"
-    failure = h.FailureRecord(
-        attempt=event.attempt, at_ms=h.now_ms(), exception=_TOO_LARGE, error=error
-    )
-    return steps.dead_letter(
-        dlq,
-        event.queue,
-        event.message_id,
-        message.headers,
-        failure,
-        reason=Reason.INVALID,
-        origin_queue=origin_queue,
-        max_attempts=event.max_attempts,
-        rule=event.rule,
-        classification=event.classification,
     )

@@ -30,7 +30,8 @@ from faststream_retry.errors import RetryConfigError, RetryWorkerError
 from faststream_retry.reporting.log import log
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry
-from faststream_retry.worker.consumer import IntakeConsumer, check_intake, declare_intake
+from faststream_retry.worker.consumer import IntakeConsumer
+from faststream_retry.worker.declare import check_intake, declare_intake
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

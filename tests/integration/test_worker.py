@@ -35,6 +35,7 @@ from faststream_retry.worker.worker import RetryWorker
 from tests.cli import environment, run_cli, script
 from tests.integration.test_frame_limit import BODY, big_message, frame_payload_limit
 from tests.integration.test_metrics import points, total
+from tests.no_faststream import refuse_faststream
 from tests.rabbit import (
     LATE_SLACK_MS,
     close_all_connections,
@@ -561,33 +562,13 @@ async def _empty(connection: AbstractRobustConnection, queue: str) -> bool:
     return await queue_depth(connection, queue) == 0
 
 
-_NO_FASTSTREAM = """
-import importlib.abc
-import sys
-
-
-class _Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in ("faststream", "fast_depends"):
-            with open(__file__ + ".tried", "a") as tried:
-                tried.write(name + "\\n")
-            raise ImportError(f"importing {name} is refused here")
-        return None
-
-
-sys.meta_path.insert(0, _Refuse())
-"""
-
-
 async def test_the_deployed_worker_runs_where_faststream_cannot_be_imported(
     amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str, tmp_path: Path
 ) -> None:
     """``faststream-retry worker`` in a process where importing FastStream raises (and is
     written down): it retries a rejected message back to its queue, stops with exit 0, and
     never tried to import FastStream."""
-    refuse = tmp_path / "refuse"
-    refuse.mkdir()
-    (refuse / "sitecustomize.py").write_text(_NO_FASTSTREAM)
+    refusal = refuse_faststream(tmp_path / "refuse")
     config_path = tmp_path / "retry.toml"
     config_path.write_text(
         f'prefix = "{setup.prefix}"\ntick = 0.25\nmax_delay = 60\n'
@@ -606,7 +587,7 @@ async def test_the_deployed_worker_runs_where_faststream_cannot_be_imported(
             stderr=subprocess.STDOUT,
             env={
                 **environment(rabbit_url),
-                "PYTHONPATH": f"{refuse}{os.pathsep}{environment(None)['PYTHONPATH']}",
+                "PYTHONPATH": refusal.pythonpath,
             },
         )
     try:
@@ -618,9 +599,8 @@ async def test_the_deployed_worker_runs_where_faststream_cannot_be_imported(
         await eventually(lambda: consumer.acked["m1"] == 1, 20, "m1 retried and acked")
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0, log.read_text()[-3000:]
-        assert not (refuse / "sitecustomize.py.tried").exists(), (
-            refuse / "sitecustomize.py.tried"
-        ).read_text()
+        assert refusal.installed  # else "nothing tried" would prove nothing
+        assert refusal.tried == ""
         assert len(consumer.arrivals["m1"]) == 2
         assert "Traceback" not in log.read_text()
     finally:

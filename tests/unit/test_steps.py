@@ -16,6 +16,7 @@ from faststream_retry.core import steps
 from faststream_retry.core.classify import Classification
 from faststream_retry.core.decision import Action, Decision
 from faststream_retry.core.events import EventKind, Reason, RetryEvent, Rule, Verdict
+from faststream_retry.core.intake import DeadLetter, Refuse, Retry
 from faststream_retry.core.steps import Copy, Step
 from faststream_retry.core.topology import Handler, Plan, Route, TopologyOptions, plan
 
@@ -69,6 +70,7 @@ class TestRetry:
             ),
             Copy("p.delay.4000", "orders", h.retry_headers(INCOMING, failure(4000), 14_000)),
             4000,
+            "orders.dlq",
         )
         assert step.copy.headers[h.DUE] == 14_000
         assert not step.copy.room
@@ -154,6 +156,7 @@ class TestHop:
                 due_ms=27_000,
             ),
             Copy("p.delay.4000", home, h.carry_over(INCOMING)),
+            dlq="orders.dlq",
         )
 
 
@@ -173,6 +176,7 @@ class TestRelease:
                 lateness_ms=50,
             ),
             Copy("", "orders", h.carry_over(INCOMING)),
+            dlq="orders.dlq",
         )
         assert "x-death" not in step.copy.headers
 
@@ -237,6 +241,7 @@ class TestDeadLetter:
         assert step.copy.headers[h.TRACEBACK] == ""
         assert step.copy.routing_key == "p.intake.dlq"
         assert step.tier_ms is None
+        assert step.dlq is None  # it makes room itself
 
     def test_another_origin_is_recorded_for_the_operator(self) -> None:
         step = steps.dead_letter(
@@ -348,3 +353,238 @@ class TestInProcess:
             immediate=immediate,
             classification=Verdict.TRANSIENT,
         )
+
+
+BACK: dict[str, Any] = {"tenant": "acme", h.ATTEMPT: 3, h.DUE: 20_000}
+"""A copy back from a tier: due at 20 s, after its third failure."""
+
+
+class TestRecheck:
+    def test_a_due_copy_is_released_with_its_lateness(self) -> None:
+        step = steps.recheck(a_plan(), HOME, "m1", BACK, now_ms=20_050)
+        assert step == steps.release(
+            HOME, "m1", BACK, attempt=3, now_ms=20_050, due_ms=20_000, lateness_ms=50
+        )
+
+    def test_a_copy_without_a_due_time_is_released_at_once(self) -> None:
+        step = steps.recheck(a_plan(), HOME, None, {h.ATTEMPT: 2}, now_ms=20_000)
+        assert step == steps.release(
+            HOME, None, {h.ATTEMPT: 2}, attempt=2, now_ms=20_000, due_ms=None, lateness_ms=None
+        )
+
+    def test_an_early_copy_goes_round_the_largest_tier_under_its_wait(self) -> None:
+        step = steps.recheck(a_plan(), HOME, "m1", BACK, now_ms=13_000)
+        assert step == steps.hop(
+            a_plan(),
+            HOME,
+            "m1",
+            BACK,
+            attempt=3,
+            now_ms=13_000,
+            due_ms=20_000,
+            tier_ms=4000,
+            last=False,
+        )
+        assert step.copy.routing_key == "orders.retry"
+
+    def test_a_wait_of_one_tier_goes_from_it_straight_home(self) -> None:
+        step = steps.recheck(a_plan(), HOME, "m1", BACK, now_ms=16_000)
+        assert (step.copy.exchange, step.copy.routing_key) == ("p.delay.4000", "orders")
+        assert step.event.kind is EventKind.HOP
+
+    def test_a_due_time_no_delay_explains_is_dead_lettered_as_invalid(self) -> None:
+        step = steps.recheck(a_plan(), HOME, "m1", BACK, now_ms=10_999)
+        error = "retry-due 20000 is more than max_delay (8000 ms) ahead of now (10999)"
+        record = h.FailureRecord(
+            attempt=3, at_ms=10_999, exception="faststream_retry.InvalidDueTime", error=error
+        )
+        assert step == steps.dead_letter(
+            "orders.dlq", "orders", "m1", BACK, record, reason=Reason.INVALID, due_ms=20_000
+        )
+        assert step.copy.headers[h.ERROR] == error
+
+    def test_a_due_time_max_delay_and_a_tick_ahead_is_still_waited_for(self) -> None:
+        step = steps.recheck(a_plan(), HOME, "m1", BACK, now_ms=11_000)
+        assert step.event.kind is EventKind.HOP
+
+
+def released(lateness_ms: int | None) -> Step:
+    return steps.release(
+        HOME, "m1", BACK, attempt=3, now_ms=20_000, due_ms=19_000, lateness_ms=lateness_ms
+    )
+
+
+class TestWaitAgain:
+    @pytest.mark.parametrize(
+        ("lateness", "tier"), [(5000, 2000), (7999, 2000), (2000, 1000), (50, 1000)]
+    )
+    def test_a_refused_release_waits_half_its_lateness_at_least_a_tick(
+        self, lateness: int, tier: int
+    ) -> None:
+        step = steps.wait_again(a_plan(), HOME, released(lateness), BACK, now_ms=21_000)
+        assert step == steps.hop(
+            a_plan(),
+            HOME,
+            "m1",
+            BACK,
+            attempt=3,
+            now_ms=21_000,
+            due_ms=19_000,
+            tier_ms=tier,
+            last=False,
+        )
+
+    def test_it_comes_back_to_the_re_check_step_even_from_its_queue_s_own_tier(self) -> None:
+        # Whatever tier it waits in, it comes back here: its queue refused it once, and a
+        # release must be confirmed.
+        step = steps.wait_again(a_plan(), HOME, released(2000), BACK, now_ms=21_000)
+        assert step is not None
+        assert (step.copy.exchange, step.copy.routing_key) == ("p.delay.1000", "orders.retry")
+
+    @pytest.mark.parametrize("lateness", [None, 8000, 8001])
+    def test_one_late_by_max_delay_or_of_unknown_lateness_is_requeued(
+        self, lateness: int | None
+    ) -> None:
+        assert steps.wait_again(a_plan(), HOME, released(lateness), BACK, now_ms=0) is None
+
+    def test_only_a_release_waits_again(self) -> None:
+        hop = steps.hop(
+            a_plan(), HOME, "m1", BACK, attempt=3, now_ms=0, due_ms=0, tier_ms=1000, last=False
+        )
+        assert steps.wait_again(a_plan(), HOME, hop, BACK, now_ms=0) is None
+
+
+class TestIntake:
+    def test_a_dead_letter_to_retry_goes_round_the_tiers_as_transient(self) -> None:
+        decided = Retry("orders", 2, 5, 4000, failure(4000))
+        step = steps.intake(a_plan(), HOME, "m1", INCOMING, decided)
+        assert step == steps.retry(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            failure(4000),
+            max_attempts=5,
+            rule=Rule.DEAD_LETTERING,
+            classification=Verdict.TRANSIENT,
+        )
+        assert step.copy.routing_key == "orders"
+
+    def test_a_dead_letter_to_keep_goes_to_the_queue_s_dlq_as_permanent(self) -> None:
+        decided = DeadLetter("orders", 2, 5, Reason.POISON, failure())
+        step = steps.intake(a_plan(), HOME, "m1", INCOMING, decided)
+        assert step == steps.dead_letter(
+            "orders.dlq",
+            "orders",
+            "m1",
+            INCOMING,
+            failure(),
+            reason=Reason.POISON,
+            max_attempts=5,
+            rule=Rule.DEAD_LETTERING,
+            classification=Verdict.PERMANENT,
+        )
+
+
+class TestRefused:
+    def test_a_refused_delivery_goes_to_the_intake_s_dlq_naming_where_it_died(self) -> None:
+        step = steps.refused(
+            Refuse("not named", "orders"),
+            intake_queue="p.intake",
+            dlq="p.intake.dlq",
+            message_id="m1",
+            incoming=INCOMING,
+            now_ms=30_000,
+        )
+        record = h.FailureRecord(attempt=1, at_ms=30_000, exception="refused", error="not named")
+        assert step == steps.dead_letter(
+            "p.intake.dlq",
+            "p.intake",
+            "m1",
+            INCOMING,
+            record,
+            reason=Reason.INVALID,
+            origin_queue="orders",
+            rule=Rule.DEAD_LETTERING,
+            classification=Verdict.PERMANENT,
+        )
+        assert step.event.exception == "refused"
+        assert step.copy.headers[h.ORIGIN_QUEUE] == "orders"
+
+    def test_one_that_died_nowhere_known_names_the_intake(self) -> None:
+        step = steps.refused(
+            Refuse("published"),
+            intake_queue="p.intake",
+            dlq="p.intake.dlq",
+            message_id=None,
+            incoming=None,
+            now_ms=30_000,
+        )
+        assert step.copy.headers[h.ORIGIN_QUEUE] == "p.intake"
+        assert step.event.attempt == 0
+
+
+TOO_LARGE = (
+    "with the retry headers its copy would not fit in the frame RabbitMQ carries headers "
+    "in (frame_max): its own headers leave no room"
+)
+
+
+class TestTooLarge:
+    def test_a_retry_that_cannot_fit_is_dead_lettered_with_what_it_failed_with(self) -> None:
+        step = steps.retry(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            failure(4000),
+            max_attempts=5,
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+        )
+        record = h.FailureRecord(
+            attempt=2,
+            at_ms=30_000,
+            exception="faststream_retry.HeadersTooLarge",
+            error=f"{TOO_LARGE}; it had failed with app.Down: down",
+        )
+        assert steps.TOO_LARGE_ERROR == TOO_LARGE
+        assert steps.too_large(step, INCOMING, now_ms=30_000) == steps.dead_letter(
+            "orders.dlq",
+            "orders",
+            "m1",
+            INCOMING,
+            record,
+            reason=Reason.INVALID,
+            max_attempts=5,
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+        )
+
+    def test_a_release_that_cannot_fit_says_only_that(self) -> None:
+        letter = steps.too_large(released(50), BACK, now_ms=30_000)
+        assert letter is not None
+        assert letter.copy.headers[h.ERROR] == TOO_LARGE
+        assert letter.copy.headers[h.ORIGIN_QUEUE] == "orders"
+        assert (letter.event.attempt, letter.event.max_attempts, letter.event.rule) == (3, 0, None)
+        assert letter.copy.room
+
+    def test_a_failure_without_a_message_is_named_all_the_same(self) -> None:
+        event = RetryEvent(
+            kind=EventKind.SCHEDULED,
+            queue="orders",
+            message_id=None,
+            attempt=1,
+            at_ms=0,
+            exception="app.Down",
+        )
+        step = Step(event, Copy("p.delay.1000", "orders", {}), 1000, "orders.dlq")
+        letter = steps.too_large(step, None, now_ms=0)
+        assert letter is not None
+        assert letter.event.error == f"{TOO_LARGE}; it had failed with app.Down: "
+
+    def test_a_dead_letter_makes_room_itself(self) -> None:
+        letter = steps.dead_letter(
+            "orders.dlq", "orders", None, None, failure(), reason=Reason.EXHAUSTED
+        )
+        assert steps.too_large(letter, None, now_ms=0) is None
