@@ -1,22 +1,15 @@
-"""OpenTelemetry spans and metrics (the API only; the SDK and exporters are yours).
+"""The plugin's OpenTelemetry handles: tracer, meter, instruments and the names they use.
 
-Span names follow the messaging convention ``<destination> <operation>``:
+The API only; the SDK and exporters are yours. ``ATTR`` and ``METRICS`` are the names
+dashboards select on. ``Telemetry`` holds the tracer and the instruments, says whether
+spans are recorded, and starts spans; what each event's span carries and what it counts
+are ``spans.SPANS`` and ``metrics.COUNTS``.
 
-==============================  =========================================================
-``<queue> retry scheduled``     a transient failure sent into the delay tiers (or, with
-                                ``faststream_retry.immediate``, retried in-process)
-``<queue> retry hop``           the re-check consumer sent a message round a tier again
-``<queue> retry release``       the re-check consumer republished a due message
-``<queue> dead-letter``         the message went to ``<queue>.dlq`` (status ERROR)
-``<queue> outage``              (INTERNAL, a trace of its own) the queue was in outage mode:
-                                from the failure that switched it to the success that ended
-                                it (``faststream_retry.outage.*`` attributes)
-==============================  =========================================================
-
-Each span's context is injected into the copy it publishes (``traceparent``), and the next
-step continues from it, so a message's whole life, every attempt included, is one trace.
-Under FastStream's ``RabbitTelemetryMiddleware`` the middleware's spans are children of
-its process span; without it they continue from the message's ``traceparent``.
+Each step span's context is injected into the copy it publishes (``traceparent``), and
+the next step continues from it, so a message's whole life, every attempt included, is
+one trace. Under FastStream's ``RabbitTelemetryMiddleware`` the middleware's spans are
+children of its process span; without it they continue from the message's
+``traceparent``.
 
 With no SDK configured, no span is made and headers travel unchanged.
 """

@@ -22,7 +22,6 @@ from pamqp.decode import field_table as decode_table
 from pamqp.encode import field_table as encode_table
 
 from faststream_retry import (
-    EventKind,
     Exponential,
     PermanentError,
     RetryEvent,
@@ -552,17 +551,19 @@ def test_any_exception_reaches_its_retry_or_its_dlq(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     reporter = Reporter(Telemetry(provider), [events.append])
-    event = RetryEvent(
-        kind=EventKind.SCHEDULED,
+    event = RetryEvent.scheduled(
         queue="orders",
         message_id="m-1",
         attempt=attempt,
         at_ms=1_000,
+        max_attempts=4,
+        delay_ms=0,
+        due_ms=None,
         exception=h.exception_name(exc),
         error=h.error_text(exc, h.HISTORY_ERROR_LIMIT),
-        immediate=True,
-        classification=decision.classification.verdict,
         rule=decision.classification.rule,
+        classification=decision.classification.verdict,
+        immediate=True,
     )
     reporter.record(event, incoming={}, exception=exc)
     assert events == [event]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +18,7 @@ from opentelemetry.trace import StatusCode
 from faststream_retry import EventKind, Reason, RetryEvent, Rule, Verdict
 from faststream_retry.core import headers as h
 from faststream_retry.core.steps import Copy
+from faststream_retry.reporting import lines, metrics, spans
 from faststream_retry.reporting.reporter import Reporter, emit
 from faststream_retry.reporting.telemetry import ATTR, METRICS, Telemetry
 
@@ -46,20 +48,59 @@ class Harness:
         return found
 
 
-def failure(kind: EventKind, **fields: Any) -> RetryEvent:
-    return RetryEvent(
-        kind=kind,
+def scheduled(
+    *,
+    message_id: str | None = "m-1",
+    attempt: int = 2,
+    at_ms: int = 1_000,
+    max_attempts: int = 4,
+    delay_ms: int = 400,
+    due_ms: int | None = 1_400,
+    exception: str = "TimeoutError",
+    error: str = "slow",
+    immediate: bool = False,
+) -> RetryEvent:
+    """A handler's transient failure on attempt 2 of 4, sent round the 400 ms tier."""
+    return RetryEvent.scheduled(
+        queue="orders",
+        message_id=message_id,
+        attempt=attempt,
+        at_ms=at_ms,
+        max_attempts=max_attempts,
+        delay_ms=delay_ms,
+        due_ms=due_ms,
+        exception=exception,
+        error=error,
+        rule=Rule.BUILTIN,
+        classification=Verdict.TRANSIENT,
+        immediate=immediate,
+    )
+
+
+def dead_lettered(reason: Reason) -> RetryEvent:
+    """The same failure, dead-lettered for ``reason``."""
+    return RetryEvent.dead_lettered(
         queue="orders",
         message_id="m-1",
         attempt=2,
         at_ms=1_000,
         max_attempts=4,
+        reason=reason,
         exception="TimeoutError",
         error="slow",
         rule=Rule.BUILTIN,
         classification=Verdict.TRANSIENT,
-        **fields,
     )
+
+
+@pytest.mark.parametrize(
+    "table", [spans.SPANS, metrics.COUNTS, lines.LINES], ids=["spans", "metrics", "lines"]
+)
+def test_every_kind_of_event_has_its_row_in_every_instruments_table(
+    table: Mapping[EventKind, object],
+) -> None:
+    """A new EventKind is one row in each table: its span, what it counts, its log line."""
+    assert set(table) == set(EventKind)
 
 
 async def confirmed(_: Copy) -> bool:
@@ -75,7 +116,7 @@ async def test_a_confirmed_retry_is_spanned_counted_logged_and_hooked(
 ) -> None:
     """Scheduled: span with the decision, failure + scheduled counters, one INFO line, one event."""
     harness = Harness()
-    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    event = scheduled()
     copy = Copy("p.delay.400", "orders.retry", {})
     caplog.set_level(logging.DEBUG, logger="faststream_retry")
     ok = await harness.reporter.publish(
@@ -103,7 +144,7 @@ async def test_a_confirmed_retry_is_spanned_counted_logged_and_hooked(
 async def test_an_unconfirmed_step_is_a_failed_span_and_nothing_else() -> None:
     """Not confirmed: the span says so, and no metric, log line or event claims it happened."""
     harness = Harness()
-    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    event = scheduled()
     ok = await harness.reporter.publish(
         event, Copy("p.delay.400", "orders.retry", {}), refused, incoming={}
     )
@@ -119,7 +160,7 @@ async def test_dead_letters_are_error_spans_and_error_lines(
 ) -> None:
     """Dead-lettered: ERROR span with reason and DLQ, the reason counter, one ERROR line."""
     harness = Harness()
-    event = failure(EventKind.DEAD_LETTERED, reason=Reason.EXHAUSTED)
+    event = dead_lettered(Reason.EXHAUSTED)
     caplog.set_level(logging.DEBUG, logger="faststream_retry")
     error = TimeoutError("slow")
     await harness.reporter.publish(
@@ -143,23 +184,11 @@ async def test_recheck_steps_continue_the_message_trace_and_stay_at_debug(
 ) -> None:
     """Hops and releases: their own span names, lateness recorded, DEBUG lines only."""
     harness = Harness()
-    hop = RetryEvent(
-        kind=EventKind.HOP,
-        queue="orders",
-        message_id="m-1",
-        attempt=1,
-        at_ms=1_000,
-        delay_ms=200,
-        due_ms=1_300,
+    hop = RetryEvent.hop(
+        queue="orders", message_id="m-1", attempt=1, at_ms=1_000, tier_ms=200, due_ms=1_300
     )
-    release = RetryEvent(
-        kind=EventKind.RELEASED,
-        queue="orders",
-        message_id="m-1",
-        attempt=1,
-        at_ms=1_305,
-        due_ms=1_300,
-        lateness_ms=5,
+    release = RetryEvent.released(
+        queue="orders", message_id="m-1", attempt=1, at_ms=1_305, due_ms=1_300, lateness_ms=5
     )
     caplog.set_level(logging.DEBUG, logger="faststream_retry")
     await harness.reporter.publish(
@@ -182,14 +211,15 @@ async def test_recheck_steps_continue_the_message_trace_and_stay_at_debug(
 async def test_an_invalid_due_time_counts_as_a_dead_letter_not_a_failure() -> None:
     """No handler failed: only the dead-letter counter moves."""
     harness = Harness()
-    event = RetryEvent(
-        kind=EventKind.DEAD_LETTERED,
+    event = RetryEvent.dead_lettered(
         queue="orders",
         message_id="m-1",
         attempt=1,
         at_ms=1_000,
         due_ms=10**12,
         reason=Reason.INVALID,
+        exception="",
+        error="",
     )
     await harness.reporter.publish(event, Copy("", "orders.dlq", {}), confirmed, incoming={})
     assert harness.counts() == {METRICS.DEAD_LETTERED: 1}
@@ -198,7 +228,7 @@ async def test_an_invalid_due_time_counts_as_a_dead_letter_not_a_failure() -> No
 def test_an_immediate_retry_is_recorded_with_a_span_of_its_own() -> None:
     """In-process retries publish nothing; their span only records the decision."""
     harness = Harness()
-    event = failure(EventKind.SCHEDULED, delay_ms=0, immediate=True)
+    event = scheduled(delay_ms=0, due_ms=None, immediate=True)
     harness.reporter.record(event, incoming={}, exception=TimeoutError("slow"))
     (span,) = harness.spans.get_finished_spans()
     assert span.attributes is not None
@@ -217,7 +247,7 @@ async def test_a_broken_instrument_never_turns_a_confirmed_step_into_a_requeue(
         raise RuntimeError("exporter down")
 
     monkeypatch.setattr(harness.reporter.telemetry, "scheduled", SimpleNamespace(add=broken))
-    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    event = scheduled()
     copy = Copy("p.delay.400", "orders.retry", {})
     assert await harness.reporter.publish(event, copy, confirmed, incoming={})
 
@@ -232,18 +262,14 @@ def test_retry_lines_carry_the_traceback_as_configured(
     """log_retry_traceback: the first failure's traceback by default; every or never."""
     reporter = Reporter(Telemetry(None, None), [], log_retry_traceback=choice)
     error = ConnectionError("down")
-    event = RetryEvent(
-        kind=EventKind.SCHEDULED,
-        queue="orders",
+    event = scheduled(
         message_id=None,
         attempt=attempt,
-        at_ms=1_000,
         max_attempts=5,
         delay_ms=100,
+        due_ms=1_100,
         exception="ConnectionError",
         error="down",
-        rule=Rule.BUILTIN,
-        classification=Verdict.TRANSIENT,
     )
     caplog.set_level(logging.INFO, logger="faststream_retry")
     reporter.report(event, error)
@@ -267,7 +293,7 @@ class UnprintableError(Exception):
 async def test_an_unprintable_exception_is_recorded_on_the_span_with_a_fallback() -> None:
     """OpenTelemetry's record_exception calls str(): the plugin records a safe event instead."""
     harness = Harness()
-    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    event = scheduled()
     copy = Copy("p.delay.400", "orders.retry", {})
     ok = await harness.reporter.publish(
         event, copy, confirmed, incoming={}, exception=UnprintableError(), tier_ms=400
@@ -305,7 +331,7 @@ async def test_a_span_that_cannot_even_take_the_fallback_is_only_logged(
         sent.append(copy)
         return True
 
-    event = failure(EventKind.DEAD_LETTERED, reason=Reason.PERMANENT)
+    event = dead_lettered(Reason.PERMANENT)
     caplog.set_level(logging.DEBUG, logger="faststream_retry")
     ok = await harness.reporter.publish(
         event, Copy("", "orders.dlq", {}), send, incoming={}, exception=UnprintableError()
@@ -335,7 +361,7 @@ async def test_a_tracer_that_cannot_start_a_span_does_not_stop_the_step(
         sent.append(copy)
         return True
 
-    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    event = scheduled()
     ok = await harness.reporter.publish(
         event, Copy("p.delay.400", "orders.retry", {}), send, incoming={}
     )
@@ -346,7 +372,7 @@ async def test_a_tracer_that_cannot_start_a_span_does_not_stop_the_step(
         r.getMessage() == "faststream-retry could not start the span of scheduled of message m-1"
         for r in caplog.records
     )
-    harness.reporter.record(failure(EventKind.SCHEDULED, immediate=True), incoming={})
+    harness.reporter.record(scheduled(immediate=True), incoming={})
     assert len(harness.events) == 2
 
 
@@ -362,7 +388,7 @@ async def test_a_span_that_cannot_end_or_be_marked_is_only_logged(
 
     monkeypatch.setattr(Span, "set_status", broken)
     monkeypatch.setattr(Span, "end", broken)
-    event = failure(EventKind.DEAD_LETTERED, reason=Reason.PERMANENT)
+    event = dead_lettered(Reason.PERMANENT)
     for send in (confirmed, refused):
         await harness.reporter.publish(event, Copy("", "orders.dlq", {}), send, incoming={})
     assert harness.events == [event]
@@ -390,7 +416,7 @@ def test_metrics_log_and_hooks_each_run_when_another_raises(
 
     monkeypatch.setattr(harness.reporter.telemetry, "failures", SimpleNamespace(add=broken))
     caplog.set_level(logging.DEBUG, logger="faststream_retry")
-    event = failure(EventKind.DEAD_LETTERED, reason=Reason.EXHAUSTED)
+    event = dead_lettered(Reason.EXHAUSTED)
     harness.reporter.report(event)
     assert harness.events == [event]
     lines = [(r.levelname, r.getMessage()) for r in caplog.records]
@@ -426,7 +452,7 @@ def test_a_failing_hook_is_logged_and_the_event_still_counted(
         raise RuntimeError("hook bug")
 
     harness.reporter.hooks = [bad, seen.append]
-    event = failure(EventKind.SCHEDULED, delay_ms=400, due_ms=1_400)
+    event = scheduled()
     harness.reporter.report(event)
     assert seen == [event]
     assert harness.counts()[METRICS.SCHEDULED] == 1
@@ -457,8 +483,7 @@ def test_a_traceback_that_cannot_be_formatted_still_has_its_line(
 
     reporter = Reporter(Telemetry(None, None), [], log_retry_traceback="every")
     caplog.set_level(logging.INFO, logger="faststream_retry")
-    for kind in (EventKind.SCHEDULED, EventKind.DEAD_LETTERED):
-        event = failure(kind, delay_ms=100, reason=Reason.PERMANENT)
+    for event in (scheduled(delay_ms=100), dead_lettered(Reason.PERMANENT)):
         reporter.report(event, NotedError("n"))
         reporter.report(event, ValueError("v"))
     lines = [r for r in caplog.records if r.name == "faststream_retry"]
@@ -474,13 +499,13 @@ def test_a_traceback_that_cannot_be_formatted_still_has_its_line(
 
 
 def outage_started() -> RetryEvent:
-    return RetryEvent(
-        kind=EventKind.OUTAGE_STARTED,
+    return RetryEvent.outage_started(
         queue="orders",
         message_id="m-9",
         attempt=3,
         at_ms=1_000,
-        delay_ms=1_000,
+        max_attempts=0,
+        probe_ms=1_000,
         exception="ConnectionError",
         error="database down",
         failures=20,
@@ -488,13 +513,11 @@ def outage_started() -> RetryEvent:
 
 
 def outage_ended(message_id: str | None = "m-42") -> RetryEvent:
-    return RetryEvent(
-        kind=EventKind.OUTAGE_ENDED,
+    return RetryEvent.outage_ended(
         queue="orders",
         message_id=message_id,
-        attempt=0,
         at_ms=605_000,
-        delay_ms=1_000,
+        probe_ms=1_000,
         failures=598,
         probes=599,
         duration_ms=604_000,
@@ -647,9 +670,7 @@ def test_a_failing_hook_is_logged_and_the_next_one_still_runs(
     def broken(event: RetryEvent) -> None:
         raise RuntimeError(event.queue)
 
-    event = RetryEvent(
-        kind=EventKind.SCHEDULED, queue="orders", message_id="m1", attempt=1, at_ms=0
-    )
+    event = scheduled(message_id="m1", attempt=1, at_ms=0)
     with caplog.at_level(logging.ERROR, logger="faststream_retry"):
         emit([broken, seen.append], event)
     assert seen == [event]
