@@ -52,7 +52,6 @@ from faststream.middlewares import AckPolicy
 from faststream_retry.core.policy import get_handler_policy
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -62,6 +61,7 @@ if TYPE_CHECKING:
 
     from faststream_retry.core.policy import HandlerPolicy
     from faststream_retry.reporting.log import Outlet
+    from faststream_retry.reporting.reporter import Reporter
 
 __all__ = [
     "FASTSTREAM_VERSION",
@@ -99,10 +99,10 @@ def current_subscriber(context: ContextRepo) -> Any:  # noqa: ANN401 - a Rabbit 
     return context.get_local(SUBSCRIBER_KEY)
 
 
-@functools.cache
-def warn_no_subscriber() -> None:
-    """Say once that a failure arrived without its subscriber in context (see SUBSCRIBER_KEY)."""
-    log.warning(
+def warn_no_subscriber(reporter: Reporter) -> None:
+    """Say once per middleware that a failure arrived without its subscriber in context."""
+    reporter.warn_once(
+        ("no subscriber",),
         "faststream-retry: a failed message reached the middleware without its subscriber "
         "in FastStream's context (key %r), so it is left to FastStream's ack policy. Unless "
         "it came from get_one() or an iterator, FastStream %s may have renamed that key",

@@ -1,12 +1,13 @@
 """The wiring checks: what the plugin refuses, or warns of, in how an app is wired.
 
 Run at start over the broker's subscribers, and again for a subscriber that joins a
-running broker (``runtime``). Each refusal raises with the fix in its text.
+running broker (``runtime``). Each refusal raises with the fix in its text. ``Middleware``
+is what the wiring reads of a ``RetryMiddleware``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from faststream_retry.core.topology import registry_name
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
@@ -16,11 +17,14 @@ from faststream_retry.reporting.log import log
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from faststream import BaseMiddleware
+    from faststream._internal.context import ContextRepo
     from faststream.rabbit import RabbitBroker
 
     from faststream_retry.core.topology import Plan, Route
 
 __all__ = [
+    "Middleware",
     "refuse_ack_first",
     "refuse_ack_first_of",
     "refuse_on_plugin_queues",
@@ -29,6 +33,22 @@ __all__ = [
     "refuse_plugin_queues",
     "warn_uncovered",
 ]
+
+
+class Middleware(Protocol):
+    """A ``RetryMiddleware`` as the wiring sees it: FastStream calls it; it has a prefix.
+
+    The wiring cannot name the class: ``middleware.py`` defines it and imports the wiring.
+    """
+
+    @property
+    def prefix(self) -> str:
+        """Return the prefix of the delay tiers."""
+        ...
+
+    def __call__(self, msg: Any, /, *, context: ContextRepo) -> BaseMiddleware:  # noqa: ANN401 - FastStream's signature
+        """Build the per-message scope."""
+        ...
 
 
 def refuse_ack_first(broker: RabbitBroker, topology: Plan) -> None:
@@ -50,10 +70,10 @@ def refuse_ack_first_of(sub: Any, route: Route) -> None:  # noqa: ANN401 - a sub
         )
 
 
-def refuse_other_instances(broker: RabbitBroker, middleware: Any) -> None:  # noqa: ANN401
+def refuse_other_instances(broker: RabbitBroker, middleware: Middleware) -> None:
     """Refuse a second ``RetryMiddleware`` in any subscriber's stack: both would decide."""
     cls = type(middleware)
-    covers: dict[int, tuple[Any, list[str]]] = {}
+    covers: dict[int, tuple[Middleware, list[str]]] = {}
     for sub in broker.subscribers:
         for found in _internals.middlewares_of(sub):
             if isinstance(found, cls):

@@ -2,10 +2,10 @@
 
 ``RetryMiddleware`` is configuration only; FastStream calls it for every message and it
 builds a ``_RetryScope``. The scope does nothing on success. When the handler raises, it
-classifies the failure (``core.decision.decide``), publishes the copy ``core.steps``
-builds (into the delay tiers or the dead-letter queue) with a broker confirm, acks the
-original only then, and re-raises so FastStream never publishes the failed call's
-"result".
+resolves the message (``delivery``), decides (``core.decision.decide``) and hands the
+decision to its broker's sink (``sink``: a copy published with a broker confirm, the
+original acked only then; ``test_mode`` under ``TestRabbitBroker``), and re-raises so
+FastStream never publishes the failed call's "result".
 """
 
 from __future__ import annotations
@@ -21,19 +21,18 @@ from faststream import BaseMiddleware, SourceType
 from faststream.exceptions import IgnoredException
 
 from faststream_retry.core import headers as h
-from faststream_retry.core import steps
 from faststream_retry.core.config import RetryConfig
 from faststream_retry.core.decision import Action, Decision, decide
 from faststream_retry.core.events import RetryEvent, RetryHook
 from faststream_retry.core.outage import DEFAULT_HOLD_MS
-from faststream_retry.core.policy import RetryPolicy, effective_policy
 from faststream_retry.engine.outages import Requeue
-from faststream_retry.engine.step import publish_step
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals
+from faststream_retry.middleware.delivery import Delivery
 from faststream_retry.middleware.gate import gate_of
 from faststream_retry.middleware.runtime import Plugin, Runtime, cover_failed
-from faststream_retry.middleware.testing import RetryRecorder, recording
+from faststream_retry.middleware.sink import requeue_after_pause
+from faststream_retry.middleware.testing import RetryRecorder, Testing
 from faststream_retry.reporting.log import log
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry
@@ -48,15 +47,12 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-    from faststream_retry.core.policy import HandlerPolicy
-    from faststream_retry.core.steps import Step
+    from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.core.topology import Route
-    from faststream_retry.engine.live import Live
     from faststream_retry.engine.outages import Gate
+    from faststream_retry.middleware.sink import Sink
 
 __all__ = ["RetryMiddleware"]
-
-_Covered = tuple[Runtime, "Route"]
 
 
 class RetryMiddleware:
@@ -155,7 +151,8 @@ class RetryMiddleware:
             self._hooks,
             log_retry_traceback=config.log_retry_traceback,
         )
-        self._plugin = Plugin(config, reporter)
+        self._testing = Testing(self._hooks)
+        self._plugin = Plugin(config, reporter, self._testing)
 
     @property
     def default(self) -> RetryPolicy:
@@ -225,13 +222,8 @@ class RetryMiddleware:
             raise RetryConfigError(
                 f"raise_on_dead_letter must be True or False, got {raise_on_dead_letter!r}"
             )
-        plugin = self._plugin
-        before, plugin.raise_on_dead_letter = plugin.raise_on_dead_letter, raise_on_dead_letter
-        try:
-            with recording(self._hooks) as recorder:
-                yield recorder
-        finally:
-            plugin.raise_on_dead_letter = before
+        with self._testing.block(raise_on_dead_letter=raise_on_dead_letter) as recorder:
+            yield recorder
 
     def __call__(self, msg: Any, /, *, context: ContextRepo) -> _RetryScope:  # noqa: ANN401
         """Build the per-message scope (FastStream calls this for every message)."""
@@ -253,7 +245,7 @@ class _RetryScope(BaseMiddleware):
     """The per-message part: does nothing on success and carries a failure through."""
 
     # One of these is built for every message: no per-instance __dict__.
-    __slots__ = ("_gate", "_plugin", "_settled")
+    __slots__ = ("_plugin", "_settled")
 
     def __init__(
         self,
@@ -266,7 +258,6 @@ class _RetryScope(BaseMiddleware):
         super().__init__(msg, context=context)
         self._plugin = plugin
         self._settled = False
-        self._gate: Gate | None = None
 
     async def consume_scope(
         self,
@@ -295,7 +286,10 @@ class _RetryScope(BaseMiddleware):
         self,
         call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
         msg: StreamMessage[Any],
+        delivery: Delivery | None = None,
+        gate: Gate | None = None,
     ) -> Any:  # noqa: ANN401 - the handler's result
+        """Call the handler; a failure goes on to ``_on_failure`` with what the gate resolved."""
         try:
             return await call_next(msg)
         except IgnoredException:
@@ -305,7 +299,7 @@ class _RetryScope(BaseMiddleware):
                 raise  # the task is being cancelled: the app stops, the message goes back
             if isinstance(exc, asyncio.CancelledError):
                 self._warn_spurious(msg)
-            return await self._on_failure(call_next, msg, exc)
+            return await self._on_failure(call_next, msg, exc, delivery, gate)
 
     def _warn_spurious(self, msg: StreamMessage[Any]) -> None:
         sub = _internals.current_subscriber(self.context)
@@ -358,10 +352,15 @@ class _RetryScope(BaseMiddleware):
         call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
         msg: StreamMessage[Any],
     ) -> Any:  # noqa: ANN401 - the handler's result
-        """Outage mode (``outage_after``): wait at the queue's gate, then handle the message."""
-        gate = self._gate = await gate_of(self._plugin, self.context, msg)
+        """Outage mode (``outage_after``): resolve the message, wait at its queue's gate, handle it.
+
+        Only a message of a covered queue on a running broker has a gate (test mode
+        has none). Its resolution goes on with it: a failure does not resolve it again.
+        """
+        delivery = await self._resolve_live(msg)
+        gate = None if delivery is None else gate_of(delivery)
         if gate is None:
-            return await self._handle(call_next, msg)
+            return await self._handle(call_next, msg, delivery)
         try:
             probe = await gate.enter()
         except Requeue:
@@ -369,58 +368,56 @@ class _RetryScope(BaseMiddleware):
             await self._requeue_after_pause(msg, 0)
             raise
         try:
-            result = await self._handle(call_next, msg)
+            result = await self._handle(call_next, msg, delivery, gate)
             gate.succeeded(msg.message_id)
         finally:
             gate.leave(probe)
         return result
 
-    async def _on_failure(  # noqa: C901 - one linear procedure, in the order it happens
+    async def _resolve_live(self, msg: StreamMessage[Any]) -> Delivery | None:
+        """Resolve ``msg`` on a running broker; ``None``: its subscriber or route is unknown.
+
+        None for a message without its subscriber, a broker the plugin has not
+        started (test mode) and a queue the plan does not cover.
+        """
+        broker = _internals.current_broker(self.context)
+        sub = _internals.current_subscriber(self.context)
+        if broker is None or sub is None:
+            return None
+        runtime = self._plugin.runtime(broker)
+        live = runtime.live
+        route = None if live is None else live.plan.route(_internals.queue_of(sub) or "")
+        if route is None:
+            return None
+        return Delivery.of(runtime, route, await _internals.select_policy(route, msg))
+
+    async def _on_failure(
         self,
         call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
         msg: StreamMessage[Any],
         exc: Failure,
+        delivery: Delivery | None,
+        gate: Gate | None,
     ) -> Any:  # noqa: ANN401 - the handler's result
-        covered = await self._route_of(msg, exc)
-        if covered is None:
+        """Decide, and carry the decision out through the runtime's sink, until it settles.
+
+        ``delivery`` and ``gate``: what outage mode resolved before the handler ran.
+        """
+        owner = await self._owner(msg, exc, delivery)
+        if owner is None or not owner[0].enabled:
             raise exc
-        runtime, route = covered
-        config, reporter = self._plugin.config, self._plugin.reporter
-        live = runtime.live
-        testing = live is None
-        topology = live.plan if live is not None else runtime.plan
-        handler = await _internals.select_policy(route, msg)
-        if not effective_policy(handler, config.default).enabled:
-            raise exc
+        delivery, sink = owner
+        route = delivery.route
         attempt = h.read_attempt(msg.headers)
         while True:
             attempt += 1
-            try:
-                decision = decide(
-                    exc,
-                    attempt=attempt,
-                    handler=handler,
-                    default=config.default,
-                    tiers=topology.tiers,
-                    rand=random.random,
-                )
-            except Exception:  # a broken custom backoff must not lose the message
-                log.exception("retry decision failed for message %s", msg.message_id)
-                await self._requeue_after_pause(msg, config.pause_s)
-                raise exc from None
-            if self._gate is not None:  # outage mode counts every failed call
-                self._gate.failed(decision, msg.message_id, exc)
-            _warn_if_capped(reporter, route, handler, decision, topology.tiers.max_delay_ms)
-            immediate = decision.action is Action.RETRY_NOW
-            if not immediate and not (testing and decision.action is Action.RETRY_LATER):
-                break
-            event = steps.in_process(
-                route.queue, msg.message_id, decision, exc, h.now_ms(), immediate=immediate
-            )
-            reporter.record(event, incoming=msg.headers, exception=exc)
-            if testing:
-                # Mirror what the copy would carry, so the handler sees its attempt.
-                msg.headers[h.ATTEMPT] = decision.attempt
+            decision = await self._decide(msg, exc, attempt, delivery, gate)
+            if decision.action is Action.DEAD_LETTER:
+                self._settled = await sink.dead_letter(msg, route, decision, exc)
+                raise exc
+            if not await sink.retry(msg, route, decision, exc):
+                self._settled = True  # its copy holds it
+                raise exc
             try:
                 return await call_next(msg)
             except IgnoredException:
@@ -430,43 +427,86 @@ class _RetryScope(BaseMiddleware):
                     raise
                 exc = again  # the retried call failed too: decide again
             if _settled_by_handler(msg):
-                _warn_settled_once(route.queue, msg, exc)
+                self._warn_settled(route.queue, msg, exc)
                 raise exc
-        if live is None:  # test mode: no broker to hold the copy
-            letter = steps.failed(
-                topology,
-                route,
-                decision,
-                exc,
-                message_id=msg.message_id,
-                incoming=msg.headers,
-                now_ms=h.now_ms(),
-            )
-            await self._dead_letter_in_test_mode(runtime.broker, route, msg, letter, exc)
-            raise exc
-        ok = await self._publish(live, route, msg, decision, exc)
-        await self._settle(msg, ok=ok, pause_s=config.pause_s)
-        raise exc
 
-    async def _route_of(self, msg: StreamMessage[Any], exc: Failure) -> _Covered | None:
-        """Return the runtime and route that own this failure; ``None``: leave it to FastStream.
+    async def _decide(
+        self,
+        msg: StreamMessage[Any],
+        exc: Failure,
+        attempt: int,
+        delivery: Delivery,
+        gate: Gate | None,
+    ) -> Decision:
+        """Decide what becomes of the failure of ``attempt``; tell the gate of outage mode.
+
+        A decision that raises (a broken custom backoff) requeues the message after a
+        pause and re-raises ``exc``: the message must not be lost.
+        """
+        config = self._plugin.config
+        tiers = delivery.runtime.plan.tiers
+        try:
+            decision = decide(
+                exc,
+                attempt=attempt,
+                handler=delivery.handler,
+                default=config.default,
+                tiers=tiers,
+                rand=random.random,
+            )
+        except Exception:  # a broken custom backoff must not lose the message
+            log.exception("retry decision failed for message %s", msg.message_id)
+            await self._requeue_after_pause(msg, config.pause_s)
+            raise exc from None
+        if gate is not None:  # outage mode counts every failed call
+            gate.failed(decision, msg.message_id, exc)
+        _warn_if_capped(self._plugin.reporter, delivery, decision, tiers.max_delay_ms)
+        return decision
+
+    async def _owner(
+        self, msg: StreamMessage[Any], exc: Failure, delivery: Delivery | None
+    ) -> tuple[Delivery, Sink] | None:
+        """Return the delivery that owns this failure, and its sink; ``None``: FastStream's.
 
         ``None`` for a message that is not a subscriber's, one its handler settled
-        itself, and a queue the plugin does not cover. A subscriber started after
-        the broker is covered here, before its first copy is published.
+        itself, a broker the plugin does not run on (the message is requeued) and a
+        queue the plugin does not cover. A subscriber started after the broker is
+        covered here, before its first copy is published. ``delivery``: resolved
+        before the handler ran, and not again.
         """
+        if delivery is not None:
+            sink = await self._sink_of(delivery.runtime, delivery.queue, msg, exc)
+            return None if sink is None else (delivery, sink)
         broker = _internals.current_broker(self.context)
         sub = _internals.current_subscriber(self.context)
         if broker is None or sub is None:
             if broker is not None:
-                _internals.warn_no_subscriber()
+                _internals.warn_no_subscriber(self._plugin.reporter)
             return None
+        runtime, queue = self._plugin.runtime(broker), _internals.queue_of(sub)
+        sink = await self._sink_of(runtime, queue or "?", msg, exc)
+        if sink is None:
+            return None
+        route = runtime.route(queue or "")
+        if route is None and runtime.live is not None:
+            route = await self._cover(runtime, sub, msg)
+        if route is None:
+            return None
+        return Delivery.of(runtime, route, await _internals.select_policy(route, msg)), sink
+
+    async def _sink_of(
+        self, runtime: Runtime, queue: str, msg: StreamMessage[Any], exc: Failure
+    ) -> Sink | None:
+        """Return where this failure goes; ``None``: not the plugin's to carry.
+
+        ``None`` if its handler settled the message itself, or if the plugin is not
+        running on its broker (the message is then requeued, slowly).
+        """
         if _settled_by_handler(msg):
-            _warn_settled_once(_internals.queue_of(sub) or "?", msg, exc)
+            self._warn_settled(queue, msg, exc)
             return None
-        runtime = self._plugin.runtime(broker)
-        live = runtime.live
-        if live is None and not _internals.under_test_broker(broker):
+        sink = runtime.sink()
+        if sink is None:
             # Consuming without our start hook: install() was not called, or the
             # broker was started by other means. Without the topology a retry can
             # only be kept by handing the message back, slowly.
@@ -476,116 +516,38 @@ class _RetryScope(BaseMiddleware):
                 msg.message_id,
             )
             await self._requeue_after_pause(msg, self._plugin.config.pause_s)
+        return sink
+
+    async def _cover(self, runtime: Runtime, sub: Any, msg: StreamMessage[Any]) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
+        """Cover a subscriber the plan does not; ``None``: nothing to cover, or it failed."""
+        try:
+            return await cover_failed(runtime, sub)
+        except Exception:  # its queues could not be declared: keep the message
+            log.exception(
+                "faststream-retry could not cover %r; requeueing message %s",
+                _internals.queue_of(sub),
+                msg.message_id,
+            )
+            await self._requeue_after_pause(msg, self._plugin.config.pause_s)
             return None
-        topology = live.plan if live is not None else runtime.plan
-        route = topology.route(_internals.queue_of(sub) or "")
-        if route is None and live is not None:
-            try:
-                route = await cover_failed(runtime, sub)
-            except Exception:  # its queues could not be declared: keep the message
-                log.exception(
-                    "faststream-retry could not cover %r; requeueing message %s",
-                    _internals.queue_of(sub),
-                    msg.message_id,
-                )
-                await self._requeue_after_pause(msg, self._plugin.config.pause_s)
-                return None
-        return None if route is None else (runtime, route)
 
-    async def _publish(
-        self,
-        live: Live,
-        route: Route,
-        msg: StreamMessage[Any],
-        decision: Decision,
-        exc: Failure,
-    ) -> bool:
-        """Publish the copy the decision calls for, and report it once confirmed."""
-        raw = msg.raw_message
-        step = steps.failed(
-            live.plan,
-            route,
-            decision,
-            exc,
-            message_id=msg.message_id,
-            incoming=raw.headers,
-            now_ms=h.now_ms(),
+    def _warn_settled(self, queue: str, msg: StreamMessage[Any], exc: Failure) -> None:
+        status = msg.committed.value.lower() if msg.committed is not None else "settled"
+        self._plugin.reporter.warn_once(
+            ("settled", queue),
+            "faststream-retry: the handler of %r settled message %s itself (%s) and then "
+            "raised %s: the plugin respects the handler's settlement and makes no retry "
+            "copy. To have such failures retried, raise without settling (ack only on "
+            "success). Logged once per queue",
+            queue,
+            msg.message_id,
+            status,
+            h.exception_name(exc),
         )
-        return await publish_step(
-            self._plugin.reporter,
-            live.publisher,
-            raw,
-            step,
-            dlq=route.dlq,
-            origin_queue=route.queue,
-            exception=exc,
-        )
-
-    async def _dead_letter_in_test_mode(
-        self,
-        broker: RabbitBroker,
-        route: Route,
-        msg: StreamMessage[Any],
-        letter: Step,
-        exc: Failure,
-    ) -> None:
-        """Record and settle a dead letter; hand it to the app's ``<queue>.dlq`` subscriber.
-
-        Only a dead letter gets here: test mode retries every delay at once. The
-        ``.dlq`` subscriber, if the app has one, gets the headers and properties the
-        real copy would carry, so a test can assert on what an operator would find;
-        without one there is nowhere to put it (``TestRabbitBroker`` refuses a
-        publish nobody consumes). If that subscriber raises, the dead letter stays
-        settled and its exception is logged at ERROR, or, under
-        ``testing(raise_on_dead_letter=True)``, raised from ``publish()`` with the
-        handler's exception as its cause.
-        """
-        self._plugin.reporter.record(letter.event, incoming=msg.headers, exception=exc)
-        await self._settle(msg, ok=True, pause_s=0)
-        if any(_internals.queue_of(sub) == route.dlq for sub in broker.subscribers):
-            try:
-                await broker.publish(
-                    msg.body,
-                    queue=route.dlq,
-                    headers=letter.copy.headers,
-                    message_id=msg.message_id,
-                    correlation_id=msg.correlation_id,
-                    content_type=msg.content_type or None,
-                )
-            except Exception as failure:  # the app's .dlq handler raised on the dead letter
-                if self._plugin.raise_on_dead_letter:
-                    # A bug in the .dlq consumer must fail the test, not pass a
-                    # pytest.raises() written for the handler's exception.
-                    self._settled = False
-                    raise failure from exc
-                log.error(
-                    "the %s subscriber failed on the dead letter of message %s",
-                    route.dlq,
-                    msg.message_id,
-                    exc_info=failure,
-                )
-        if self._plugin.raise_on_dead_letter:
-            # Not suppressed: TestRabbitBroker raises it from publish(), as it does
-            # for a handler without the plugin.
-            self._settled = False
-
-    async def _settle(self, msg: StreamMessage[Any], *, ok: bool, pause_s: float) -> None:
-        """Ack after a confirmed copy; otherwise requeue after a pause.
-
-        The exception is re-raised afterwards (FastStream must not publish the
-        handler's "result"), and ``after_processed`` then suppresses it.
-        """
-        if ok:
-            await msg.ack()
-        else:
-            await self._requeue_after_pause(msg, pause_s)
-        self._settled = True
 
     async def _requeue_after_pause(self, msg: StreamMessage[Any], pause_s: float) -> None:
         """Hand the message back to its queue, after a pause (no hot loop)."""
-        if pause_s:
-            await asyncio.sleep(pause_s)  # pause before the requeue: no hot loop
-        await msg.nack()  # RabbitMessage.nack requeues by default
+        await requeue_after_pause(msg, pause_s)
         self._settled = True
 
     async def after_processed(
@@ -646,42 +608,18 @@ def _settled_by_handler(msg: StreamMessage[Any]) -> bool:
     return msg.committed is not None
 
 
-_warned_settled: set[str] = set()
-
-
-def _warn_settled_once(queue: str, msg: StreamMessage[Any], exc: Failure) -> None:
-    if queue in _warned_settled:
-        return
-    _warned_settled.add(queue)
-    status = msg.committed.value.lower() if msg.committed is not None else "settled"
-    log.warning(
-        "faststream-retry: the handler of %r settled message %s itself (%s) and then raised "
-        "%s: the plugin respects the handler's settlement and makes no retry copy. To have "
-        "such failures retried, raise without settling (ack only on success). Logged once "
-        "per queue",
-        queue,
-        msg.message_id,
-        status,
-        h.exception_name(exc),
-    )
-
-
 def _warn_if_capped(
-    reporter: Reporter,
-    route: Route,
-    handler: HandlerPolicy | None,
-    decision: Decision,
-    max_delay_ms: int,
+    reporter: Reporter, delivery: Delivery, decision: Decision, max_delay_ms: int
 ) -> None:
     if decision.capped_from_ms is None:
         return
     # Once per handler: a handler that asks for too long a wait asks it of every message.
     reporter.warn_once(
-        (route.queue, id(handler)),
+        (delivery.queue, id(delivery.handler)),
         "a handler of %s raised RetryLater asking for %d ms, longer than max_delay "
         "(%d ms): its messages wait %d ms. Raise RetryMiddleware(max_delay=...) if such "
         "waits are meant (said once per handler)",
-        route.queue,
+        delivery.queue,
         decision.capped_from_ms,
         max_delay_ms,
         decision.delay_ms,

@@ -11,6 +11,9 @@ sub.start()``, or a router included after start. ``watch`` follows both: such a
 subscriber's queues are declared before it consumes, its re-check consumer starts once
 it consumes and stops with it. One that reaches the broker some other way is covered at
 its first failure (``cover_failed``), before its copy is published.
+
+Each runtime also says where its broker's failures go (``Runtime.sink``): the live sink
+while the plugin runs, test mode's under ``TestRabbitBroker``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retr
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals, checks
+from faststream_retry.middleware.sink import LiveSink
+from faststream_retry.middleware.test_mode import TestSink
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -35,6 +40,9 @@ if TYPE_CHECKING:
     from faststream.rabbit import RabbitBroker
 
     from faststream_retry.core.config import RetryConfig
+    from faststream_retry.middleware.checks import Middleware
+    from faststream_retry.middleware.sink import Sink
+    from faststream_retry.middleware.testing import Testing
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["Plugin", "Runtime", "cover_failed", "follow", "watch"]
@@ -45,11 +53,14 @@ _INSTALLED_ATTR = "__faststream_retry_installed__"
 class Runtime:
     """Everything the plugin holds for one broker: the plan, and its live parts once started."""
 
-    def __init__(self, config: RetryConfig, reporter: Reporter, broker: RabbitBroker) -> None:
+    def __init__(
+        self, config: RetryConfig, reporter: Reporter, broker: RabbitBroker, testing: Testing
+    ) -> None:
         """Prepare; nothing touches the network before ``start``."""
         self.config = config
         self.reporter = reporter
         self.broker = broker
+        self._testing = testing
         self._plan: Plan | None = None
         self.live: Live | None = None
         """The connected parts, from ``start`` to ``stop``."""
@@ -71,6 +82,24 @@ class Runtime:
             _internals.routes_of(self.broker), self.config.default, self.config.topology
         )
         return self._plan
+
+    def route(self, queue: str) -> Route | None:
+        """Return the route of ``queue`` if the plugin covers it: the live plan's once started."""
+        live = self.live
+        return (live.plan if live is not None else self.plan).route(queue)
+
+    def sink(self) -> Sink | None:
+        """Choose where this broker's failures go now; ``None``: nowhere, the plugin is not running.
+
+        The live sink from ``start`` to ``stop``; test mode's under ``TestRabbitBroker``
+        (no broker to hold a copy).
+        """
+        live = self.live
+        if live is not None:
+            return LiveSink(live, self.reporter, self.config.pause_s)
+        if _internals.under_test_broker(self.broker):
+            return TestSink(self.broker, self.plan, self.reporter, self._testing)
+        return None
 
     async def cover(self, sub: Any, *, consume: bool) -> Route | None:  # noqa: ANN401
         """Cover a subscriber that joins the running broker; ``None``: nothing to cover.
@@ -214,22 +243,26 @@ class Runtime:
 class Plugin:
     """A middleware's configuration, its reporter and its runtime per broker."""
 
-    def __init__(self, config: RetryConfig, reporter: Reporter) -> None:
-        """Keep the configuration; runtimes are made per broker as they are needed."""
+    def __init__(self, config: RetryConfig, reporter: Reporter, testing: Testing) -> None:
+        """Keep the configuration; runtimes are made per broker as they are needed.
+
+        ``testing``: the middleware's open ``testing()`` blocks, which test mode obeys.
+        """
         self.config = config
         self.reporter = reporter
+        self._testing = testing
         self._runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
-        self.raise_on_dead_letter = False
-        """Test mode: let a dead letter's exception reach ``publish()`` (``testing()``)."""
 
     def runtime(self, broker: RabbitBroker) -> Runtime:
         """Return the runtime of ``broker``."""
         runtime = self._runtimes.get(broker)
         if runtime is None:
-            runtime = self._runtimes[broker] = Runtime(self.config, self.reporter, broker)
+            runtime = self._runtimes[broker] = Runtime(
+                self.config, self.reporter, broker, self._testing
+            )
         return runtime
 
-    def install(self, broker: RabbitBroker, middleware: Any) -> RabbitBroker:  # noqa: ANN401
+    def install(self, broker: RabbitBroker, middleware: Middleware) -> RabbitBroker:
         """Add ``middleware`` to ``broker`` if needed and wrap its start and stop."""
         installed = getattr(broker, _INSTALLED_ATTR, None)
         if installed is middleware:
@@ -289,7 +322,7 @@ class Plugin:
 _FOLLOWED_ATTR = "__faststream_retry_followed__"
 
 
-def watch(broker: RabbitBroker, runtime: Runtime, middleware: Any) -> None:  # noqa: ANN401
+def watch(broker: RabbitBroker, runtime: Runtime, middleware: Middleware) -> None:
     """Follow every subscriber that joins ``broker`` while it runs."""
     original_subscriber = broker.subscriber
     original_include = broker.include_router

@@ -1,10 +1,9 @@
-"""Test mode: what the plugin does under ``TestRabbitBroker``, and the recorder tests read.
+"""What test mode records: ``RetryRecorder``, and the ``testing()`` blocks open on a middleware.
 
-``TestRabbitBroker`` replaces the broker's start, so the plugin's start hook never runs
-and there is no broker to hold a copy. The middleware notices (FastStream's fake producer
-is in place and the plugin is not started) and makes the same decisions as in production,
-but calls the handler again at once instead of waiting, and settles a dead letter without
-publishing it. ``RetryMiddleware.testing()`` scopes a ``RetryRecorder`` to a block.
+``RetryMiddleware.testing()`` opens a block: a ``RetryRecorder`` that hears every event
+until the block ends, and whether the block's dead letters raise from ``publish()``
+(``raise_on_dead_letter``). Test mode's sink (``test_mode``) asks the innermost open
+block.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["RetryRecorder", "recording"]
+__all__ = ["RetryRecorder", "Testing"]
 
 
 class RetryRecorder:
@@ -42,12 +41,28 @@ class RetryRecorder:
         return [e for e in self.events if e.kind is EventKind.DEAD_LETTERED]
 
 
-@contextlib.contextmanager
-def recording(hooks: list[RetryHook]) -> Iterator[RetryRecorder]:
-    """Add a recorder to ``hooks`` for the block, and take it out again afterwards."""
-    recorder = RetryRecorder()
-    hooks.append(recorder)
-    try:
-        yield recorder
-    finally:
-        hooks.remove(recorder)
+class Testing:
+    """The ``testing()`` blocks open on one middleware, innermost last."""
+
+    def __init__(self, hooks: list[RetryHook]) -> None:
+        """Add each block's recorder to ``hooks`` (the middleware's own list) while it is open."""
+        self._hooks = hooks
+        self._open: list[tuple[RetryRecorder, bool]] = []
+
+    @contextlib.contextmanager
+    def block(self, *, raise_on_dead_letter: bool) -> Iterator[RetryRecorder]:
+        """Record every event for the block; its dead letters raise if ``raise_on_dead_letter``."""
+        recorder = RetryRecorder()
+        opened = (recorder, raise_on_dead_letter)
+        self._hooks.append(recorder)
+        self._open.append(opened)
+        try:
+            yield recorder
+        finally:
+            self._open.remove(opened)
+            self._hooks.remove(recorder)
+
+    @property
+    def raise_on_dead_letter(self) -> bool:
+        """Return whether a dead letter's exception reaches ``publish()``: the innermost block's."""
+        return self._open[-1][1] if self._open else False

@@ -385,6 +385,26 @@ async def test_raise_on_dead_letter_raises_nothing_for_a_recovered_message() -> 
     assert len(recorder.dead_letters) == 1
 
 
+async def test_raise_on_dead_letter_is_the_innermost_blocks() -> None:
+    """Nested ``testing()`` blocks: the inner one's flag holds inside it, the outer's after it."""
+    retry, broker = make()
+
+    @broker.subscriber("broken")
+    async def broken(body: str) -> None:
+        raise PermanentError("always")
+
+    async with TestRabbitBroker(broker):
+        with retry.testing() as outer:
+            with retry.testing(raise_on_dead_letter=True) as inner:
+                with pytest.raises(PermanentError, match="always"):
+                    await broker.publish("x", queue="broken")
+                with retry.testing():
+                    await broker.publish("x", queue="broken")  # swallowed in there
+            await broker.publish("x", queue="broken")  # swallowed again
+    assert len(outer.dead_letters) == 3
+    assert len(inner.dead_letters) == 2
+
+
 def test_raise_on_dead_letter_takes_a_bool() -> None:
     """A wrong value is named, at once."""
     retry, _ = make()

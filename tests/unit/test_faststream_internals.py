@@ -6,11 +6,12 @@ refuses to run with an error naming it (``test_a_renamed_internal_stops_install`
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from faststream import BaseMiddleware
+from faststream import BaseMiddleware, SourceType
 from faststream.middlewares import AckPolicy
 from faststream.rabbit import RabbitBroker, RabbitRouter, TestRabbitBroker
 
@@ -195,6 +196,46 @@ async def test_the_subscriber_is_in_context_under_its_key() -> None:
         await broker.publish("x", queue="q")
     (sub,) = broker.subscribers
     assert seen == [sub, broker]
+
+
+class NoSubscriberContext:
+    """A context where FastStream kept the broker but not the subscriber (a renamed key)."""
+
+    def __init__(self, broker: RabbitBroker) -> None:
+        self.broker = broker
+
+    def get_local(self, key: str, default: Any = None) -> Any:
+        return self.broker if key == "broker" else default
+
+
+async def test_a_failure_without_its_subscriber_is_left_to_faststream_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No subscriber in context: the failure goes on untouched, with one WARNING per middleware."""
+
+    async def fails(msg: Any) -> None:
+        raise ValueError("boom")
+
+    def message() -> Any:
+        return SimpleNamespace(
+            source_type=SourceType.CONSUME, headers={}, message_id="m", committed=None
+        )
+
+    broker = RabbitBroker()
+    context: Any = NoSubscriberContext(broker)
+    caplog.set_level(logging.WARNING, logger="faststream_retry")
+    first, second = RetryMiddleware(), RetryMiddleware()
+    for middleware in (first, first, second):
+        with pytest.raises(ValueError, match="boom"):
+            await middleware(None, context=context).consume_scope(fails, message())
+    said = (
+        "faststream-retry: a failed message reached the middleware without its subscriber "
+        "in FastStream's context (key 'handler_'), so it is left to FastStream's ack policy. "
+        f"Unless it came from get_one() or an iterator, FastStream {fs.FASTSTREAM_VERSION} "
+        "may have renamed that key"
+    )
+    lines = [r.getMessage() for r in caplog.records if r.name == "faststream_retry"]
+    assert lines == [said, said], "once per middleware"
 
 
 def test_every_probe_passes_on_the_installed_faststream() -> None:

@@ -1,0 +1,132 @@
+"""Where a failure goes once decided: the ``Sink`` protocol, and the live sink of a running broker.
+
+The scope decides (``core.decision``); a sink carries the decision out. The live sink
+publishes the copy ``core.steps`` builds with a broker confirm (``engine.step``), then
+acks the original, or requeues it after a pause when the copy was not confirmed.
+``test_mode.TestSink`` is the other one, under ``TestRabbitBroker``. ``Runtime.sink``
+chooses between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol
+
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.decision import Action
+from faststream_retry.engine.step import publish_step
+
+if TYPE_CHECKING:
+    from faststream.message import StreamMessage
+
+    from faststream_retry.core.decision import Decision
+    from faststream_retry.core.topology import Route
+    from faststream_retry.engine.live import Live
+    from faststream_retry.reporting.reporter import Reporter
+
+__all__ = ["LiveSink", "Sink", "record_in_process", "requeue_after_pause"]
+
+
+class Sink(Protocol):
+    """What becomes of a failed message once its decision is made."""
+
+    async def retry(
+        self, msg: StreamMessage[Any], route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """Carry out a retry (``RETRY_NOW`` or ``RETRY_LATER``).
+
+        Returns ``True`` if the handler is to be called again now, in process;
+        ``False`` if the message is settled, held by its copy.
+        """
+        ...
+
+    async def dead_letter(
+        self, msg: StreamMessage[Any], route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """Dead-letter the message; ``True``: it is settled and its failure goes no further."""
+        ...
+
+
+class LiveSink:
+    """A running broker's sink: a retry later or a dead letter is a confirmed copy, then an ack."""
+
+    __slots__ = ("_live", "_pause_s", "_reporter")
+
+    def __init__(self, live: Live, reporter: Reporter, pause_s: float) -> None:
+        """Publish through ``live``; a message whose copy failed is requeued after ``pause_s``."""
+        self._live = live
+        self._reporter = reporter
+        self._pause_s = pause_s
+
+    async def retry(
+        self, msg: StreamMessage[Any], route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """An immediate retry is made now, in process; a later one is a copy into the tiers."""
+        if decision.action is Action.RETRY_NOW:
+            record_in_process(self._reporter, msg, route, decision, exc, immediate=True)
+            return True
+        await self._send(msg, route, decision, exc)
+        return False
+
+    async def dead_letter(
+        self, msg: StreamMessage[Any], route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """Publish the dead letter to ``<queue>.dlq``, then settle the original."""
+        await self._send(msg, route, decision, exc)
+        return True
+
+    async def _send(
+        self, msg: StreamMessage[Any], route: Route, decision: Decision, exc: BaseException
+    ) -> None:
+        """Publish the copy the decision calls for, report it once confirmed, and settle.
+
+        Acked after a confirmed copy; otherwise requeued after a pause.
+        """
+        live = self._live
+        raw = msg.raw_message
+        step = steps.failed(
+            live.plan,
+            route,
+            decision,
+            exc,
+            message_id=msg.message_id,
+            incoming=raw.headers,
+            now_ms=h.now_ms(),
+        )
+        ok = await publish_step(
+            self._reporter,
+            live.publisher,
+            raw,
+            step,
+            dlq=route.dlq,
+            origin_queue=route.queue,
+            exception=exc,
+        )
+        if ok:
+            await msg.ack()
+        else:
+            await requeue_after_pause(msg, self._pause_s)
+
+
+def record_in_process(
+    reporter: Reporter,
+    msg: StreamMessage[Any],
+    route: Route,
+    decision: Decision,
+    exc: BaseException,
+    *,
+    immediate: bool,
+) -> None:
+    """Report a retry made in the process, with no copy (``core.steps.in_process``)."""
+    event = steps.in_process(
+        route.queue, msg.message_id, decision, exc, h.now_ms(), immediate=immediate
+    )
+    reporter.record(event, incoming=msg.headers, exception=exc)
+
+
+async def requeue_after_pause(msg: StreamMessage[Any], pause_s: float) -> None:
+    """Hand the message back to its queue, after a pause (no hot loop)."""
+    if pause_s:
+        await asyncio.sleep(pause_s)  # pause before the requeue: no hot loop
+    await msg.nack()  # RabbitMessage.nack requeues by default

@@ -1,0 +1,107 @@
+"""Test mode's sink: what becomes of a failure under ``TestRabbitBroker``.
+
+``TestRabbitBroker`` replaces the broker's start, so the plugin's start hook never runs
+and there is no broker to hold a copy. ``Runtime.sink`` notices (FastStream's fake
+producer is in place and the plugin is not started) and hands failures here. Decisions
+are made exactly as in production; a retry is made at once instead of waiting, and a
+dead letter is settled without a broker to hold it, handed to the app's ``<queue>.dlq``
+subscriber if it has one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.decision import Action
+from faststream_retry.middleware import _internals
+from faststream_retry.middleware.sink import record_in_process
+from faststream_retry.reporting.log import log
+
+if TYPE_CHECKING:
+    from faststream.message import StreamMessage
+    from faststream.rabbit import RabbitBroker
+
+    from faststream_retry.core.decision import Decision
+    from faststream_retry.core.topology import Plan, Route
+    from faststream_retry.middleware.testing import Testing
+    from faststream_retry.reporting.reporter import Reporter
+
+__all__ = ["TestSink"]
+
+
+class TestSink:
+    """Under ``TestRabbitBroker``: retries in process, records, dead letters to ``<queue>.dlq``."""
+
+    __slots__ = ("_broker", "_plan", "_reporter", "_testing")
+
+    def __init__(
+        self, broker: RabbitBroker, topology: Plan, reporter: Reporter, testing: Testing
+    ) -> None:
+        """Sink the failures of ``broker``'s messages, planned as ``topology``."""
+        self._broker = broker
+        self._plan = topology
+        self._reporter = reporter
+        self._testing = testing
+
+    async def retry(
+        self, msg: StreamMessage[Any], route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """Every retry is made now: there is no TTL to wait for. Its delay is still reported."""
+        immediate = decision.action is Action.RETRY_NOW
+        record_in_process(self._reporter, msg, route, decision, exc, immediate=immediate)
+        # Mirror what the copy would carry, so the handler sees its attempt.
+        msg.headers[h.ATTEMPT] = decision.attempt
+        return True
+
+    async def dead_letter(
+        self, msg: StreamMessage[Any], route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """Record and settle a dead letter; hand it to the app's ``<queue>.dlq`` subscriber.
+
+        The ``.dlq`` subscriber, if the app has one, gets the headers and properties the
+        real copy would carry, so a test can assert on what an operator would find;
+        without one there is nowhere to put it (``TestRabbitBroker`` refuses a publish
+        nobody consumes). If that subscriber raises, the dead letter stays settled and
+        its exception is logged at ERROR, or, under
+        ``testing(raise_on_dead_letter=True)``, raised from ``publish()`` with the
+        handler's exception as its cause. Returns ``False`` under
+        ``raise_on_dead_letter``: the handler's exception is not suppressed, and
+        ``TestRabbitBroker`` raises it from ``publish()``, as it does for a handler
+        without the plugin.
+        """
+        letter = steps.failed(
+            self._plan,
+            route,
+            decision,
+            exc,
+            message_id=msg.message_id,
+            incoming=msg.headers,
+            now_ms=h.now_ms(),
+        )
+        self._reporter.record(letter.event, incoming=msg.headers, exception=exc)
+        await msg.ack()
+        broker = self._broker
+        if any(_internals.queue_of(sub) == route.dlq for sub in broker.subscribers):
+            try:
+                await broker.publish(
+                    msg.body,
+                    queue=route.dlq,
+                    headers=letter.copy.headers,
+                    message_id=msg.message_id,
+                    correlation_id=msg.correlation_id,
+                    content_type=msg.content_type or None,
+                )
+            except Exception as failure:  # the app's .dlq handler raised on the dead letter
+                if self._testing.raise_on_dead_letter:
+                    # A bug in the .dlq consumer must fail the test, not pass a
+                    # pytest.raises() written for the handler's exception.
+                    raise failure from exc
+                log.error(
+                    "the %s subscriber failed on the dead letter of message %s",
+                    route.dlq,
+                    msg.message_id,
+                    exc_info=failure,
+                )
+        return not self._testing.raise_on_dead_letter
