@@ -30,10 +30,6 @@ async def publish_step(
     *,
     exception: BaseException | None = None,
     outcomes: list[Outcome] | None = None,
-    # Ignored, and to go once middleware/middleware.py stops passing them: the step says
-    # both (Step.dlq, and its event's queue).
-    dlq: str | None = None,  # noqa: ARG001
-    origin_queue: str | None = None,  # noqa: ARG001
 ) -> bool:
     """Publish ``step``'s copy of ``message`` inside its event's span; ``True`` once confirmed.
 

@@ -99,8 +99,6 @@ class LiveSink:
             live.publisher,
             raw,
             step,
-            dlq=route.dlq,
-            origin_queue=route.queue,
             exception=exc,
         )
         if ok:
