@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core import headers as h
 from faststream_retry.core.config import traceback_on_retry
+from faststream_retry.core.durations import format_ms
 from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
 from faststream_retry.core.topology import dlq_name, retry_queue_name
 from faststream_retry.reporting.log import log
@@ -328,13 +329,8 @@ class Reporter:
 
 
 def _duration(ms: int) -> str:
-    """Return ``ms`` as a log line says it: ``250 ms``, ``1 s``, ``1.5 s``, ``12 min 5 s``."""
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:g} s"
-    minutes, rest = divmod(round(ms / 1000), 60)
-    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    """Return ``ms`` as a log line says it: ``250 ms``, ``1.5 s``, ``12 min 5 s``."""
+    return format_ms(ms)
 
 
 def _outage_start_attributes(event: RetryEvent, after: int) -> dict[str, Any]:
