@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from faststream_retry.core.defaults import DELIVERY_LIMIT, QUEUE_TYPE, QueueType
 from faststream_retry.core.policy import HandlerPolicy, RetryPolicy, effective_policy
 from faststream_retry.core.tiers import Tiers, compute_tick_ms
 
@@ -39,8 +40,6 @@ __all__ = [
     "tier_name",
     "tier_spec",
 ]
-
-QueueType = Literal["classic", "quorum"]
 
 MAX_NAME_BYTES = 255
 """The longest queue name AMQP allows, in UTF-8 bytes."""
@@ -159,8 +158,8 @@ class TopologyOptions:
 
     prefix: str
     max_delay_ms: int
-    queue_type: QueueType = "quorum"
-    delivery_limit: int = 20
+    queue_type: QueueType = QUEUE_TYPE
+    delivery_limit: int = DELIVERY_LIMIT
     tick_ms: int | None = None
     """An explicit tick; ``None`` means the GCD of the delays the policies name."""
 

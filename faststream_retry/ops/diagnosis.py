@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from faststream_retry.core.defaults import DELIVERY_LIMIT
 from faststream_retry.core.topology import tier_name
 from faststream_retry.core.versions import MIN_VERSION, parse_version, too_old
 from faststream_retry.ops.migration import TEMP_SUFFIX
@@ -44,9 +45,6 @@ __all__ = [
 Severity = Literal["ok", "warning", "action"]
 SEVERITIES: tuple[Severity, ...] = ("ok", "warning", "action")
 """From least to most urgent; a report is as urgent as its most urgent finding."""
-
-DEFAULT_DELIVERY_LIMIT = 20
-"""``RetryMiddleware``'s default ``delivery_limit`` (``migrate`` needs it only when other)."""
 
 PROBED_TICKS_MS = (
     *range(100, 1001, 100),
@@ -164,7 +162,7 @@ def migrate_command(name: str, options: TopologyOptions, *, retry_queue: bool) -
     command = f"faststream-retry migrate {name} --queue-type {options.queue_type}"
     command += f" --prefix {options.prefix}"
     quorum = options.queue_type == "quorum"
-    if retry_queue and quorum and options.delivery_limit != DEFAULT_DELIVERY_LIMIT:
+    if retry_queue and quorum and options.delivery_limit != DELIVERY_LIMIT:  # else the default
         command += f" --delivery-limit {options.delivery_limit}"
     return command
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from faststream_retry.core.topology import (
     QueueSpec,
@@ -20,6 +20,9 @@ from faststream_retry.core.topology import (
     route_specs,
     tier_spec,
 )
+
+if TYPE_CHECKING:
+    from faststream_retry.core.defaults import QueueType
 
 __all__ = [
     "ROUTING_KEY_HEADER",
@@ -103,9 +106,7 @@ def owned(name: str, prefix: str) -> Owned | str:
     )
 
 
-def target_spec(
-    queue: Owned, queue_type: Literal["classic", "quorum"], prefix: str, delivery_limit: int
-) -> QueueSpec:
+def target_spec(queue: Owned, queue_type: QueueType, prefix: str, delivery_limit: int) -> QueueSpec:
     """Return the queue with exactly the arguments ``topology`` plans for its role and type."""
     options = TopologyOptions(
         prefix=prefix, max_delay_ms=0, queue_type=queue_type, delivery_limit=delivery_limit

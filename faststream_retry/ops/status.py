@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from faststream_retry.amqp.probe import depth
 from faststream_retry.amqp.registry import registered_queues
+from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.topology import dlq_name, retry_queue_name, tier_name
 from faststream_retry.ops.management import list_queues
 
@@ -191,7 +192,7 @@ async def status(
     app: LoadedApp | None = None,
     management_url: str | None = None,
     vhost: str = "/",
-    prefix: str = "retry",
+    prefix: str = PREFIX,
 ) -> Status:
     """Count the messages of work queues, their ``.retry`` and ``.dlq``, and the tiers.
 
