@@ -274,15 +274,18 @@ def _key(loc: tuple[int | str, ...]) -> str:
     return key
 
 
-def _checked(accepts: str, check: Callable[[Any], bool]) -> BeforeValidator:
-    """Refuse a value ``check`` refuses, saying what the key ``accepts`` and what it got."""
+@dataclass(frozen=True)
+class _Accepts:
+    """A check before pydantic's own: refuse what ``check`` refuses, saying what the key takes."""
 
-    def validate(value: object) -> object:
-        if not check(value):
-            raise _refuse(f"{accepts}, got {value!r}")
+    accepts: str
+    check: Callable[[Any], bool]
+
+    def __call__(self, value: object) -> object:
+        """Return ``value``, or refuse it: ``<accepts>, got <value>``."""
+        if not self.check(value):
+            raise _refuse(f"{self.accepts}, got {value!r}")
         return value
-
-    return BeforeValidator(validate)
 
 
 def _is_int(value: object) -> bool:
@@ -322,23 +325,33 @@ class _DurationSchema:
 _Duration = Annotated[int, BeforeValidator(_duration), _DurationSchema]
 """A duration, read as whole ms (``core/durations.py``)."""
 _AtLeastOne = Annotated[
-    int, Field(ge=1), _checked("must be an int >= 1", lambda v: _is_int(v) and v >= 1)
+    int,
+    Field(ge=1),
+    BeforeValidator(_Accepts("must be an int >= 1", lambda v: _is_int(v) and v >= 1)),
 ]
-_Number = Annotated[float, _checked("must be a number", _is_number)]
-_Text = Annotated[str, _checked("must be a string", lambda v: isinstance(v, str))]
-_Flag = Annotated[bool, _checked("is true or false", lambda v: isinstance(v, bool))]
+_Number = Annotated[float, BeforeValidator(_Accepts("must be a number", _is_number))]
+_Text = Annotated[str, BeforeValidator(_Accepts("must be a string", lambda v: isinstance(v, str)))]
+_Flag = Annotated[
+    bool, BeforeValidator(_Accepts("is true or false", lambda v: isinstance(v, bool)))
+]
 _ON_DEATH = sorted(d.value for d in OnDeath)
 _OnDeath = Annotated[
-    OnDeath, _checked("is " + " or ".join(f'"{d}"' for d in _ON_DEATH), lambda v: v in _ON_DEATH)
+    OnDeath,
+    BeforeValidator(
+        _Accepts("is " + " or ".join(f'"{d}"' for d in _ON_DEATH), lambda v: v in _ON_DEATH)
+    ),
 ]
 _QueueType = Annotated[
-    QueueType, _checked("is " + " or ".join(map(repr, QUEUE_TYPES)), is_queue_type)
+    QueueType,
+    BeforeValidator(_Accepts("is " + " or ".join(map(repr, QUEUE_TYPES)), is_queue_type)),
 ]
 _Url = Annotated[
     str,
-    _checked(
-        "must be an amqp:// or amqps:// URL",
-        lambda v: isinstance(v, str) and v.startswith(("amqp://", "amqps://")),
+    BeforeValidator(
+        _Accepts(
+            "must be an amqp:// or amqps:// URL",
+            lambda v: isinstance(v, str) and v.startswith(("amqp://", "amqps://")),
+        )
     ),
 ]
 
@@ -447,7 +460,9 @@ class ScheduleTable(_Backoff):
     delays: Annotated[
         tuple[_Duration, ...],
         Field(min_length=1),
-        _checked("must be a list of durations", lambda v: isinstance(v, list) and bool(v)),
+        BeforeValidator(
+            _Accepts("must be a list of durations", lambda v: isinstance(v, list) and bool(v))
+        ),
     ]
 
     def build(self) -> Backoff:
@@ -498,8 +513,8 @@ _BackoffTable = Annotated[
 class RulesTable(_Table):
     """A queue's rules: in ``[[queues]]`` a key left out is ``[defaults]``' value.
 
-    In ``[defaults]``, a key left out is the middleware's default policy's (5 attempts,
-    ``exponential`` from 1 s, x2, at most 5 min). ``expired`` and ``maxlen``: what a
+    In ``[defaults]``, a key left out is the middleware's default policy's
+    (``RetryPolicy()``: ``max_attempts`` and ``backoff``). ``expired`` and ``maxlen``: what a
     message that expired in its queue, or that its queue dropped at its length limit,
     becomes (``"dead"`` unless set). ``direct_release``: the last tier delivers straight
     into the queue (false unless set).
@@ -529,7 +544,8 @@ class _Named(_Table):
     pattern: Annotated[str, BeforeValidator(_pattern)] | None = None
 
 
-# _Named before RulesTable in the MRO puts name and pattern first among the keys.
+# pydantic takes the bases' fields from the last base to the first: name and pattern
+# come first among the keys an error lists.
 class QueueTable(RulesTable, _Named):
     """A ``[[queues]]`` entry: a ``name``, or a ``pattern`` (``*`` any run, ``?`` one character).
 
@@ -547,10 +563,10 @@ class QueueTable(RulesTable, _Named):
     def entry(self, base: QueueRules) -> QueueEntry:
         """Return the allowlist entry, its rules on top of ``base``."""
         rules = self.rules(base)
-        if self.name is not None:
+        if self.pattern is None:  # then the name is set: exactly one of them is
             return QueueEntry(rules, name=self.name)
-        pattern = self.pattern or ""
-        return QueueEntry(rules, pattern=pattern, _regex=re.compile(_pattern_regex(pattern)))
+        regex = re.compile(_pattern_regex(self.pattern))
+        return QueueEntry(rules, pattern=self.pattern, _regex=regex)
 
 
 class WorkerFile(_Table):
@@ -576,7 +592,7 @@ class WorkerFile(_Table):
     queues: Annotated[
         tuple[QueueTable, ...],
         Field(min_length=1),
-        _checked(_MISSING["queues"], lambda v: isinstance(v, list) and bool(v)),
+        BeforeValidator(_Accepts(_MISSING["queues"], lambda v: isinstance(v, list) and bool(v))),
     ]
 
     def config(self, source: str) -> WorkerConfig:
@@ -629,11 +645,11 @@ class WorkerFile(_Table):
         named is the one that set the backoff: the queue's, ``defaults.backoff``, or the
         built-in default.
         """
-        for i, (table, entry) in enumerate(zip(self.queues, queues, strict=True)):
+        for i, entry in enumerate(queues):
             longest = _longest_reached_ms(entry.rules)
             if longest <= max_delay_ms:
                 continue
-            if table.backoff is not None:
+            if self.queues[i].backoff is not None:
                 key = f"queues[{i}].backoff"
             elif self.defaults.backoff is not None:
                 key = f"defaults.backoff (which queues[{i}] uses)"

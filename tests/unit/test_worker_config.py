@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
 from faststream_retry.core.durations import HELP, PATTERN
@@ -14,6 +15,9 @@ from faststream_retry.core.intake import OnDeath
 from faststream_retry.core.policy import Exponential, Fixed, RetryPolicy, Schedule
 from faststream_retry.core.worker_config import (
     FixedTable,
+    ScheduleTable,
+    WorkerFile,
+    _BackoffTable,
     _built,
     _line,
     load_worker_config,
@@ -617,3 +621,37 @@ def test_a_config_that_is_not_a_table_is_named_as_a_whole() -> None:
     with pytest.raises(RetryConfigError) as info:
         worker_config(data, "retry.toml")
     assert str(info.value) == "retry.toml: must be a table, got ['queues']"
+
+
+def test_a_factor_or_jitter_that_is_no_number_is_named() -> None:
+    """Its range is Exponential's to check; that it is a number, the table's."""
+    assert refused(_backoff(kind="exponential", initial=1, factor="x")) == (
+        "retry.toml: queues[0].backoff.factor must be a number, got 'x'"
+    )
+    assert refused(_backoff(kind="exponential", initial=1, jitter=True)) == (
+        "retry.toml: queues[0].backoff.jitter must be a number, got True"
+    )
+    assert refused(_backoff(kind="exponential", initial=1, jitter=2)) == (
+        "retry.toml: queues[0].backoff.jitter is a fraction in [0, 1], got 2.0"
+    )
+
+
+def test_the_models_errors_are_the_configs_own_lines() -> None:
+    """Validating with the model itself: pydantic's ValidationError, each message the line."""
+    with pytest.raises(ValidationError) as info:
+        WorkerFile.model_validate({"queues": [{"name": "a", "max_attempts": 0}]})
+    error = info.value.errors()[0]
+    assert (error["type"], error["msg"]) == ("worker_config", "must be an int >= 1, got 0")
+    assert _line(error) == "queues[0].max_attempts must be an int >= 1, got 0"
+
+
+def test_the_backoff_is_a_union_tagged_by_kind() -> None:
+    """pydantic picks the table by kind and puts the kind in the error's location."""
+    adapter: TypeAdapter[Any] = TypeAdapter(_BackoffTable)
+    table = adapter.validate_python({"kind": "schedule", "delays": [1]})
+    assert isinstance(table, ScheduleTable)
+    assert table.build() == Schedule([1])
+    with pytest.raises(ValidationError) as info:
+        adapter.validate_python({"kind": "fixed"})
+    (error,) = info.value.errors()
+    assert (error["type"], error["loc"]) == ("missing", ("fixed", "delay"))
