@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -78,7 +79,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Hashable, Mapping
 
     from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
     from pydantic.json_schema import JsonSchemaValue
@@ -250,12 +251,12 @@ def _line(error: ErrorDetails) -> str:
     context = error.get("ctx") or {}
     loc = error["loc"]
     if "key" in context:
-        loc = (*loc, context["key"])
+        loc = (*loc, str(context["key"]))
     key = _key(loc)
     if error["type"] == "missing":
         problem = _MISSING.get(key, "is missing")
     else:
-        problem = context.get("problem", error["msg"])
+        problem = str(context.get("problem", error["msg"]))
     return f"{key} {problem}" if key else problem  # no key: the file itself
 
 
@@ -390,7 +391,12 @@ class _Table(BaseModel):
         for key in data:
             if key not in keys:
                 raise _refuse(f"is not a setting; the settings here are {', '.join(keys)}", key)
+        cls._check_whole(data)
         return data
+
+    @classmethod
+    def _check_whole(cls, data: dict[str, object]) -> None:
+        """Refuse what the table says as a whole (nothing, unless the table has such a rule)."""
 
 
 class _Backoff(_Table):
@@ -400,10 +406,11 @@ class _Backoff(_Table):
     def build(self) -> Backoff:
         """Return the ``Backoff`` this table describes."""
 
-    @model_validator(mode="after")
-    def _buildable(self) -> _Backoff:
-        _built(self.build, type(self))
-        return self
+
+def _buildable(table: _Backoff) -> _Backoff:
+    """Return ``table`` if its constructor takes what it says (a factor >= 1, say)."""
+    _built(table.build, type(table))
+    return table
 
 
 def _built(make: Callable[[], Backoff], table: type[_Table]) -> Backoff:
@@ -489,7 +496,9 @@ class _TaggedByKind:
     def __get_pydantic_core_schema__(
         cls, _source: object, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        choices = {kind: handler.generate_schema(table) for kind, table in _BACKOFFS.items()}
+        choices: dict[Hashable, core_schema.CoreSchema] = {
+            kind: handler.generate_schema(table) for kind, table in _BACKOFFS.items()
+        }
         return core_schema.tagged_union_schema(choices, discriminator="kind")
 
 
@@ -507,6 +516,7 @@ _BackoffTable = Annotated[
     Union[FixedTable, ExponentialTable, ScheduleTable],  # noqa: UP007 - a runtime union
     _TaggedByKind,
     BeforeValidator(_backoff_table),
+    AfterValidator(_buildable),
 ]
 
 
@@ -554,11 +564,10 @@ class QueueTable(RulesTable, _Named):
 
     not_a_table: ClassVar[str] = "must be a table with name or pattern"
 
-    @model_validator(mode="after")
-    def _name_or_pattern(self) -> QueueTable:
-        if (self.name is None) == (self.pattern is None):
+    @classmethod
+    def _check_whole(cls, data: dict[str, object]) -> None:
+        if (data.get("name") is None) == (data.get("pattern") is None):
             raise _refuse("needs exactly one of name or pattern")
-        return self
 
     def entry(self, base: QueueRules) -> QueueEntry:
         """Return the allowlist entry, its rules on top of ``base``."""
