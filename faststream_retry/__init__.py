@@ -22,7 +22,11 @@ from faststream_retry.core.policy import (
     Schedule,
     retry_policy,
 )
-from faststream_retry.core.worker_config import WorkerConfig, load_worker_config
+from faststream_retry.core.worker_config import (
+    WorkerConfig,
+    load_worker_config,
+    worker_config_schema,
+)
 from faststream_retry.errors import (
     FastStreamRetryError,
     HeadersTooLarge,
@@ -71,6 +75,7 @@ __all__ = [
     "__version__",
     "load_worker_config",
     "retry_policy",
+    "worker_config_schema",
 ]
 
 

@@ -28,6 +28,7 @@ from faststream_retry.cli._common import (
     run,
 )
 from faststream_retry.core import headers as h
+from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import dlq_of, looks_like_intake
 from faststream_retry.ops import dlq as ops
 from faststream_retry.ops.common import OperationError, connect
@@ -393,7 +394,7 @@ def _show_history(letter: DeadLetter) -> None:
                 _when(entry["at"])[11:],
                 escape(entry["exception"].rsplit(".", 1)[-1]),
                 escape(entry["error"]),
-                f"{entry['delay'] / 1000:g} s" if entry["delay"] else "-",
+                format_ms(entry["delay"]) if entry["delay"] else "-",
             )
         out.print(history)
     for record in letter.replayed:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -19,19 +18,13 @@ from rich.progress import (
 from rich.prompt import Confirm
 
 from faststream_retry.cli._common import Json, Prefix, Url, err, fail, out, print_json, run
+from faststream_retry.core.defaults import DELIVERY_LIMIT, PREFIX, QUEUE_TYPES, is_queue_type
 from faststream_retry.ops import connect, migrate
 
 if TYPE_CHECKING:
     from faststream_retry.ops.migrate import MigrationResult
 
 __all__ = ["register"]
-
-
-class QueueTypeChoice(str, Enum):
-    """The queue types ``migrate`` moves between."""
-
-    quorum = "quorum"
-    classic = "classic"
 
 
 def register(app: typer.Typer) -> None:
@@ -45,11 +38,13 @@ def migrate_command(
         typer.Argument(help="<queue>.retry, <queue>.dlq or a tier <prefix>.delay.<ms>."),
     ],
     queue_type: Annotated[
-        QueueTypeChoice,
-        typer.Option("--queue-type", help="The queue type to move it to.", case_sensitive=False),
+        str,
+        typer.Option(
+            "--queue-type", metavar="|".join(QUEUE_TYPES), help="The queue type to move it to."
+        ),
     ],
     url: Url = "amqp://guest:guest@localhost:5672/",
-    prefix: Prefix = "retry",
+    prefix: Prefix = PREFIX,
     delivery_limit: Annotated[
         int,
         typer.Option(
@@ -57,7 +52,7 @@ def migrate_command(
             min=0,
             help="RetryMiddleware's delivery_limit (a quorum .retry queue carries it).",
         ),
-    ] = 20,
+    ] = DELIVERY_LIMIT,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before starting.")] = False,
     json: Json = False,
 ) -> None:
@@ -76,11 +71,14 @@ def migrate_command(
     Messages in a tier start their TTL again: they come out later than
     planned, never early.
     """
+    kind = queue_type.lower()
+    if not is_queue_type(kind):
+        fail(f"--queue-type is {' or '.join(QUEUE_TYPES)}, got {queue_type!r}")
     if not yes:
         if not sys.stdin.isatty():
             fail("migrate deletes and re-declares the queue: pass --yes to go ahead")
         if not Confirm.ask(
-            f"Migrate {escape(queue)!r} to {queue_type.value} queues (stop its services first)?",
+            f"Migrate {escape(queue)!r} to {kind} queues (stop its services first)?",
             console=err,
         ):
             raise typer.Exit(1)
@@ -105,7 +103,7 @@ def migrate_command(
                 return await migrate(
                     connection,
                     queue,
-                    queue_type=queue_type.value,
+                    queue_type=kind,
                     prefix=prefix,
                     delivery_limit=delivery_limit,
                     progress=progress,

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from faststream_retry.cli._common import Json, Prefix, Url, fail, out, print_json, run
+from faststream_retry.core.defaults import PREFIX
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import DEFAULT_URL, OperationError, connect
 from faststream_retry.ops.explanation import format_ms
@@ -75,7 +76,7 @@ def status(
     watch: Watch = False,
     json: Json = False,
     url: Url = DEFAULT_URL,
-    prefix: Prefix = "retry",
+    prefix: Prefix = PREFIX,
 ) -> None:
     """Show ready messages, consumers, re-checks waiting and dead letters per queue, and tiers.
 

@@ -10,8 +10,12 @@ from urllib.parse import unquote, urlsplit
 
 import typer
 
-from faststream_retry.cli._common import err, fail, out
-from faststream_retry.core.worker_config import load_worker_config, policy_command
+from faststream_retry.cli._common import err, fail, out, print_json
+from faststream_retry.core.worker_config import (
+    load_worker_config,
+    policy_command,
+    worker_config_schema,
+)
 from faststream_retry.errors import RetryConfigError, RetryWorkerError
 from faststream_retry.worker.worker import RetryWorker
 
@@ -25,9 +29,9 @@ def register(app: typer.Typer) -> None:
 
 def worker_command(
     config: Annotated[
-        Path,
+        Path | None,
         typer.Option("--config", "-c", help="The worker's TOML config (see the README)."),
-    ],
+    ] = None,
     url: Annotated[
         str | None,
         typer.Option(
@@ -46,6 +50,13 @@ def worker_command(
     log_level: Annotated[
         str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
     ] = "INFO",
+    schema: Annotated[
+        bool,
+        typer.Option(
+            "--schema",
+            help="Print the config file's JSON Schema (for editors), and exit; no --config.",
+        ),
+    ] = False,
 ) -> None:
     """Retry the dead letters of consumers in any language (runs until SIGTERM or Ctrl-C).
 
@@ -55,7 +66,15 @@ def worker_command(
     could not handle; the worker sends it back to that queue only, after the
     config's backoff, and to <queue>.dlq once its attempts are spent. Any number
     of workers may run at once.
+
+    The broker's URL is the one setting the environment gives (RABBITMQ_URL);
+    the rest is the config file's, the same for every worker.
     """
+    if schema:
+        print_json(worker_config_schema())
+        return
+    if config is None:
+        fail("give the worker's config: --config retry.toml (--schema prints what it takes)")
     try:
         settings = load_worker_config(config)
     except RetryConfigError as exc:

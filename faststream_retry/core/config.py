@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from faststream_retry.core.defaults import QUEUE_TYPES, is_queue_type
 from faststream_retry.core.outage import OutageOptions
 from faststream_retry.core.policy import RetryPolicy, to_ms
 from faststream_retry.core.tiers import Tiers, checked_tick_ms
@@ -34,7 +35,7 @@ class RetryConfig:
     """Outage mode's options; ``None``: off."""
 
     @classmethod
-    def build(  # one argument per option; their defaults live on RetryMiddleware
+    def build(  # one argument per option; their defaults are core/defaults.py's
         cls,
         default: RetryPolicy | None,
         *,
@@ -58,8 +59,9 @@ class RetryConfig:
             raise RetryConfigError(f"default takes a RetryPolicy(...), got {default!r}")
         if not isinstance(prefix, str) or not prefix or len(prefix) > 100:
             raise RetryConfigError(f"prefix must be a short non-empty str, got {prefix!r}")
-        if queue_type not in {"classic", "quorum"}:
-            raise RetryConfigError(f"queue_type is 'classic' or 'quorum', got {queue_type!r}")
+        if not is_queue_type(queue_type):
+            valid = " or ".join(map(repr, QUEUE_TYPES))
+            raise RetryConfigError(f"queue_type is {valid}, got {queue_type!r}")
         if log_retry_traceback not in RETRY_TRACEBACKS:
             raise RetryConfigError(
                 f"log_retry_traceback is 'first', 'every' or 'never', got {log_retry_traceback!r}"
@@ -75,7 +77,7 @@ class RetryConfig:
             topology=TopologyOptions(
                 prefix=prefix,
                 max_delay_ms=max_delay_ms,
-                queue_type="quorum" if queue_type == "quorum" else "classic",
+                queue_type=queue_type,
                 delivery_limit=delivery_limit,
                 tick_ms=tick_ms,
             ),

@@ -34,15 +34,7 @@ from faststream_retry.errors import RetryConfigError
 if TYPE_CHECKING:
     from datetime import timedelta
 
-__all__ = ["DEFAULT_HOLD_MS", "MIN_PROBE_MS", "Entered", "Left", "Outage", "OutageOptions"]
-
-DEFAULT_HOLD_MS = 5 * 60_000
-"""How long a message may wait at the gate before it is requeued: 5 minutes.
-
-RabbitMQ closes a channel whose delivery stays unacked past its ``consumer_timeout``
-(30 minutes by default), and that requeues every delivery of the channel; a held
-message is requeued well before that, by itself.
-"""
+__all__ = ["MIN_PROBE_MS", "Entered", "Left", "Outage", "OutageOptions"]
 
 MIN_PROBE_MS = 100
 """The shortest probe interval: the tick's floor, so outage mode is never a hot loop."""

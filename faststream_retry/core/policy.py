@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from faststream_retry.core.durations import ms_of_seconds
 from faststream_retry.errors import RetryConfigError
 
 __all__ = [
@@ -54,7 +55,7 @@ def to_ms(
     else:
         seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
         if math.isfinite(seconds) and seconds >= 0:
-            return math.ceil(round(seconds * 1000, 6))
+            return ms_of_seconds(seconds)
         problem = f"must be a finite duration >= 0, got {value!r}"
     label = option if owner is None else f"{owner}({option}=...)"
     if index is not None:

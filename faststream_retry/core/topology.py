@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from faststream_retry.core.defaults import DELIVERY_LIMIT, QUEUE_TYPE, QueueType
 from faststream_retry.core.policy import HandlerPolicy, RetryPolicy, effective_policy
 from faststream_retry.core.tiers import Tiers, compute_tick_ms
 
@@ -60,8 +61,6 @@ __all__ = [
     "tier_ttl",
     "work_queue_of",
 ]
-
-QueueType = Literal["classic", "quorum"]
 
 MAX_NAME_BYTES = 255
 """The longest queue name AMQP allows, in UTF-8 bytes."""
@@ -254,8 +253,8 @@ class TopologyOptions:
 
     prefix: str
     max_delay_ms: int
-    queue_type: QueueType = "quorum"
-    delivery_limit: int = 20
+    queue_type: QueueType = QUEUE_TYPE
+    delivery_limit: int = DELIVERY_LIMIT
     tick_ms: int | None = None
     """An explicit tick; ``None`` means the GCD of the delays the policies name."""
 

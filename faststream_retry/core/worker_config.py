@@ -1,6 +1,10 @@
 """The retry worker's configuration: read from TOML, checked at start (pure: no broker imports).
 
-Every error names the key (``queues[1].backoff.initial``) and what it accepts. The format::
+The file's tables are pydantic models (unknown keys refused, ``backoff`` a union
+told apart by its ``kind``); every error is one line naming the file, the key
+(``queues[1].backoff.initial``) and what it accepts. ``faststream-retry worker
+--schema`` prints the file's JSON Schema (``worker_config_schema()``), for editors.
+The format::
 
     url = "amqp://guest:guest@localhost:5672/"   # optional: --url or RABBITMQ_URL win
     prefix = "retry"                # <prefix>.intake, <prefix>.delay.<ms>, ...
@@ -21,22 +25,52 @@ Every error names the key (``queues[1].backoff.initial``) and what it accepts. T
     pattern = "billing.*"           # ... or a pattern: * is any run of characters, ? one
     max_attempts = 3
     backoff = { kind = "schedule", delays = ["1s", "10s", "1m"] }
+
+The other top-level keys are ``tick``, ``delivery_limit``, ``prefetch``,
+``publish_timeout`` and ``publish_failure_pause``; every default is the middleware's
+(``core/defaults.py``). The durations' grammar is ``core/durations.py``'s. The broker's
+URL alone may come from the environment: ``--url``, else ``RABBITMQ_URL``, else ``url``.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import sys
+from abc import abstractmethod
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError, core_schema
 
 from faststream_retry.core.config import RetryConfig
+from faststream_retry.core.defaults import (
+    DELIVERY_LIMIT,
+    MAX_DELAY,
+    PREFETCH,
+    PREFIX,
+    PUBLISH_FAILURE_PAUSE,
+    PUBLISH_TIMEOUT,
+    QUEUE_TYPE,
+    QUEUE_TYPES,
+    QueueType,
+    is_queue_type,
+)
+from faststream_retry.core.durations import HELP, PATTERN, format_ms, parse_duration
 from faststream_retry.core.intake import OnDeath, QueueRules
 from faststream_retry.core.policy import Backoff, Exponential, Fixed, RetryPolicy, Schedule
 from faststream_retry.core.tiers import Tiers, compute_tick_ms
-from faststream_retry.core.topology import intake_name
+from faststream_retry.core.topology import MAX_NAME_BYTES, intake_name
 from faststream_retry.errors import RetryConfigError
 
 if sys.version_info >= (3, 11):
@@ -45,38 +79,28 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Hashable, Mapping
 
-__all__ = ["QueueEntry", "WorkerConfig", "load_worker_config", "parse_duration", "policy_command"]
+    from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+    from pydantic.json_schema import JsonSchemaValue
+    from pydantic_core import ErrorDetails
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*")
-_DURATION_HELP = 'seconds (a number) or a string such as "250ms", "5s", "10m", "2h", "1d"'
-_PATTERN = re.compile(r"[^*?\[\]]*")
-_MAX_NAME_BYTES = 255
+__all__ = [
+    "QueueEntry",
+    "WorkerConfig",
+    "load_worker_config",
+    "policy_command",
+    "worker_config",
+    "worker_config_schema",
+]
+
 # The worker has no outage mode (outage_after=None switches it off): the hold is unused.
 _NO_OUTAGE = 0
-
-
-_TOP_KEYS = (
-    "url",
-    "prefix",
-    "queue_type",
-    "max_delay",
-    "tick",
-    "delivery_limit",
-    "prefetch",
-    "publish_timeout",
-    "publish_failure_pause",
-    "defaults",
-    "queues",
-)
-_RULE_KEYS = ("max_attempts", "backoff", "expired", "maxlen", "direct_release")
-_BACKOFF_KEYS = {
-    "fixed": ("kind", "delay"),
-    "exponential": ("kind", "initial", "factor", "max", "jitter"),
-    "schedule": ("kind", "delays"),
-}
+_JSON_SCHEMA = "https://json-schema.org/draft/2020-12/schema"
+"""The JSON Schema dialect pydantic writes."""
+_POLICY = RetryPolicy()
+_BUILT_IN = QueueRules(_POLICY.max_attempts, _POLICY.backoff)
+"""The rules of a queue the ``[defaults]`` table says nothing about: ``RetryPolicy()``'s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,64 +206,474 @@ def load_worker_config(path: str | Path) -> WorkerConfig:
 
 
 def worker_config(data: Mapping[str, Any], source: str = "<config>") -> WorkerConfig:
-    """Check a config already parsed into a mapping (the TOML file's tables)."""
+    """Check a config already parsed into a mapping (the TOML file's tables).
 
-    def fail(key: str, text: str) -> RetryConfigError:
-        return RetryConfigError(f"{source}: {key} {text}")
-
-    _known(data, _TOP_KEYS, "", fail)
-    url = data.get("url")
-    if url is not None and (
-        not isinstance(url, str) or not url.startswith(("amqp://", "amqps://"))
-    ):
-        raise fail("url", f"must be an amqp:// or amqps:// URL, got {url!r}")
-    defaults = data.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise fail("defaults", f"must be a table, got {defaults!r}")
-    _known(defaults, _RULE_KEYS, "defaults.", fail)
-    base = _rules(defaults, QueueRules(5, _default_backoff()), "defaults.", fail)
-    entries = data.get("queues")
-    if not isinstance(entries, list) or not entries:
-        raise fail(
-            "queues",
-            'must list at least one queue: [[queues]] with name = "..." or pattern = "..."',
-        )
-    queues = tuple(_entry(item, i, base, fail) for i, item in enumerate(entries))
+    Raises:
+        RetryConfigError: as ``load_worker_config``: one line, ``<source>: <key> <problem>``.
+    """
     try:
-        retry = RetryConfig.build(
-            RetryPolicy(max_attempts=base.max_attempts, backoff=base.backoff),
-            prefix=_get(data, "prefix", str, "retry", fail),
-            tick=_duration_or_none(data.get("tick"), "tick", fail),
-            max_delay=_duration(data.get("max_delay", 86_400), "max_delay", fail) / 1000,
-            queue_type=_get(data, "queue_type", str, "quorum", fail),
-            delivery_limit=_get(data, "delivery_limit", int, 20, fail),
-            prefetch=_get(data, "prefetch", int, 200, fail),
-            publish_failure_pause=_duration(
-                data.get("publish_failure_pause", 1), "publish_failure_pause", fail
+        checked = WorkerFile.model_validate(data)
+    except ValidationError as exc:
+        raise RetryConfigError(f"{source}: {_line(exc.errors()[0])}") from None
+    return checked.config(source)
+
+
+def worker_config_schema() -> dict[str, Any]:
+    """Return the JSON Schema of the worker's config file, for editors (``worker --schema``).
+
+    It describes what the file may say; the checks that need the whole file (a delay
+    longer than ``max_delay``, a queue listed twice) are the worker's at start.
+    """
+    return {"$schema": _JSON_SCHEMA, **WorkerFile.model_json_schema()}
+
+
+# --- The errors: each one line, naming the key -------------------------------------------
+
+
+def _refuse(problem: str, key: str | None = None) -> PydanticCustomError:
+    """Return the error of the value being checked (of its ``key``, if given): ``problem``.
+
+    ``problem`` is carried in the context, not formatted into pydantic's message: a
+    value's repr may hold braces.
+    """
+    context = {"problem": problem} if key is None else {"problem": problem, "key": key}
+    return PydanticCustomError("worker_config", "{problem}", context)
+
+
+_MISSING = {
+    "queues": 'must list at least one queue: [[queues]] with name = "..." or pattern = "..."'
+}
+"""What a missing key's line says, where "is missing" is not enough."""
+
+
+def _line(error: ErrorDetails) -> str:
+    """Return ``<key> <problem>`` for one of pydantic's errors (ours or its own)."""
+    context = error.get("ctx") or {}
+    loc = error["loc"]
+    if "key" in context:
+        loc = (*loc, str(context["key"]))
+    key = _key(loc)
+    if error["type"] == "missing":
+        problem = _MISSING.get(key, "is missing")
+    else:
+        problem = str(context.get("problem", error["msg"]))
+    return f"{key} {problem}" if key else problem  # no key: the file itself
+
+
+def _key(loc: tuple[int | str, ...]) -> str:
+    """Return a location as the file writes it: ``queues[1].backoff.kind``.
+
+    A backoff's ``kind`` is in pydantic's location after ``backoff`` (which table of
+    the union it checked); it is not a key of the file.
+    """
+    key = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif not (i and loc[i - 1] == "backoff" and part in _BACKOFFS):
+            key += f".{part}" if key else part
+    return key
+
+
+@dataclass(frozen=True)
+class _Accepts:
+    """A check before pydantic's own: refuse what ``check`` refuses, saying what the key takes."""
+
+    accepts: str
+    check: Callable[[Any], bool]
+
+    def __call__(self, value: object) -> object:
+        """Return ``value``, or refuse it: ``<accepts>, got <value>``."""
+        if not self.check(value):
+            raise _refuse(f"{self.accepts}, got {value!r}")
+        return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _duration(value: object) -> int:
+    try:
+        return parse_duration(value, "duration")
+    except RetryConfigError as exc:
+        raise _refuse(exc.problem) from None
+
+
+class _DurationSchema:
+    """A duration's JSON Schema: what the file may write, not the ms it is read as.
+
+    A class, not ``WithJsonSchema``, whose dict pydantic 2.0 cannot hash in a union.
+    """
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, _schema: core_schema.CoreSchema, _handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": PATTERN},
+            ],
+            "description": f"a duration: {HELP}",
+        }
+
+
+_Duration = Annotated[int, BeforeValidator(_duration), _DurationSchema]
+"""A duration, read as whole ms (``core/durations.py``)."""
+_AtLeastOne = Annotated[
+    int,
+    Field(ge=1),
+    BeforeValidator(_Accepts("must be an int >= 1", lambda v: _is_int(v) and v >= 1)),
+]
+_Number = Annotated[float, BeforeValidator(_Accepts("must be a number", _is_number))]
+_Text = Annotated[str, BeforeValidator(_Accepts("must be a string", lambda v: isinstance(v, str)))]
+_Flag = Annotated[
+    bool, BeforeValidator(_Accepts("is true or false", lambda v: isinstance(v, bool)))
+]
+_ON_DEATH = sorted(d.value for d in OnDeath)
+_OnDeath = Annotated[
+    OnDeath,
+    BeforeValidator(
+        _Accepts("is " + " or ".join(f'"{d}"' for d in _ON_DEATH), lambda v: v in _ON_DEATH)
+    ),
+]
+_QueueType = Annotated[
+    QueueType,
+    BeforeValidator(_Accepts("is " + " or ".join(map(repr, QUEUE_TYPES)), is_queue_type)),
+]
+_Url = Annotated[
+    str,
+    BeforeValidator(
+        _Accepts(
+            "must be an amqp:// or amqps:// URL",
+            lambda v: isinstance(v, str) and v.startswith(("amqp://", "amqps://")),
+        )
+    ),
+]
+
+
+def _queue_name(value: object) -> str:
+    if not isinstance(value, str) or not value or len(value.encode()) > MAX_NAME_BYTES:
+        raise _refuse(f"must be a queue name of 1 to {MAX_NAME_BYTES} bytes, got {value!r}")
+    if value.endswith((".retry", ".dlq")):
+        raise _refuse(f"names the retry machinery's own queue {value!r}; name the work queue")
+    return value
+
+
+def _pattern(value: object) -> str:
+    text = _queue_name(value)
+    if "[" in text or "]" in text:
+        raise _refuse(f"may use * and ? only, got {text!r}")
+    return text
+
+
+# --- The file's tables ---------------------------------------------------------------------
+
+
+class _Table(BaseModel):
+    """A TOML table: only its own keys, each checked, every error naming its key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    not_a_table: ClassVar[str] = "must be a table"
+    """What the line says when the value is not a table at all."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_its_keys(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            raise _refuse(f"{cls.not_a_table}, got {data!r}")
+        keys = [info.alias or name for name, info in cls.model_fields.items()]
+        for key in data:
+            if key not in keys:
+                raise _refuse(f"is not a setting; the settings here are {', '.join(keys)}", key)
+        cls._check_whole(data)
+        return data
+
+    @classmethod
+    def _check_whole(cls, data: dict[str, object]) -> None:
+        """Refuse what the table says as a whole (nothing, unless the table has such a rule)."""
+
+
+class _Backoff(_Table):
+    """A ``backoff`` table; its constructor's refusal is named by the table's key for it."""
+
+    @abstractmethod
+    def build(self) -> Backoff:
+        """Return the ``Backoff`` this table describes."""
+
+
+def _buildable(table: _Backoff) -> _Backoff:
+    """Return ``table`` if its constructor takes what it says (a factor >= 1, say)."""
+    _built(table.build, type(table))
+    return table
+
+
+def _built(make: Callable[[], Backoff], table: type[_Table]) -> Backoff:
+    """Return ``make()``, or refuse it, naming the key of the argument it refused."""
+    try:
+        return make()
+    except RetryConfigError as exc:
+        info = table.model_fields.get(exc.option or "")
+        if info is None:  # a Backoff of the future, naming no argument the table has
+            raise _refuse(str(exc)) from None
+        raise _refuse(exc.problem, info.alias or exc.option) from None
+
+
+class FixedTable(_Backoff):
+    """``{ kind = "fixed", delay = "5s" }``: the same delay before every retry."""
+
+    kind: Literal["fixed"]
+    delay: _Duration
+
+    def build(self) -> Backoff:
+        """Return the ``Fixed`` backoff."""
+        return Fixed(timedelta(milliseconds=self.delay))
+
+
+class ExponentialTable(_Backoff):
+    """``{ kind = "exponential", initial = "1s", factor = 2, max = "5m", jitter = 0.1 }``.
+
+    ``initial * factor ** (n - 1)`` before retry ``n``, at most ``max``, each spread by
+    the fraction ``jitter``; ``factor`` and ``jitter`` default to ``Exponential``'s.
+    """
+
+    kind: Literal["exponential"]
+    initial: _Duration
+    factor: _Number | None = None
+    maximum: _Duration | None = Field(default=None, alias="max")
+    jitter: _Number | None = None
+
+    def build(self) -> Backoff:
+        """Return the ``Exponential`` backoff."""
+        shape = {
+            k: v for k, v in (("factor", self.factor), ("jitter", self.jitter)) if v is not None
+        }
+        top = None if self.maximum is None else timedelta(milliseconds=self.maximum)
+        return Exponential(timedelta(milliseconds=self.initial), maximum=top, **shape)
+
+
+class ScheduleTable(_Backoff):
+    """``{ kind = "schedule", delays = ["1s", "10s", "1m"] }``: retry ``n`` waits the n-th.
+
+    The last delay repeats.
+    """
+
+    kind: Literal["schedule"]
+    delays: Annotated[
+        tuple[_Duration, ...],
+        Field(min_length=1),
+        BeforeValidator(
+            _Accepts("must be a list of durations", lambda v: isinstance(v, list) and bool(v))
+        ),
+    ]
+
+    def build(self) -> Backoff:
+        """Return the ``Schedule`` backoff."""
+        return Schedule([timedelta(milliseconds=ms) for ms in self.delays])
+
+
+_BACKOFFS: dict[str, type[_Backoff]] = {
+    get_args(table.model_fields["kind"].annotation)[0]: table
+    for table in (FixedTable, ExponentialTable, ScheduleTable)
+}
+"""Each backoff table by its ``kind``."""
+_KINDS = tuple(_BACKOFFS)
+
+
+class _TaggedByKind:
+    """The backoff tables as one union told apart by ``kind``: pydantic's tagged union.
+
+    Built here, not by ``Field(discriminator="kind")``, which pydantic 2.0 (the floor)
+    cannot nest in a table of a table (pydantic#6435, fixed in 2.0.2).
+    """
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, _source: object, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        choices: dict[Hashable, core_schema.CoreSchema] = {
+            kind: handler.generate_schema(table) for kind, table in _BACKOFFS.items()
+        }
+        return core_schema.tagged_union_schema(choices, discriminator="kind")
+
+
+def _backoff_table(value: object) -> object:
+    if not isinstance(value, dict):
+        example = '{ kind = "fixed", delay = "5s" }'
+        raise _refuse(f"must be a table such as {example}, got {value!r}")
+    kind = value.get("kind")
+    if kind not in _KINDS:
+        raise _refuse(f"is one of {', '.join(_KINDS)}, got {kind!r}", "kind")
+    return value
+
+
+_BackoffTable = Annotated[
+    Union[FixedTable, ExponentialTable, ScheduleTable],  # noqa: UP007 - a runtime union
+    _TaggedByKind,
+    BeforeValidator(_backoff_table),
+    AfterValidator(_buildable),
+]
+
+
+class RulesTable(_Table):
+    """A queue's rules: in ``[[queues]]`` a key left out is ``[defaults]``' value.
+
+    In ``[defaults]``, a key left out is the middleware's default policy's
+    (``RetryPolicy()``: ``max_attempts`` and ``backoff``). ``expired`` and ``maxlen``: what a
+    message that expired in its queue, or that its queue dropped at its length limit,
+    becomes (``"dead"`` unless set). ``direct_release``: the last tier delivers straight
+    into the queue (false unless set).
+    """
+
+    max_attempts: _AtLeastOne | None = None
+    backoff: _BackoffTable | None = None
+    expired: _OnDeath | None = None
+    maxlen: _OnDeath | None = None
+    direct_release: _Flag | None = None
+
+    def rules(self, base: QueueRules) -> QueueRules:
+        """Return ``base`` with what this table sets."""
+        return QueueRules(
+            base.max_attempts if self.max_attempts is None else self.max_attempts,
+            base.backoff if self.backoff is None else self.backoff.build(),
+            expired=base.expired if self.expired is None else self.expired,
+            maxlen=base.maxlen if self.maxlen is None else self.maxlen,
+            direct_release=(
+                base.direct_release if self.direct_release is None else self.direct_release
+            ),
+        )
+
+
+class _Named(_Table):
+    name: Annotated[str, BeforeValidator(_queue_name)] | None = None
+    pattern: Annotated[str, BeforeValidator(_pattern)] | None = None
+
+
+# pydantic takes the bases' fields from the last base to the first: name and pattern
+# come first among the keys an error lists.
+class QueueTable(RulesTable, _Named):
+    """A ``[[queues]]`` entry: a ``name``, or a ``pattern`` (``*`` any run, ``?`` one character).
+
+    With the rules of that queue; a rule left out is ``[defaults]``'.
+    """
+
+    not_a_table: ClassVar[str] = "must be a table with name or pattern"
+
+    @classmethod
+    def _check_whole(cls, data: dict[str, object]) -> None:
+        if (data.get("name") is None) == (data.get("pattern") is None):
+            raise _refuse("needs exactly one of name or pattern")
+
+    def entry(self, base: QueueRules) -> QueueEntry:
+        """Return the allowlist entry, its rules on top of ``base``."""
+        rules = self.rules(base)
+        if self.pattern is None:  # then the name is set: exactly one of them is
+            return QueueEntry(rules, name=self.name)
+        regex = re.compile(_pattern_regex(self.pattern))
+        return QueueEntry(rules, pattern=self.pattern, _regex=regex)
+
+
+class WorkerFile(_Table):
+    """The retry worker's config file: ``faststream-retry worker --config retry.toml``."""
+
+    model_config = ConfigDict(title="faststream-retry worker config")
+
+    url: _Url | None = None
+    prefix: _Text = PREFIX
+    queue_type: _QueueType = QUEUE_TYPE
+    # A duration's default is written as the file would write it (seconds), for the schema.
+    max_delay: _Duration = Field(default=MAX_DELAY.total_seconds(), validate_default=True)
+    tick: _Duration | None = None
+    delivery_limit: _AtLeastOne = DELIVERY_LIMIT
+    prefetch: _AtLeastOne = PREFETCH
+    publish_timeout: _Duration = Field(
+        default=PUBLISH_TIMEOUT.total_seconds(), validate_default=True
+    )
+    publish_failure_pause: _Duration = Field(
+        default=PUBLISH_FAILURE_PAUSE.total_seconds(), validate_default=True
+    )
+    defaults: RulesTable = Field(default_factory=RulesTable)
+    queues: Annotated[
+        tuple[QueueTable, ...],
+        Field(min_length=1),
+        BeforeValidator(_Accepts(_MISSING["queues"], lambda v: isinstance(v, list) and bool(v))),
+    ]
+
+    def config(self, source: str) -> WorkerConfig:
+        """Return the ``WorkerConfig``, checking what needs the whole file."""
+
+        def fail(key: str, problem: str) -> RetryConfigError:
+            return RetryConfigError(f"{source}: {key} {problem}")
+
+        base = self.defaults.rules(_BUILT_IN)
+        queues = tuple(table.entry(base) for table in self.queues)
+        try:
+            retry = RetryConfig.build(
+                RetryPolicy(max_attempts=base.max_attempts, backoff=base.backoff),
+                prefix=self.prefix,
+                tick=None if self.tick is None else timedelta(milliseconds=self.tick),
+                max_delay=timedelta(milliseconds=self.max_delay),
+                queue_type=self.queue_type,
+                delivery_limit=self.delivery_limit,
+                prefetch=self.prefetch,
+                publish_failure_pause=timedelta(milliseconds=self.publish_failure_pause),
+                publish_timeout=timedelta(milliseconds=self.publish_timeout),
+                log_retry_traceback="never",
+                outage_after=None,
+                outage_probe=None,
+                outage_hold=_NO_OUTAGE,
             )
-            / 1000,
-            publish_timeout=_duration(data.get("publish_timeout", 30), "publish_timeout", fail)
-            / 1000,
-            log_retry_traceback="never",
-            outage_after=None,
-            outage_probe=None,
-            outage_hold=_NO_OUTAGE,
-        )
-    except RetryConfigError as exc:
-        if str(exc).startswith(f"{source}: "):
-            raise
-        raise RetryConfigError(f"{source}: {exc}") from exc
-    _check_names(queues, retry.topology.prefix, fail)
-    _check_delays(data, queues, retry.topology.max_delay_ms, fail)
-    config = WorkerConfig(retry, queues, url, source)
-    try:
-        config.tiers  # noqa: B018 - every backoff must fit under max_delay
-    except RetryConfigError as exc:
-        raise RetryConfigError(f"{source}: {exc}") from exc
-    return config
+        except RetryConfigError as exc:
+            raise RetryConfigError(f"{source}: {exc}") from exc
+        _check_names(queues, retry.topology.prefix, fail)
+        self._check_delays(queues, retry.topology.max_delay_ms, fail)
+        config = WorkerConfig(retry, queues, self.url, source)
+        try:
+            config.tiers  # noqa: B018 - every backoff must fit under max_delay
+        except RetryConfigError as exc:
+            raise RetryConfigError(f"{source}: {exc}") from exc
+        return config
+
+    def _check_delays(
+        self,
+        queues: tuple[QueueEntry, ...],
+        max_delay_ms: int,
+        fail: Callable[[str, str], RetryConfigError],
+    ) -> None:
+        """Refuse a delay a queue would use that is longer than ``max_delay``.
+
+        The middleware cuts such a delay to ``max_delay``; a config file says what it
+        means, so a wait it cannot keep is an error, not a surprise. Only the delays its
+        attempts reach count (without jitter, which may go past by its fraction and is
+        cut): the default backoff's 5 minute cap is never reached by 5 attempts. The key
+        named is the one that set the backoff: the queue's, ``defaults.backoff``, or the
+        built-in default.
+        """
+        for i, entry in enumerate(queues):
+            longest = _longest_reached_ms(entry.rules)
+            if longest <= max_delay_ms:
+                continue
+            if self.queues[i].backoff is not None:
+                key = f"queues[{i}].backoff"
+            elif self.defaults.backoff is not None:
+                key = f"defaults.backoff (which queues[{i}] uses)"
+            else:
+                key = f"the default backoff (which queues[{i}] uses; set defaults.backoff)"
+            raise fail(
+                key,
+                f"names a delay of {format_ms(longest)}, longer than max_delay "
+                f"({format_ms(max_delay_ms)}): raise max_delay or shorten the delay",
+            )
 
 
-def _check_names(queues: tuple[QueueEntry, ...], prefix: str, fail: Any) -> None:  # noqa: ANN401
+def _check_names(
+    queues: tuple[QueueEntry, ...], prefix: str, fail: Callable[[str, str], RetryConfigError]
+) -> None:
     """Refuse an entry listed twice, and a name under the prefix (the machinery's own)."""
     seen: set[str] = set()
     for i, entry in enumerate(queues):
@@ -255,38 +689,6 @@ def _check_names(queues: tuple[QueueEntry, ...], prefix: str, fail: Any) -> None
             )
 
 
-def _check_delays(
-    data: Mapping[str, Any],
-    queues: tuple[QueueEntry, ...],
-    max_delay_ms: int,
-    fail: Any,  # noqa: ANN401
-) -> None:
-    """Refuse a delay a queue would use that is longer than ``max_delay``.
-
-    The middleware cuts such a delay to ``max_delay``; a config file says what it means,
-    so a wait it cannot keep is an error, not a surprise. Only the delays its attempts
-    reach count (without jitter, which may go past by its fraction and is cut): the
-    default backoff's 5 minute cap is never reached by 5 attempts. The key named is the
-    one that set the backoff: the queue's, ``defaults.backoff``, or the built-in default.
-    """
-    defaults = data.get("defaults", {})
-    for i, entry in enumerate(queues):
-        longest = _longest_reached_ms(entry.rules)
-        if longest <= max_delay_ms:
-            continue
-        if "backoff" in data["queues"][i]:
-            key = f"queues[{i}].backoff"
-        elif "backoff" in defaults:
-            key = f"defaults.backoff (which queues[{i}] uses)"
-        else:
-            key = f"the default backoff (which queues[{i}] uses; set defaults.backoff)"
-        raise fail(
-            key,
-            f"names a delay of {_seconds(longest)}, longer than max_delay "
-            f"({_seconds(max_delay_ms)}): raise max_delay or shorten the delay",
-        )
-
-
 def _longest_reached_ms(rules: QueueRules) -> int:
     """Return the longest delay ``rules``' retries wait, without jitter; 0 with no retry."""
     retries = rules.max_attempts - 1
@@ -300,10 +702,6 @@ def _longest_reached_ms(rules: QueueRules) -> int:
 
 def _no_jitter() -> float:
     return 0.5  # jitter's factor is 1 - j + 2j * rand(): 1 at 0.5
-
-
-def _seconds(ms: int) -> str:
-    return f"{ms / 1000:g} s"
 
 
 def policy_command(config: WorkerConfig, *, vhost: str = "/", name: str | None = None) -> str:
@@ -329,136 +727,3 @@ def policy_command(config: WorkerConfig, *, vhost: str = "/", name: str | None =
 
 def _shell(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
-
-
-def parse_duration(value: object, key: str) -> int:
-    """Return a duration in ms: seconds (int or float) or a string with a unit."""
-    if isinstance(value, bool):
-        raise RetryConfigError(f"{key} takes {_DURATION_HELP}, got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0:
-            raise RetryConfigError(f"{key} must be a duration >= 0, got {value!r}")
-        return math.ceil(round(value * 1000, 6))
-    if isinstance(value, str):
-        match = _DURATION.fullmatch(value)
-        if match:
-            return math.ceil(float(match[1]) * _UNITS_MS[match[2]])
-    raise RetryConfigError(f"{key} takes {_DURATION_HELP}, got {value!r}")
-
-
-def _default_backoff() -> Backoff:
-    return RetryPolicy().backoff
-
-
-def _known(table: Mapping[str, Any], keys: tuple[str, ...], where: str, fail: Any) -> None:  # noqa: ANN401
-    for key in table:
-        if key not in keys:
-            valid = ", ".join(keys)
-            raise fail(f"{where}{key}", f"is not a setting; the settings here are {valid}")
-
-
-def _get(table: Mapping[str, Any], key: str, kind: type, default: Any, fail: Any) -> Any:  # noqa: ANN401
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise fail(key, f"must be {'an int' if kind is int else 'a string'}, got {value!r}")
-    return value
-
-
-def _duration(value: object, key: str, fail: Any) -> int:  # noqa: ANN401
-    try:
-        return parse_duration(value, key)
-    except RetryConfigError as exc:
-        raise fail(key, str(exc).removeprefix(key + " ")) from exc
-
-
-def _duration_or_none(value: object, key: str, fail: Any) -> float | None:  # noqa: ANN401
-    return None if value is None else _duration(value, key, fail) / 1000
-
-
-def _entry(item: object, i: int, base: QueueRules, fail: Any) -> QueueEntry:  # noqa: ANN401
-    where = f"queues[{i}]."
-    if not isinstance(item, dict):
-        raise fail(f"queues[{i}]", f"must be a table with name or pattern, got {item!r}")
-    _known(item, ("name", "pattern", *_RULE_KEYS), where, fail)
-    name, pattern = item.get("name"), item.get("pattern")
-    if (name is None) == (pattern is None):
-        raise fail(f"queues[{i}]", "needs exactly one of name or pattern")
-    text = name if name is not None else pattern
-    key = where + ("name" if name is not None else "pattern")
-    if not isinstance(text, str) or not text or len(text.encode()) > _MAX_NAME_BYTES:
-        raise fail(key, f"must be a queue name of 1 to 255 bytes, got {text!r}")
-    if text.endswith((".retry", ".dlq")):
-        raise fail(key, f"names the retry machinery's own queue {text!r}; name the work queue")
-    rules = _rules(item, base, where, fail)
-    if name is not None:
-        return QueueEntry(rules, name=name)
-    if "[" in text or "]" in text:
-        raise fail(key, f"may use * and ? only, got {text!r}")
-    regex = re.compile(_pattern_regex(text))
-    return QueueEntry(rules, pattern=text, _regex=regex)
-
-
-def _rules(table: Mapping[str, Any], base: QueueRules, where: str, fail: Any) -> QueueRules:  # noqa: ANN401
-    max_attempts = table.get("max_attempts", base.max_attempts)
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise fail(f"{where}max_attempts", f"must be an int >= 1, got {max_attempts!r}")
-    backoff = base.backoff
-    if "backoff" in table:
-        backoff = _backoff(table["backoff"], f"{where}backoff", fail)
-    on = {}
-    for key in ("expired", "maxlen"):
-        value = table.get(key, getattr(base, key).value)
-        if value not in ("dead", "retry"):
-            raise fail(f"{where}{key}", f'is "dead" or "retry", got {value!r}')
-        on[key] = OnDeath(value)
-    direct = table.get("direct_release", base.direct_release)
-    if not isinstance(direct, bool):
-        raise fail(f"{where}direct_release", f"is true or false, got {direct!r}")
-    return QueueRules(
-        max_attempts, backoff, expired=on["expired"], maxlen=on["maxlen"], direct_release=direct
-    )
-
-
-def _backoff(value: object, key: str, fail: Any) -> Backoff:  # noqa: ANN401
-    if not isinstance(value, dict):
-        example = '{ kind = "fixed", delay = "5s" }'
-        raise fail(key, f"must be a table such as {example}, got {value!r}")
-    kind = value.get("kind")
-    if not isinstance(kind, str) or kind not in _BACKOFF_KEYS:
-        raise fail(f"{key}.kind", f"is one of {', '.join(_BACKOFF_KEYS)}, got {kind!r}")
-    _known(value, _BACKOFF_KEYS[kind], key + ".", fail)
-    for name in _BACKOFF_KEYS[kind][1:2]:  # the one every kind needs: delay, initial, delays
-        if name not in value:
-            raise fail(f"{key}.{name}", "is missing")
-    # Durations are read first, each naming its key; what the constructor then refuses
-    # (a factor below 1, a maximum below the initial delay) is named by the table.
-    if kind == "fixed":
-        delay = _duration(value["delay"], f"{key}.delay", fail) / 1000
-        return _built(lambda: Fixed(delay), key, fail)
-    if kind == "schedule":
-        listed = value["delays"]
-        if not isinstance(listed, list) or not listed:
-            raise fail(f"{key}.delays", f"must be a list of durations, got {listed!r}")
-        delays = [_duration(d, f"{key}.delays[{i}]", fail) / 1000 for i, d in enumerate(listed)]
-        return _built(lambda: Schedule(delays), key, fail)
-    initial = _duration(value["initial"], f"{key}.initial", fail) / 1000
-    maximum = value.get("max")
-    top = None if maximum is None else _duration(maximum, f"{key}.max", fail) / 1000
-    factor, jitter = value.get("factor", 2), value.get("jitter", 0)
-    return _built(
-        lambda: Exponential(initial, factor=factor, maximum=top, jitter=jitter), key, fail
-    )
-
-
-# The constructors' arguments that the config names otherwise.
-_ARGUMENT_KEYS = {"maximum": "max"}
-
-
-def _built(make: Callable[[], Backoff], key: str, fail: Any) -> Backoff:  # noqa: ANN401
-    try:
-        return make()
-    except RetryConfigError as exc:
-        if exc.option is None:  # a Backoff of the future, naming no argument
-            raise fail(key, str(exc)) from exc
-        name = _ARGUMENT_KEYS.get(exc.option, exc.option)
-        raise fail(f"{key}.{name}", exc.problem) from exc

@@ -14,17 +14,16 @@ import asyncio
 import contextlib
 import inspect
 import random
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from faststream import BaseMiddleware, SourceType
 from faststream.exceptions import IgnoredException
 
+from faststream_retry.core import defaults
 from faststream_retry.core import headers as h
 from faststream_retry.core.config import RetryConfig
 from faststream_retry.core.decision import Action, Decision, decide
 from faststream_retry.core.events import RetryEvent, RetryHook
-from faststream_retry.core.outage import DEFAULT_HOLD_MS
 from faststream_retry.engine.outages import Requeue
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals
@@ -39,6 +38,7 @@ from faststream_retry.reporting.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Sequence
+    from datetime import timedelta
     from types import TracebackType
 
     from faststream._internal.context import ContextRepo
@@ -109,18 +109,18 @@ class RetryMiddleware:
         self,
         default: RetryPolicy | None = None,
         *,
-        prefix: str = "retry",
+        prefix: str = defaults.PREFIX,
         tick: timedelta | float | None = None,
-        max_delay: timedelta | float = timedelta(days=1),
-        queue_type: str = "quorum",
-        delivery_limit: int = 20,
-        prefetch: int = 200,
-        publish_failure_pause: timedelta | float = timedelta(seconds=1),
-        publish_timeout: timedelta | float = timedelta(seconds=30),
-        log_retry_traceback: str = "first",
+        max_delay: timedelta | float = defaults.MAX_DELAY,
+        queue_type: str = defaults.QUEUE_TYPE,
+        delivery_limit: int = defaults.DELIVERY_LIMIT,
+        prefetch: int = defaults.PREFETCH,
+        publish_failure_pause: timedelta | float = defaults.PUBLISH_FAILURE_PAUSE,
+        publish_timeout: timedelta | float = defaults.PUBLISH_TIMEOUT,
+        log_retry_traceback: str = defaults.LOG_RETRY_TRACEBACK,
         outage_after: int | None = None,
         outage_probe: timedelta | float | None = None,
-        outage_hold: timedelta | float = timedelta(milliseconds=DEFAULT_HOLD_MS),
+        outage_hold: timedelta | float = defaults.OUTAGE_HOLD,
         hooks: Sequence[RetryHook] = (),
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,

@@ -21,6 +21,7 @@ from faststream_retry.core.classify import (
     classify,
 )
 from faststream_retry.core.decision import Action, Hop, decide, recheck_step
+from faststream_retry.core.durations import format_ms
 from faststream_retry.core.policy import Exponential, Fixed, Schedule, effective_policy
 from faststream_retry.core.tiers import Wait
 from faststream_retry.core.topology import Route, registry_name, tier_name
@@ -63,19 +64,6 @@ _HIGHEST = math.nextafter(1.0, 0.0)
 
 class _Unlisted(Exception):  # noqa: N818 - stands for any exception the lists do not name
     """An exception no list names: what the plugin does with an unknown failure."""
-
-
-def format_ms(ms: int) -> str:
-    """Return a duration for people: ``400ms``, ``1.6s``, ``1m 42.4s``, ``1d 2h``."""
-    if ms < 1000:
-        return f"{ms}ms"
-    days, rest = divmod(ms, 86_400_000)
-    hours, rest = divmod(rest, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m")) if n]
-    if rest:
-        parts.append(f"{rest / 1000:g}s")
-    return " ".join(parts)
 
 
 def _class_name(cls: type[BaseException]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from pamqp import commands as spec
@@ -24,6 +24,7 @@ from faststream_retry.amqp.checks import declare_checked
 from faststream_retry.amqp.probe import depth
 from faststream_retry.amqp.registry import registered_queues
 from faststream_retry.core.advice import Refusal
+from faststream_retry.core.defaults import DELIVERY_LIMIT, PREFIX, QueueType
 from faststream_retry.core.topology import migrating_name, retry_queue_name
 from faststream_retry.core.versions import MIN_VERSION, parse_version
 from faststream_retry.ops import migration
@@ -82,9 +83,9 @@ async def migrate(
     connection: AbstractConnection,
     queue: str,
     *,
-    queue_type: Literal["classic", "quorum"],
-    prefix: str = "retry",
-    delivery_limit: int = 20,
+    queue_type: QueueType,
+    prefix: str = PREFIX,
+    delivery_limit: int = DELIVERY_LIMIT,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> MigrationResult:
     """Move ``queue`` to the arguments ``queue_type`` plans for its role, losing no message.
@@ -126,7 +127,7 @@ async def _migrate(
     queue: str,
     role: Owned,
     *,
-    queue_type: Literal["classic", "quorum"],
+    queue_type: QueueType,
     prefix: str,
     delivery_limit: int,
     progress: Callable[[str, int, int], None] | None,

@@ -9,7 +9,7 @@ finished by running it again, because every state it passes through is told apar
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from faststream_retry.core.topology import (
     QueueSpec,
@@ -23,6 +23,9 @@ from faststream_retry.core.topology import (
     tier_ttl,
     work_queue_of,
 )
+
+if TYPE_CHECKING:
+    from faststream_retry.core.defaults import QueueType
 
 __all__ = [
     "ROUTING_KEY_HEADER",
@@ -100,9 +103,7 @@ def owned(name: str, prefix: str) -> Owned | str:
     )
 
 
-def target_spec(
-    queue: Owned, queue_type: Literal["classic", "quorum"], prefix: str, delivery_limit: int
-) -> QueueSpec:
+def target_spec(queue: Owned, queue_type: QueueType, prefix: str, delivery_limit: int) -> QueueSpec:
     """Return the queue with exactly the arguments ``topology`` plans for its role and type."""
     options = TopologyOptions(
         prefix=prefix, max_delay_ms=0, queue_type=queue_type, delivery_limit=delivery_limit

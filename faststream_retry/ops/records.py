@@ -6,13 +6,14 @@ import binascii
 import gzip
 import importlib
 import json
-import re
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from faststream_retry.core import headers as h
+from faststream_retry.core.durations import parse_duration
+from faststream_retry.errors import RetryConfigError
 from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.wire import encode_value
 
@@ -280,19 +281,19 @@ def _exception_matches(name: str, wanted: frozenset[str]) -> bool:
     return name in wanted or name.rsplit(".", 1)[-1] in wanted
 
 
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
 def parse_time(text: str, now: datetime | None = None) -> int:
     """Return epoch ms for ``--since``/``--until``: ISO 8601 (UTC if no zone) or ``2h`` ago.
+
+    An age is a duration as ``core/durations.py`` reads one (``30m``, ``1h 30m``, ``7d``).
 
     Raises:
         OperationError: neither form.
     """
-    match = _RELATIVE.match(text.strip())
-    if match:
-        ago = timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+    try:
+        ago = timedelta(milliseconds=parse_duration(text, "an age"))
+    except RetryConfigError:
+        pass  # not an age: a moment, then
+    else:
         return int(((now or datetime.now(timezone.utc)) - ago).timestamp() * 1000)
     try:
         moment = datetime.fromisoformat(text.strip())

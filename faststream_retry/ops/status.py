@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from faststream_retry.amqp.probe import depth
 from faststream_retry.amqp.registry import registered_queues
+from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.topology import (
     dlq_name,
     is_retry_or_dlq,
@@ -184,7 +185,7 @@ async def status(
     app: LoadedApp | None = None,
     management_url: str | None = None,
     vhost: str = "/",
-    prefix: str = "retry",
+    prefix: str = PREFIX,
 ) -> Status:
     """Count the messages of work queues, their ``.retry`` and ``.dlq``, and the tiers.
 

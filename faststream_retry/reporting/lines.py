@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core.config import traceback_on_retry
+from faststream_retry.core.durations import format_ms
 from faststream_retry.core.events import EventKind, RetryEvent
 from faststream_retry.core.topology import dlq_name, retry_queue_name
 from faststream_retry.reporting.log import log
@@ -26,22 +27,19 @@ def write(
     event: RetryEvent,
     exception: BaseException | None,
     retry_traceback: str,
-    duration: Callable[[int], str],
 ) -> None:
     """Write ``event``'s line; ``exception`` is the handler's failure, for the traceback.
 
     ``retry_traceback`` is ``log_retry_traceback`` (``first``, ``every``, ``never``):
-    which retry lines carry the traceback; a dead letter's always does. ``duration``
-    says a number of milliseconds in words.
+    which retry lines carry the traceback; a dead letter's always does.
     """
-    LINES[event.kind](event, exception, retry_traceback, duration)
+    LINES[event.kind](event, exception, retry_traceback)
 
 
 def _scheduled(
     event: RetryEvent,
     exception: BaseException | None,
     retry_traceback: str,
-    _: Callable[[int], str],
 ) -> None:
     log.info(
         "retry scheduled for message %s from %s: attempt=%d/%d delay=%dms rule=%s error=%s: %s",
@@ -58,9 +56,7 @@ def _scheduled(
     )
 
 
-def _recheck(
-    event: RetryEvent, _: BaseException | None, __: str, ___: Callable[[int], str]
-) -> None:
+def _recheck(event: RetryEvent, _: BaseException | None, __: str) -> None:
     # A hop or a release: never above DEBUG, and no work for the line unless DEBUG is on.
     if log.isEnabledFor(logging.DEBUG):
         log.debug(
@@ -73,9 +69,7 @@ def _recheck(
         )
 
 
-def _dead_lettered(
-    event: RetryEvent, exception: BaseException | None, _: str, __: Callable[[int], str]
-) -> None:
+def _dead_lettered(event: RetryEvent, exception: BaseException | None, _: str) -> None:
     log.error(
         "dead-lettered message %s from %s to %s: reason=%s attempt=%d/%s error=%s: %s",
         event.message_id,
@@ -91,9 +85,7 @@ def _dead_lettered(
     )
 
 
-def _outage_started(
-    event: RetryEvent, _: BaseException | None, __: str, duration: Callable[[int], str]
-) -> None:
+def _outage_started(event: RetryEvent, _: BaseException | None, __: str) -> None:
     log.warning(
         "faststream-retry: %s is in outage mode after %d consecutive transient "
         "failures (last: %s: %s); taking one message per %s until one succeeds",
@@ -101,21 +93,19 @@ def _outage_started(
         event.failures or 0,
         event.exception,
         event.error,
-        duration(event.delay_ms or 0),
+        format_ms(event.delay_ms or 0),
         extra=_outage_fields(event),
     )
 
 
-def _outage_ended(
-    event: RetryEvent, _: BaseException | None, __: str, duration: Callable[[int], str]
-) -> None:
+def _outage_ended(event: RetryEvent, _: BaseException | None, __: str) -> None:
     # WARNING like the line that began it: whoever saw that one sees this one.
     if event.message_id is None:
         log.warning(
             "faststream-retry: %s was in outage mode for %s when its consumer "
             "stopped (%d probes); the messages it held were requeued",
             event.queue,
-            duration(event.duration_ms or 0),
+            format_ms(event.duration_ms or 0),
             event.probes or 0,
             extra=_outage_fields(event),
         )
@@ -124,7 +114,7 @@ def _outage_ended(
             "faststream-retry: %s left outage mode after %s: message %s succeeded "
             "(%d probes, %d transient failures meanwhile); full speed again",
             event.queue,
-            duration(event.duration_ms or 0),
+            format_ms(event.duration_ms or 0),
             event.message_id,
             event.probes or 0,
             event.failures or 0,
@@ -134,7 +124,7 @@ def _outage_ended(
 
 LINES: Mapping[
     EventKind,
-    Callable[[RetryEvent, BaseException | None, str, Callable[[int], str]], None],
+    Callable[[RetryEvent, BaseException | None, str], None],
 ] = {
     EventKind.SCHEDULED: _scheduled,
     EventKind.HOP: _recheck,

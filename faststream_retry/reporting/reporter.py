@@ -150,7 +150,7 @@ class Reporter:
         handler's failure, whose traceback the log line shows.
         """
         _guarded("count", event, metrics.count, self.telemetry, event)
-        _guarded("log", event, lines.write, event, exception, self.log_retry_traceback, _duration)
+        _guarded("log", event, lines.write, event, exception, self.log_retry_traceback)
         if self.hooks:  # events go nowhere when nobody listens
             _guarded("hand to the hooks", event, emit, self.hooks, event)
 
@@ -196,16 +196,6 @@ class Reporter:
         self._warned.add(key)
         with contextlib.suppress(Exception):  # a log filter or handler that raises
             log.warning(message, *args)
-
-
-def _duration(ms: int) -> str:
-    """Return ``ms`` as a log line says it: ``250 ms``, ``1 s``, ``1.5 s``, ``12 min 5 s``."""
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:g} s"
-    minutes, rest = divmod(round(ms / 1000), 60)
-    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
 
 
 def emit(hooks: Sequence[RetryHook], event: RetryEvent) -> None:

@@ -150,7 +150,7 @@ async def test_explain_json_states_the_exact_schedule_tiers_and_objects_with_no_
         "factor": 2.0,
         "maximum_ms": 10000,
         "jitter": 0.5,
-        "text": "exponential 1s x 2^(n-1), at most 10s, jitter ±50%",
+        "text": "exponential 1 s x 2^(n-1), at most 10 s, jitter ±50%",
     }
     rows = [
         (
@@ -213,14 +213,14 @@ async def test_explain_prints_the_schedule_table_for_people(tmp_path: Path) -> N
     result = await run_cli("explain", "shop_text:app", url=url, cwd=tmp_path)
     assert result.status == 0, result.stderr
     text = result.stdout
-    assert "tick 1s, max_delay 1m" in text
+    assert "tick 1 s, max_delay 1 min" in text
     assert "handler send_email (@retry_policy)" in text
     assert "max_attempts 5, 1 immediate (in-process)" in text
     # The schedule table: attempt, then, delay, elapsed, tiers.
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in text.splitlines()]
-    assert ["3", "retry later", "1s to 3s", "2s to 5s", "1000 → emails (1 hop)"] in rows, text
+    assert ["3", "retry later", "1 s to 3 s", "2 s to 5 s", "1000 → emails (1 hop)"] in rows, text
     assert "2000 + 1000 → emails (2 hops)" in text
-    assert "dead-lettered 4s to 11s after the first failure" in text
+    assert "dead-lettered 4 s to 11 s after the first failure" in text
     assert "retries off for every handler" in text
     assert "emails.retry" in text
     assert "x-dead-letter-routing-key=emails.dlq" in text

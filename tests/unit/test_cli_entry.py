@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+from faststream_retry import worker_config_schema
 from tests.cli import ROOT
 
 
@@ -33,10 +35,11 @@ def test_python_dash_m_runs_the_command() -> None:
         assert command in done.stdout
 
 
-def _worker(*args: str, config: str) -> subprocess.CompletedProcess[str]:
+def _worker(*args: str, config: str | None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "300", "NO_COLOR": "1"}
+    given = [] if config is None else ["--config", config]
     return subprocess.run(
-        [sys.executable, "-m", "faststream_retry", "worker", "--config", config, *args],
+        [sys.executable, "-m", "faststream_retry", "worker", *given, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -64,6 +67,21 @@ def test_the_worker_cannot_start_without_a_broker_and_says_so(tmp_path: Path) ->
     assert refused.returncode == 2
     assert "cannot connect to amqp://guest:***@127.0.0.1:1/" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_the_worker_prints_its_configs_json_schema_without_a_config() -> None:
+    done = _worker("--schema", config=None)
+    assert done.returncode == 0, done.stderr
+    schema = json.loads(done.stdout)
+    assert schema == worker_config_schema()
+    assert schema["title"] == "faststream-retry worker config"
+
+
+def test_the_worker_without_a_config_says_what_to_give() -> None:
+    done = _worker(config=None)
+    assert done.returncode == 2
+    assert "give the worker's config: --config retry.toml" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_print_policy_prints_the_command_for_the_configured_queues(tmp_path: Path) -> None:

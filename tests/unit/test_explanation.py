@@ -175,22 +175,22 @@ def test_backoffs_are_described_in_milliseconds() -> None:
     assert describe_backoff(Fixed(timedelta(seconds=2))) == {
         "kind": "fixed",
         "delay_ms": 2000,
-        "text": "fixed 2s",
+        "text": "fixed 2 s",
     }
     assert describe_backoff(Schedule([0.5, 60]))["delays_ms"] == [500, 60000]
     described = describe_backoff(Exponential(initial=1, factor=3, maximum=90, jitter=0.25))
-    assert described["text"] == "exponential 1s x 3^(n-1), at most 1m 30s, jitter ±25%"
+    assert described["text"] == "exponential 1 s x 3^(n-1), at most 1 min 30 s, jitter ±25%"
 
 
 def test_durations_read_as_people_write_them() -> None:
     assert [format_ms(ms) for ms in (0, 400, 1000, 1600, 60_000, 102_400, 93_600_000)] == [
-        "0ms",
-        "400ms",
-        "1s",
-        "1.6s",
-        "1m",
-        "1m 42.4s",
-        "1d 2h",
+        "0 ms",
+        "400 ms",
+        "1 s",
+        "1.6 s",
+        "1 min",
+        "1 min 42.4 s",
+        "1 d 2 h",
     ]
 
 

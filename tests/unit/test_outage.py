@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faststream_retry import RetryConfigError, RetryMiddleware, Verdict
+from faststream_retry.core import defaults as option_defaults
 from faststream_retry.core.outage import (
-    DEFAULT_HOLD_MS,
     MIN_PROBE_MS,
     Entered,
     Left,
@@ -241,7 +241,7 @@ class TestOptions:
         assert defaults["outage_after"] is None
         assert defaults["outage_probe"] is None
         assert defaults["outage_hold"] == timedelta(minutes=5)
-        assert DEFAULT_HOLD_MS == 300_000
+        assert timedelta(minutes=5) == option_defaults.OUTAGE_HOLD
 
     def test_options_in_the_plugins_units(self) -> None:
         """Durations become ms; no probe interval means the tick (decided at start)."""

@@ -656,9 +656,9 @@ def test_a_broken_meter_never_disturbs_a_probe_or_a_requeue(
 )
 def test_durations_in_outage_lines(ms: int, text: str) -> None:
     """Short ones in ms, then seconds, then minutes and seconds."""
-    from faststream_retry.reporting.reporter import _duration  # noqa: PLC0415
+    from faststream_retry.core.durations import format_ms  # noqa: PLC0415
 
-    assert _duration(ms) == text
+    assert format_ms(ms) == text
 
 
 def test_a_failing_hook_is_logged_and_the_next_one_still_runs(

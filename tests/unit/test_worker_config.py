@@ -7,19 +7,28 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 
+from faststream_retry.core.durations import HELP, PATTERN
 from faststream_retry.core.intake import OnDeath
 from faststream_retry.core.policy import Exponential, Fixed, RetryPolicy, Schedule
 from faststream_retry.core.worker_config import (
+    FixedTable,
+    ScheduleTable,
+    WorkerFile,
+    _BackoffTable,
     _built,
+    _line,
     load_worker_config,
-    parse_duration,
     policy_command,
     worker_config,
+    worker_config_schema,
 )
 from faststream_retry.errors import RetryConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 FULL = """
@@ -234,8 +243,8 @@ class TestErrorsNameTheKey:
         ("data", "expected"),
         [
             (config(prefix=5), "prefix must be a string, got 5"),
-            (config(queue_type=5), "queue_type must be a string, got 5"),
-            (config(delivery_limit="x"), "delivery_limit must be an int, got 'x'"),
+            (config(queue_type=5), "queue_type is 'classic' or 'quorum', got 5"),
+            (config(delivery_limit="x"), "delivery_limit must be an int >= 1, got 'x'"),
             (config(tick="soon"), f"tick {_TAKES}, got 'soon'"),
             (config(publish_failure_pause="x"), f"publish_failure_pause {_TAKES}, got 'x'"),
             (config(publish_timeout="x"), f"publish_timeout {_TAKES}, got 'x'"),
@@ -310,24 +319,24 @@ class TestErrorsNameTheKey:
                     "queues": [{"name": "a"}],
                 },
                 (
-                    "defaults.backoff (which queues[0] uses) names a delay of 120 s, longer "
-                    "than max_delay (60 s): raise max_delay or shorten the delay"
+                    "defaults.backoff (which queues[0] uses) names a delay of 2 min, longer "
+                    "than max_delay (1 min): raise max_delay or shorten the delay"
                 ),
             ),
             (  # no [defaults] table at all: the built-in backoff is named
                 {"max_delay": "1m", "queues": [{"name": "a", "max_attempts": 10}]},
                 (
                     "the default backoff (which queues[0] uses; set defaults.backoff) names a "
-                    "delay of 256 s, longer than max_delay (60 s): raise max_delay or shorten "
-                    "the delay"
+                    "delay of 4 min 16 s, longer than max_delay (1 min): raise max_delay or "
+                    "shorten the delay"
                 ),
             ),
             (  # 1, 2, 4, ... 256 s: the ninth retry's delay is past a minute
                 {"max_delay": "1m", "defaults": {"max_attempts": 10}, "queues": [{"name": "a"}]},
                 (
                     "the default backoff (which queues[0] uses; set defaults.backoff) names a "
-                    "delay of 256 s, longer than max_delay (60 s): raise max_delay or shorten "
-                    "the delay"
+                    "delay of 4 min 16 s, longer than max_delay (1 min): raise max_delay or "
+                    "shorten the delay"
                 ),
             ),
         ],
@@ -352,7 +361,7 @@ class TestErrorsNameTheKey:
             (config(prefix=""), "retry.toml: prefix must be a short non-empty str"),
             (config(queue_type="stream"), "retry.toml: queue_type is 'classic' or 'quorum'"),
             (config(prefetch=0), "retry.toml: prefetch must be an int >= 1"),
-            (config(prefetch=True), "retry.toml: prefetch must be an int, got True"),
+            (config(prefetch=True), "retry.toml: prefetch must be an int >= 1, got True"),
             (config(max_delay="soon"), "retry.toml: max_delay takes seconds (a number) or"),
             (config(defaults=[]), "retry.toml: defaults must be a table"),
             (config(defaults={"max_attempts": 0}), "defaults.max_attempts must be an int >= 1"),
@@ -431,27 +440,6 @@ class TestErrorsNameTheKey:
             load_worker_config(broken)
 
 
-def test_durations_take_seconds_or_a_unit() -> None:
-    assert parse_duration(1, "k") == 1000
-    assert parse_duration(0.25, "k") == 250
-    assert parse_duration("250ms", "k") == 250
-    assert parse_duration("1.5s", "k") == 1500
-    assert parse_duration(" 2 m ", "k") == 120_000
-    assert parse_duration("1h", "k") == 3_600_000
-    assert parse_duration("1d", "k") == 86_400_000
-    for bad in (-1, float("inf"), float("nan"), True, "1", "1w", "-1s", None, [1]):
-        with pytest.raises(RetryConfigError, match=r"^k "):
-            parse_duration(bad, "k")
-
-
-def test_durations_round_up_to_the_ms_but_not_float_noise() -> None:
-    assert parse_duration(0, "k") == 0
-    assert parse_duration(0.0004, "k") == 1  # never shortened to 0
-    assert parse_duration(0.1 * 3, "k") == 300  # 300.00000000000006 ms is 300 ms
-    assert parse_duration(0.0010000001, "k") == 1  # below a nanosecond: float noise
-    assert parse_duration(0.000001001, "k") == 1
-
-
 def test_the_file_is_read_as_utf8_whatever_the_locale(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -504,14 +492,32 @@ def test_the_policy_for_exact_names_only_is_the_names() -> None:
 
 
 def test_a_refusal_naming_no_argument_is_the_tables() -> None:
-    """A backoff whose refusal names none of the known arguments: the table's key, the text."""
+    """A backoff whose refusal names none of the table's keys: the table's key, the text."""
 
-    def refuse() -> Fixed:
-        raise RetryConfigError("not today")
+    def refuse(option: str | None) -> Callable[[], Fixed]:
+        def make() -> Fixed:
+            raise RetryConfigError("not today", option=option)
 
-    with pytest.raises(RetryConfigError) as info:
-        _built(refuse, "queues[0].backoff", lambda key, text: RetryConfigError(f"{key} {text}"))
-    assert str(info.value) == "queues[0].backoff not today"
+        return make
+
+    for option in (None, "colour"):
+        with pytest.raises(PydanticCustomError) as info:
+            _built(refuse(option), FixedTable)
+        error: Any = {
+            "type": "worker_config",
+            "loc": ("queues", 0, "backoff", "fixed"),
+            "msg": "",
+            "ctx": info.value.context,
+        }
+        assert _line(error) == "queues[0].backoff not today"
+
+
+def test_an_error_of_pydantics_own_is_said_as_pydantic_says_it() -> None:
+    """Every check is the config's own; one pydantic made itself would still name its key."""
+    error: Any = {"type": "int_type", "loc": ("defaults", "max_attempts"), "msg": "Not an int"}
+    assert _line(error) == "defaults.max_attempts Not an int"
+    missing: Any = {"type": "missing", "loc": ("queues", 1, "backoff", "schedule", "delays")}
+    assert _line(missing) == "queues[1].backoff.delays is missing"
 
 
 def test_only_the_delays_its_attempts_reach_must_fit_max_delay() -> None:
@@ -530,3 +536,122 @@ def test_only_the_delays_its_attempts_reach_must_fit_max_delay() -> None:
     jittered = {"kind": "exponential", "initial": "1s", "factor": 2, "jitter": 0.5}
     fits = {"max_delay": "8s", "queues": [{"name": "a", "backoff": jittered}]}
     assert worker_config(fits).rules("a") is not None  # 8 s; jitter's excess is cut
+
+
+def test_the_schema_describes_the_file_for_editors() -> None:
+    """What ``worker --schema`` prints: every key, its defaults (the middleware's), its values."""
+    schema = worker_config_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["title"] == "faststream-retry worker config"
+    assert (schema["required"], schema["additionalProperties"]) == (["queues"], False)
+    top = schema["properties"]
+    assert list(top) == [
+        "url",
+        "prefix",
+        "queue_type",
+        "max_delay",
+        "tick",
+        "delivery_limit",
+        "prefetch",
+        "publish_timeout",
+        "publish_failure_pause",
+        "defaults",
+        "queues",
+    ]
+    duration = {
+        "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": PATTERN}],
+        "description": f"a duration: {HELP}",
+    }
+    assert {key: top["max_delay"][key] for key in duration} == duration
+    defaults = [top[key]["default"] for key in top if "default" in top[key]]
+    assert defaults == [None, "retry", "quorum", 86_400, None, 20, 200, 30, 1]
+    assert top["queue_type"]["enum"] == ["classic", "quorum"]
+    assert top["prefetch"]["minimum"] == 1
+    rules = schema["$defs"]["RulesTable"]["properties"]
+    assert list(rules) == ["max_attempts", "backoff", "expired", "maxlen", "direct_release"]
+    queue = schema["$defs"]["QueueTable"]
+    assert list(queue["properties"]) == ["name", "pattern", *rules]
+    assert queue["additionalProperties"] is False
+    backoff = rules["backoff"]["anyOf"][0]
+    assert backoff["discriminator"]["propertyName"] == "kind"
+    assert sorted(backoff["discriminator"]["mapping"]) == ["exponential", "fixed", "schedule"]
+    exponential = schema["$defs"]["ExponentialTable"]
+    assert list(exponential["properties"]) == ["kind", "initial", "factor", "max", "jitter"]
+    assert exponential["required"] == ["kind", "initial"]
+
+
+def test_what_the_schema_lists_the_worker_reads() -> None:
+    """A file using every key the schema names is a config; one it does not name is refused."""
+    full = {
+        "url": "amqp://h/",
+        "prefix": "p",
+        "queue_type": "classic",
+        "max_delay": "1h",
+        "tick": "1s",
+        "delivery_limit": 3,
+        "prefetch": 4,
+        "publish_timeout": 5,
+        "publish_failure_pause": "250ms",
+        "defaults": {"max_attempts": 2, "expired": "retry", "maxlen": "retry"},
+        "queues": [
+            {"name": "a", "direct_release": True, "backoff": {"kind": "fixed", "delay": 1}},
+            {"pattern": "b.*", "backoff": {"kind": "exponential", "initial": 1, "max": 2}},
+        ],
+    }
+    assert set(full) == set(worker_config_schema()["properties"])
+    cfg = worker_config(full)
+    assert (cfg.url, cfg.prefix, cfg.retry.topology.queue_type) == ("amqp://h/", "p", "classic")
+    assert (cfg.retry.topology.tick_ms, cfg.retry.topology.delivery_limit) == (1000, 3)
+    assert (cfg.retry.prefetch, cfg.retry.publish_timeout_s, cfg.retry.pause_s) == (4, 5, 0.25)
+    a, b = cfg.rules("a"), cfg.rules("b.x")
+    assert a is not None
+    assert b is not None
+    assert (a.max_attempts, a.expired, a.maxlen, a.direct_release) == (
+        2,
+        OnDeath.RETRY,
+        OnDeath.RETRY,
+        True,
+    )
+    assert (a.backoff, b.backoff) == (Fixed(1), Exponential(1, maximum=2))
+    assert b.direct_release is False
+
+
+def test_a_config_that_is_not_a_table_is_named_as_a_whole() -> None:
+    data: Any = ["queues"]
+    with pytest.raises(RetryConfigError) as info:
+        worker_config(data, "retry.toml")
+    assert str(info.value) == "retry.toml: must be a table, got ['queues']"
+
+
+def test_a_factor_or_jitter_that_is_no_number_is_named() -> None:
+    """Its range is Exponential's to check; that it is a number, the table's."""
+    assert refused(_backoff(kind="exponential", initial=1, factor="x")) == (
+        "retry.toml: queues[0].backoff.factor must be a number, got 'x'"
+    )
+    assert refused(_backoff(kind="exponential", initial=1, jitter=True)) == (
+        "retry.toml: queues[0].backoff.jitter must be a number, got True"
+    )
+    assert refused(_backoff(kind="exponential", initial=1, jitter=2)) == (
+        "retry.toml: queues[0].backoff.jitter is a fraction in [0, 1], got 2.0"
+    )
+
+
+def test_the_models_errors_are_the_configs_own_lines() -> None:
+    """Validating with the model itself: pydantic's ValidationError, each message the line."""
+    with pytest.raises(ValidationError) as info:
+        WorkerFile.model_validate({"queues": [{"name": "a", "max_attempts": 0}]})
+    error = info.value.errors()[0]
+    assert (error["type"], error["msg"]) == ("worker_config", "must be an int >= 1, got 0")
+    assert _line(error) == "queues[0].max_attempts must be an int >= 1, got 0"
+
+
+def test_the_backoff_is_a_union_tagged_by_kind() -> None:
+    """pydantic picks the table by kind and puts the kind in the error's location."""
+    adapter: TypeAdapter[Any] = TypeAdapter(_BackoffTable)
+    table = adapter.validate_python({"kind": "schedule", "delays": [1]})
+    assert isinstance(table, ScheduleTable)
+    assert table.build() == Schedule([1])
+    with pytest.raises(ValidationError) as info:
+        adapter.validate_python({"kind": "fixed"})
+    (error,) = info.value.errors()
+    assert (error["type"], error["loc"]) == ("missing", ("fixed", "delay"))
