@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from faststream_retry.core.defaults import DELIVERY_LIMIT
 from faststream_retry.core.topology import is_retry_queue, tier_ttl
 from faststream_retry.errors import RetryTopologyError
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from faststream_retry.core.topology import Route, TopologyOptions
 
 __all__ = [
-    "DEFAULT_DELIVERY_LIMIT",
     "Advice",
     "Mismatch",
     "Refusal",
@@ -40,9 +40,6 @@ __all__ = [
     "refused",
     "work_queue_findings",
 ]
-
-DEFAULT_DELIVERY_LIMIT = 20
-"""``RetryMiddleware``'s default ``delivery_limit`` (a migrate command names it only when other)."""
 
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)'"
@@ -182,7 +179,9 @@ def migrate_command(name: str, options: TopologyOptions, *, retry_queue: bool) -
     """Return the ``faststream-retry migrate`` command that gives ``name`` the planned arguments."""
     command = _command(name, options.queue_type, options.prefix)
     quorum = options.queue_type == "quorum"
-    if retry_queue and quorum and options.delivery_limit != DEFAULT_DELIVERY_LIMIT:
+    if (
+        retry_queue and quorum and options.delivery_limit != DELIVERY_LIMIT
+    ):  # the default goes unsaid
         command += f" --delivery-limit {options.delivery_limit}"
     return command
 

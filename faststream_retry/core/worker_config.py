@@ -70,7 +70,12 @@ from faststream_retry.core.durations import HELP, PATTERN, format_ms, parse_dura
 from faststream_retry.core.intake import OnDeath, QueueRules
 from faststream_retry.core.policy import Backoff, Exponential, Fixed, RetryPolicy, Schedule
 from faststream_retry.core.tiers import Tiers, compute_tick_ms
-from faststream_retry.core.topology import MAX_NAME_BYTES, intake_name
+from faststream_retry.core.topology import (
+    MAX_NAME_BYTES,
+    intake_name,
+    is_own_queue,
+    is_retry_or_dlq,
+)
 from faststream_retry.errors import RetryConfigError
 
 if sys.version_info >= (3, 11):
@@ -175,7 +180,7 @@ class WorkerConfig:
         retry machinery itself (``.retry``, ``.dlq``, the prefix's own queues), whatever
         a pattern says: sending a message back to one of those would be a loop.
         """
-        if queue.endswith((".retry", ".dlq")) or queue.startswith(self.prefix + "."):
+        if is_own_queue(queue, self.prefix):
             return None
         for entry in self.queues:
             if entry.name == queue:
@@ -360,7 +365,7 @@ _Url = Annotated[
 def _queue_name(value: object) -> str:
     if not isinstance(value, str) or not value or len(value.encode()) > MAX_NAME_BYTES:
         raise _refuse(f"must be a queue name of 1 to {MAX_NAME_BYTES} bytes, got {value!r}")
-    if value.endswith((".retry", ".dlq")):
+    if is_retry_or_dlq(value):
         raise _refuse(f"names the retry machinery's own queue {value!r}; name the work queue")
     return value
 
