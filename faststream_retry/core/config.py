@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from faststream_retry.core.defaults import QUEUE_TYPES, is_queue_type
+from faststream_retry.core.defaults import MIN_PUBLISH_TIMEOUT_MS, QUEUE_TYPES, is_queue_type
+from faststream_retry.core.durations import format_ms
 from faststream_retry.core.outage import OutageOptions
 from faststream_retry.core.policy import RetryPolicy, to_ms
-from faststream_retry.core.tiers import Tiers, checked_tick_ms
+from faststream_retry.core.tiers import MAX_TTL_MS, Tiers, checked_tick_ms
 from faststream_retry.core.topology import TopologyOptions
 from faststream_retry.errors import RetryConfigError
 
@@ -70,6 +71,22 @@ class RetryConfig:
         _positive_int(prefetch, "prefetch")
         tick_ms = None if tick is None else to_ms(tick, "tick")
         max_delay_ms = to_ms(max_delay, "max_delay")
+        if max_delay_ms > MAX_TTL_MS:
+            problem = (
+                f"must be at most {format_ms(MAX_TTL_MS)} (RabbitMQ's longest queue TTL), "
+                f"got {format_ms(max_delay_ms)}"
+            )
+            raise RetryConfigError(f"max_delay {problem}", option="max_delay", problem=problem)
+        publish_timeout_ms = to_ms(publish_timeout, "publish_timeout")
+        if publish_timeout_ms < MIN_PUBLISH_TIMEOUT_MS:
+            problem = (
+                f"must be at least {format_ms(MIN_PUBLISH_TIMEOUT_MS)}, got "
+                f"{format_ms(publish_timeout_ms)}: a copy whose confirm comes later is "
+                "published again, and its message handled twice"
+            )
+            raise RetryConfigError(
+                f"publish_timeout {problem}", option="publish_timeout", problem=problem
+            )
         if tick_ms is not None:
             Tiers.build(checked_tick_ms(tick_ms), max_delay_ms)
         return cls(
@@ -83,7 +100,7 @@ class RetryConfig:
             ),
             prefetch=prefetch,
             pause_s=to_ms(publish_failure_pause, "publish_failure_pause") / 1000,
-            publish_timeout_s=max(to_ms(publish_timeout, "publish_timeout") / 1000, 0.001),
+            publish_timeout_s=publish_timeout_ms / 1000,
             log_retry_traceback=log_retry_traceback,
             outage=OutageOptions.build(outage_after, outage_probe, outage_hold),
         )

@@ -16,6 +16,7 @@ __all__ = [
     "DELIVERY_LIMIT",
     "LOG_RETRY_TRACEBACK",
     "MAX_DELAY",
+    "MIN_PUBLISH_TIMEOUT_MS",
     "OUTAGE_HOLD",
     "PREFETCH",
     "PREFIX",
@@ -43,6 +44,10 @@ PREFETCH = 200
 """Unacked messages per re-check (and intake) consumer channel."""
 PUBLISH_FAILURE_PAUSE = timedelta(seconds=1)
 PUBLISH_TIMEOUT = timedelta(seconds=30)
+MIN_PUBLISH_TIMEOUT_MS = 1000
+"""The shortest ``publish_timeout``: a copy whose confirm comes after it was delivered all
+the same, and the original, requeued, is handled again (a duplicate). Shorter ones made a
+message be retried several times over in a tryout."""
 LOG_RETRY_TRACEBACK = "first"
 OUTAGE_HOLD = timedelta(minutes=5)
 """How long a message may wait at the outage gate before it is requeued.

@@ -64,6 +64,11 @@ class Wait:
     last: bool
 
 
+MAX_TTL_MS = 2**32 - 1
+"""RabbitMQ's longest queue TTL (``x-message-ttl`` is a 32-bit unsigned count of ms): no
+tier, and so no delay, can be longer (about 49.7 days)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Tiers:
     """The tiers in use: ``tick * 2**k`` for every k with a TTL <= ``max_delay_ms``.

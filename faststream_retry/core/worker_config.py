@@ -69,7 +69,7 @@ from faststream_retry.core.defaults import (
 from faststream_retry.core.durations import HELP, PATTERN, format_ms, parse_duration
 from faststream_retry.core.intake import OnDeath, QueueRules
 from faststream_retry.core.policy import Backoff, Exponential, Fixed, RetryPolicy, Schedule
-from faststream_retry.core.tiers import Tiers, compute_tick_ms
+from faststream_retry.core.tiers import MAX_TTL_MS, Tiers, compute_tick_ms
 from faststream_retry.core.topology import (
     MAX_NAME_BYTES,
     intake_name,
@@ -304,9 +304,13 @@ def _is_number(value: object) -> bool:
 
 def _duration(value: object) -> int:
     try:
-        return parse_duration(value, "duration")
+        ms = parse_duration(value, "duration")
     except RetryConfigError as exc:
         raise _refuse(exc.problem) from None
+    # No delay outlives RabbitMQ's longest TTL, and this keeps every value a timedelta.
+    if ms > MAX_TTL_MS:
+        raise _refuse(f"must be at most {format_ms(MAX_TTL_MS)}, got {format_ms(ms)}")
+    return ms
 
 
 class _DurationSchema:

@@ -68,7 +68,8 @@ class RetryMiddleware:
         tick: the base tier's TTL. ``None``: the GCD of the delays the policies
             name, at least 100 ms.
         max_delay: bounds every delay, ``RetryLater``'s too (a longer one is cut to
-            it, with a WARNING once per handler); the tiers reach up to it.
+            it, with a WARNING once per handler); the tiers reach up to it. At most
+            2**32 - 1 ms (about 49.7 days), RabbitMQ's longest queue TTL.
         queue_type: ``"quorum"`` (the default) or ``"classic"`` for every queue the
             plugin declares (tiers, ``<queue>.retry``, ``<queue>.dlq``). Quorum tiers
             dead-letter at least once, so a broker crash or restart loses no waiting
@@ -82,7 +83,8 @@ class RetryMiddleware:
         prefetch: unacked messages per re-check consumer channel.
         publish_failure_pause: how long a message whose copy could not be confirmed
             is held before it is requeued (no hot loop while the broker is sick).
-        publish_timeout: how long to wait for a broker confirm.
+        publish_timeout: how long to wait for a broker confirm; at least 1 s (a copy
+            whose confirm comes later is published again: a duplicate).
         log_retry_traceback: which retry log lines carry the failure's traceback:
             ``"first"`` (a message's first failure only: it says what went wrong,
             and the next failures of an outage repeat it), ``"every"`` or ``"never"``.

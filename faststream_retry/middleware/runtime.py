@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.registry import retry_queues_in_use, survey
 from faststream_retry.core.advice import work_queue_findings
+from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError
@@ -165,12 +166,14 @@ class Runtime:
         self.live = live
         await self._report_stranded(connection, topology, routes)
         tiers = topology.tiers
+        covered = len(topology.routes)
         log.info(
-            "faststream-retry: tick %d ms, %d tiers up to %d ms, %d queues covered: %s",
-            tiers.tick_ms,
+            "faststream-retry: tick %s, %d tiers up to %s, %d %s covered: %s",
+            format_ms(tiers.tick_ms),
             len(tiers.ttls_ms),
-            tiers.ttls_ms[-1],
-            len(topology.routes),
+            format_ms(tiers.ttls_ms[-1]),
+            covered,
+            "queue" if covered == 1 else "queues",
             ", ".join(sorted(topology.routes)) or "none",
         )
 

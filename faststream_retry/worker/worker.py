@@ -24,6 +24,7 @@ from faststream_retry.amqp.channels import RPC_TIMEOUT_S, ChannelPair, close_qui
 from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.connection import connect_failure, safe_url
 from faststream_retry.amqp.registry import registered_queues, survey
+from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Handler, Plan, Route, queue_specs
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError, RetryWorkerError
@@ -146,11 +147,11 @@ class RetryWorker:
             raise
         tiers = topology.tiers
         log.info(
-            "faststream-retry worker: consuming %s; tick %d ms, %d tiers up to %d ms; queues: %s",
+            "faststream-retry worker: consuming %s; tick %s, %d tiers up to %s; queues: %s",
             self.config.intake,
-            tiers.tick_ms,
+            format_ms(tiers.tick_ms),
             len(tiers.ttls_ms),
-            tiers.ttls_ms[-1],
+            format_ms(tiers.ttls_ms[-1]),
             ", ".join(e.name or f"{e.pattern} (pattern)" for e in self.config.queues),
         )
 

@@ -83,10 +83,25 @@ def test_stock_values() -> None:
     assert config.outage is None
 
 
-def test_a_zero_publish_timeout_still_waits_a_millisecond() -> None:
-    """asyncio treats a zero timeout as 'already expired': the floor is 1 ms."""
-    assert build(publish_timeout=0).publish_timeout_s == 0.001
+def test_a_publish_timeout_below_a_second_is_refused() -> None:
+    """A copy confirmed after the timeout is published again: a tryout's 0 s multiplied
+    a message six times. A zero pause is fine (it only makes the requeue prompt)."""
+    assert build(publish_timeout=1).publish_timeout_s == 1
+    assert refusal(publish_timeout=0.999) == (
+        "publish_timeout must be at least 1 s, got 999 ms: a copy whose confirm comes later "
+        "is published again, and its message handled twice"
+    )
+    assert refusal(publish_timeout=0).startswith("publish_timeout must be at least 1 s, got 0 ms")
     assert build(publish_failure_pause=0).pause_s == 0
+
+
+def test_max_delay_is_at_most_rabbitmqs_longest_ttl() -> None:
+    """x-message-ttl is a 32-bit count of ms: a longer tier could never be declared."""
+    assert build(max_delay=(2**32 - 1) / 1000).topology.max_delay_ms == 2**32 - 1
+    assert refusal(max_delay=2**32 / 1000) == (
+        "max_delay must be at most 49 d 17 h 2 min 47.295 s (RabbitMQ's longest queue TTL), "
+        "got 49 d 17 h 2 min 47.296 s"
+    )
 
 
 def test_prefix_length() -> None:
