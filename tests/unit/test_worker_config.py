@@ -250,18 +250,24 @@ class TestErrorsNameTheKey:
             (config(publish_timeout="x"), f"publish_timeout {_TAKES}, got 'x'"),
             (
                 config(publish_timeout="0s"),
-                "publish_timeout must be at least 1 s, got 0 ms: a copy whose confirm comes "
-                "later is published again, and its message handled twice",
+                (
+                    "publish_timeout must be at least 1 s, got 0 ms: a copy whose confirm "
+                    "comes later is published again, and its message handled twice"
+                ),
             ),
             (
                 config(max_delay=1e15),
-                "max_delay must be at most 49 d 17 h 2 min 47.295 s, got "
-                "11574074074 d 1 h 46 min 40 s",
+                (
+                    "max_delay must be at most 49 d 17 h 2 min 47.295 s, got "
+                    "11574074074 d 1 h 46 min 40 s"
+                ),
             ),
             (
                 _backoff(kind="fixed", delay="99999999999w"),
-                "queues[0].backoff.delay must be at most 49 d 17 h 2 min 47.295 s, got "
-                "699999999993 d",
+                (
+                    "queues[0].backoff.delay must be at most 49 d 17 h 2 min 47.295 s, got "
+                    "699999999993 d"
+                ),
             ),
             (
                 {"queues": [{"name": "a", "colour": "red"}]},
