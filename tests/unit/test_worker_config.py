@@ -497,6 +497,16 @@ def test_a_delay_as_long_as_max_delay_fits_and_each_queue_is_checked() -> None:
     )
 
 
+def test_the_longest_ttl_rabbitmq_takes_is_the_longest_duration() -> None:
+    """2**32 - 1 ms, x-message-ttl's bound, is a max_delay; a millisecond more is not."""
+    longest = {"max_delay": "4294967.295s", "queues": [{"name": "a"}]}
+    assert worker_config(longest).retry.topology.max_delay_ms == 2**32 - 1
+    assert refused({"max_delay": "4294967.296s", "queues": [{"name": "a"}]}) == (
+        "retry.toml: max_delay must be at most 49 d 17 h 2 min 47.295 s, got "
+        "49 d 17 h 2 min 47.296 s"
+    )
+
+
 def test_a_max_delay_below_the_smallest_tick_is_named() -> None:
     """Delays under 100 ms still get a 100 ms tick: a max_delay below it cannot hold one."""
     data = {
