@@ -95,6 +95,24 @@ def test_a_publish_timeout_below_a_second_is_refused() -> None:
     assert build(publish_failure_pause=0).pause_s == 0
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("max_delay", 2**32 / 1000, "must be at most 49 d 17 h 2 min 47.295 s"),
+        ("publish_timeout", 0.5, "must be at least 1 s, got 500 ms"),
+    ],
+)
+def test_a_bound_names_its_option_for_the_worker_config(
+    option: str, value: float, problem: str
+) -> None:
+    """The worker's config says the key from ``option`` and the text from ``problem``."""
+    with pytest.raises(RetryConfigError) as raised:
+        build(**{option: value})
+    assert raised.value.option == option
+    assert raised.value.problem.startswith(problem)
+    assert str(raised.value) == f"{option} {raised.value.problem}"
+
+
 def test_max_delay_is_at_most_rabbitmqs_longest_ttl() -> None:
     """x-message-ttl is a 32-bit count of ms: a longer tier could never be declared."""
     assert build(max_delay=(2**32 - 1) / 1000).topology.max_delay_ms == 2**32 - 1
