@@ -106,8 +106,9 @@ def test_a_bound_names_its_option_for_the_worker_config(
     option: str, value: float, problem: str
 ) -> None:
     """The worker's config says the key from ``option`` and the text from ``problem``."""
+    changes: dict[str, Any] = {option: value}
     with pytest.raises(RetryConfigError) as raised:
-        build(**{option: value})
+        build(**changes)
     assert raised.value.option == option
     assert raised.value.problem.startswith(problem)
     assert str(raised.value) == f"{option} {raised.value.problem}"
