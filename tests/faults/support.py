@@ -215,10 +215,16 @@ async def stopped(what: str, stop: Awaitable[None], timeout: float = 30.0) -> No
     A stop that hangs after a fault is a finding in itself; bounding it turns a silent
     pytest-timeout into a failure that names the step.
     """
-    try:
-        await asyncio.wait_for(stop, timeout)
-    except TimeoutError:
+    task = asyncio.ensure_future(stop)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        # Where it hangs is the finding: the tasks show it while the stop still waits.
+        dump_tasks()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
         pytest.fail(f"{what} did not finish within {timeout} s")
+    task.result()
 
 
 class Timeline:
