@@ -28,6 +28,7 @@ from faststream_retry.core.worker_config import (
     worker_config_schema,
 )
 from faststream_retry.errors import (
+    CopyNotConfirmed,
     FastStreamRetryError,
     HeadersTooLarge,
     InvalidDueTime,
@@ -49,6 +50,7 @@ __all__ = [
     "BUILTIN_PERMANENT_NAMES",
     "BUILTIN_TRANSIENT",
     "Backoff",
+    "CopyNotConfirmed",
     "EventKind",
     "Exponential",
     "FastStreamRetryError",

@@ -13,6 +13,7 @@ import math
 from datetime import timedelta
 
 __all__ = [
+    "CopyNotConfirmed",
     "FastStreamRetryError",
     "HeadersTooLarge",
     "InvalidDueTime",
@@ -159,7 +160,19 @@ class HeadersTooLarge(PermanentError):  # noqa: N818 - its name is on the wire
     """
 
 
-# The classes are reached as faststream_retry.InvalidDueTime and .HeadersTooLarge, and
-# those are the names dead letters carry in retry-exception.
+class CopyNotConfirmed(PermanentError):  # noqa: N818 - its name is on the wire
+    """Recorded on a dead letter the plugin could not move anywhere else.
+
+    Nothing raises it: it names the cause in ``retry-exception``
+    (``faststream_retry.CopyNotConfirmed``) of a message dead-lettered with reason
+    ``stuck``: its copy (a retry, a hop or a release) was not confirmed, try after try,
+    until the delivery limit, or until ``max_delay`` past its due time. ``retry-error``
+    says which copy and what RabbitMQ did with it.
+    """
+
+
+# The classes are reached as faststream_retry.InvalidDueTime, .HeadersTooLarge and
+# .CopyNotConfirmed, and those are the names dead letters carry in retry-exception.
 InvalidDueTime.__module__ = "faststream_retry"
 HeadersTooLarge.__module__ = "faststream_retry"
+CopyNotConfirmed.__module__ = "faststream_retry"

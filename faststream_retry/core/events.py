@@ -61,6 +61,10 @@ class Reason(Word):
     """(The retry worker) it expired in its queue, which is configured not to retry that."""
     MAXLEN = "maxlen"
     """(The retry worker) its queue dropped it at its length limit, configured not to retry."""
+    STUCK = "stuck"
+    """Its copy could not be published, try after try, up to the delivery limit (or, out
+    of ``<queue>.retry``, for ``max_delay`` past its due time): the plugin gave up
+    requeueing it, which on RabbitMQ 4.3 no longer ends at the delivery limit."""
 
 
 class Verdict(Word):

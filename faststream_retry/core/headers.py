@@ -266,6 +266,23 @@ def read_attempt(headers: Mapping[str, Any] | None) -> int:
     return _int(headers.get(ATTEMPT), _MAX_ATTEMPT) or 0
 
 
+_REQUEUE_COUNTS = ("x-delivery-count", "x-acquired-count")
+"""Where RabbitMQ counts a quorum queue's returned deliveries: ``x-delivery-count``
+(3.x, 4.0: every return) and ``x-acquired-count`` (4.3, where a requeue no longer
+spends the delivery limit). A classic queue sets neither."""
+
+
+def read_requeues(headers: Mapping[str, Any] | None) -> int:
+    """Return how often the broker says this delivery came back to its queue before; 0 if never.
+
+    The larger of the counts RabbitMQ keeps (``_REQUEUE_COUNTS``); unreadable counts
+    as 0. Forged by a publisher it can only move its own message to its own DLQ early.
+    """
+    if not headers:
+        return 0
+    return max(_int(headers.get(key), _MAX_ATTEMPT) or 0 for key in _REQUEUE_COUNTS)
+
+
 def read_due(headers: Mapping[str, Any] | None) -> int | None:
     """Return the due time in epoch ms, or ``None`` when missing or unreadable."""
     if not headers:

@@ -13,7 +13,8 @@ never sent with its own headers cut: the message goes to its dead-letter queue i
 One function a runtime's step: ``failed`` (the middleware's handler failed),
 ``recheck`` and ``wait_again`` (a copy back from a tier in ``<queue>.retry``),
 ``intake`` and ``refused`` (a dead letter in the worker's intake), ``in_process`` (a
-retry with no copy); they build on ``retry``, ``hop``, ``release`` and ``dead_letter``.
+retry with no copy), ``stuck`` (a message whose copies are never confirmed); they
+build on ``retry``, ``hop``, ``release`` and ``dead_letter``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.core.decision import Action, Decision, Hop, Release, recheck_step
 from faststream_retry.core.events import Reason, RetryEvent, Rule, Verdict
 from faststream_retry.core.intake import DeadLetter, Refuse, Retry
-from faststream_retry.errors import HeadersTooLarge, InvalidDueTime
+from faststream_retry.errors import CopyNotConfirmed, HeadersTooLarge, InvalidDueTime
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -45,6 +46,7 @@ __all__ = [
     "refused",
     "release",
     "retry",
+    "stuck",
     "too_large",
     "wait_again",
 ]
@@ -56,6 +58,7 @@ TOO_LARGE_ERROR = (
 """``retry-error`` of a message dead-lettered as ``HeadersTooLarge``, before its failure."""
 
 _TOO_LARGE = h.exception_name(HeadersTooLarge())
+_NOT_CONFIRMED = h.exception_name(CopyNotConfirmed())
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,4 +473,55 @@ def too_large(step: Step, incoming: Mapping[str, Any] | None, *, now_ms: int) ->
         max_attempts=event.max_attempts,
         rule=event.rule,
         classification=event.classification,
+    )
+
+
+def stuck(
+    route: Route,
+    tried: Step,
+    incoming: Mapping[str, Any] | None,
+    *,
+    now_ms: int,
+    limit: int,
+    max_delay_ms: int,
+    outcome: str,
+) -> Step | None:
+    """The dead letter of a message whose copy ``tried`` was not confirmed; ``None``: requeue it.
+
+    A runtime that cannot move a message requeues it after a pause, and must not do so
+    for ever: RabbitMQ 4.3 no longer counts a requeue against a quorum queue's delivery
+    limit, and a classic queue never did. So the plugin ends the loop itself, on every
+    series: once the broker says the delivery came back ``limit`` times
+    (``h.read_requeues``), or, for a release (the only step that knows its lateness),
+    once it is ``max_delay_ms`` past its due time. ``outcome`` says what became of the
+    last copy. A copy to the dead-letter queue itself gets no second one there.
+    """
+    event = tried.event
+    late = event.lateness_ms
+    requeues = h.read_requeues(incoming)
+    if tried.copy.exchange == "" and tried.copy.routing_key == route.dlq:
+        return None
+    if requeues < limit and (late is None or late < max_delay_ms):
+        return None
+    copy = tried.copy
+    what = f"{event.kind} copy to {copy.exchange or copy.routing_key!r}"
+    if requeues >= limit:
+        why = f"came back {requeues} times (the delivery limit is {limit})"
+    else:
+        why = f"is {late} ms past its due time (max_delay is {max_delay_ms} ms)"
+    failure = h.FailureRecord(
+        attempt=event.attempt,
+        at_ms=now_ms,
+        exception=_NOT_CONFIRMED,
+        error=f"its {what} was not confirmed ({outcome}) and it {why}",
+    )
+    return dead_letter(
+        route.dlq,
+        route.queue,
+        event.message_id,
+        incoming,
+        failure,
+        reason=Reason.STUCK,
+        max_attempts=event.max_attempts,
+        due_ms=event.due_ms,
     )

@@ -22,7 +22,7 @@ from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.engine.consumer import Consumer
-from faststream_retry.engine.step import publish_step
+from faststream_retry.engine.step import give_up, publish_step
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, ConsumerTag
@@ -124,11 +124,25 @@ class RecheckConsumer:
         plan = self._plan
         incoming = message.headers
         step = steps.recheck(plan, route, message.message_id, incoming, now_ms=h.now_ms())
-        if await self._publish(message, step, outcomes) or outcomes != [Outcome.REFUSED]:
+        if await self._publish(message, step, outcomes):
             return
-        again = steps.wait_again(plan, route, step, incoming, now_ms=h.now_ms())
-        if again is not None and not message.channel.is_closed:
-            await self._publish(message, again, outcomes)
+        if outcomes == [Outcome.REFUSED]:
+            again = steps.wait_again(plan, route, step, incoming, now_ms=h.now_ms())
+            if (
+                again is not None
+                and not message.channel.is_closed
+                and await self._publish(message, again, outcomes)
+            ):
+                return
+        await give_up(
+            self._reporter,
+            self._publisher,
+            message,
+            step,
+            plan=plan,
+            route=route,
+            outcomes=outcomes,
+        )
 
     async def _publish(
         self, message: AbstractIncomingMessage, step: steps.Step, outcomes: list[Outcome]

@@ -17,9 +17,10 @@ if TYPE_CHECKING:
 
     from faststream_retry.amqp.publisher import Publisher
     from faststream_retry.core.steps import Copy, Step
+    from faststream_retry.core.topology import Plan, Route
     from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["publish_step"]
+__all__ = ["give_up", "publish_step"]
 
 
 async def publish_step(
@@ -60,4 +61,39 @@ async def publish_step(
         return ok
     return await reporter.publish(
         letter.event, letter.copy, send, incoming=incoming, exception=exception
+    )
+
+
+async def give_up(
+    reporter: Reporter,
+    publisher: Publisher,
+    message: AbstractIncomingMessage,
+    tried: Step,
+    *,
+    plan: Plan,
+    route: Route,
+    outcomes: list[Outcome],
+    exception: BaseException | None = None,
+) -> bool:
+    """Dead-letter ``message``, whose copy ``tried`` was not confirmed, if it has tried enough.
+
+    ``core.steps.stuck`` says when: the delivery came back ``delivery_limit`` times, or
+    a release is ``max_delay`` late. ``True`` once that dead letter is confirmed (ack
+    the original); ``False``: requeue it after the pause, as before.
+    """
+    if not outcomes or Outcome.CONFIRMED in outcomes:
+        return False
+    letter = steps.stuck(
+        route,
+        tried,
+        message.headers,
+        now_ms=h.now_ms(),
+        limit=plan.options.delivery_limit,
+        max_delay_ms=plan.tiers.max_delay_ms,
+        outcome=outcomes[-1].value,
+    )
+    if letter is None:
+        return False
+    return await publish_step(
+        reporter, publisher, message, letter, exception=exception, outcomes=outcomes
     )

@@ -2,7 +2,8 @@
 
 The scope decides (``core.decision``); a sink carries the decision out. The live sink
 publishes the copy ``core.steps`` builds with a broker confirm (``engine.step``), then
-acks the original, or requeues it after a pause when the copy was not confirmed.
+acks the original, or requeues it after a pause when the copy was not confirmed, until
+``engine.step.give_up`` dead-letters it (``stuck``): RabbitMQ 4.3 no longer ends that loop.
 ``test_mode.TestSink`` is the other one, under ``TestRabbitBroker``. ``Runtime.sink``
 chooses between them.
 """
@@ -15,11 +16,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.decision import Action
-from faststream_retry.engine.step import publish_step
+from faststream_retry.engine.step import give_up, publish_step
 
 if TYPE_CHECKING:
     from faststream.message import StreamMessage
 
+    from faststream_retry.amqp.publisher import Outcome
     from faststream_retry.core.decision import Decision
     from faststream_retry.core.topology import Route
     from faststream_retry.engine.live import Live
@@ -94,11 +96,17 @@ class LiveSink:
             incoming=raw.headers,
             now_ms=h.now_ms(),
         )
+        outcomes: list[Outcome] = []
         ok = await publish_step(
+            self._reporter, live.publisher, raw, step, exception=exc, outcomes=outcomes
+        ) or await give_up(
             self._reporter,
             live.publisher,
             raw,
             step,
+            plan=live.plan,
+            route=route,
+            outcomes=outcomes,
             exception=exc,
         )
         if ok:

@@ -18,7 +18,7 @@ from faststream_retry.core import steps
 from faststream_retry.core.intake import Refuse, intake_step
 from faststream_retry.core.topology import intake_dlq_name
 from faststream_retry.engine.consumer import Consumer
-from faststream_retry.engine.step import publish_step
+from faststream_retry.engine.step import give_up, publish_step
 from faststream_retry.errors import RetryTopologyError
 
 if TYPE_CHECKING:
@@ -103,7 +103,23 @@ class IntakeConsumer:
                 step = self._refused(message, refusal, now)
             else:
                 step = steps.intake(plan, route, message.message_id, incoming, decided)
-        await publish_step(self._reporter, self._publisher, message, step, outcomes=outcomes)
+                if not await self._publish(message, step, outcomes):
+                    await give_up(
+                        self._reporter,
+                        self._publisher,
+                        message,
+                        step,
+                        plan=plan,
+                        route=route,
+                        outcomes=outcomes,
+                    )
+                return
+        await self._publish(message, step, outcomes)
+
+    async def _publish(
+        self, message: AbstractIncomingMessage, step: Step, outcomes: list[Outcome]
+    ) -> bool:
+        return await publish_step(self._reporter, self._publisher, message, step, outcomes=outcomes)
 
     def _refused(self, message: AbstractIncomingMessage, refusal: Refuse, now: int) -> Step:
         return steps.refused(

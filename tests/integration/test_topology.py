@@ -20,7 +20,7 @@ from faststream_retry import (
 from faststream_retry.core import headers
 from faststream_retry.core.events import EventKind
 from faststream_retry.core.topology import tier_name
-from tests.rabbit import App, drain, eventually, headers_of, unique
+from tests.rabbit import App, drain, eventually, headers_of, queue_depth, unique
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -148,7 +148,9 @@ async def test_quorum_everywhere_retries_and_dead_letters(
 async def test_a_stuck_message_in_a_quorum_retry_queue_ends_in_the_dlq_at_the_limit(
     make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
-    """The re-check consumer requeues only when it cannot publish; at the limit, DLQ."""
+    """The re-check consumer requeues only when it cannot publish; at the limit it
+    dead-letters the message itself, reason ``stuck``: RabbitMQ 4.3 no longer counts a
+    requeue against the delivery limit, so the broker would never end the loop."""
     app: App = make_app(queue_type="quorum", delivery_limit=2)
     queue = unique("limit")
 
@@ -173,9 +175,16 @@ async def test_a_stuck_message_in_a_quorum_retry_queue_ends_in_the_dlq_at_the_li
     await app.stop()
     assert dead.body == b"stuck"
     assert dead.message_id == "s1"
-    death = headers_of(dead)["x-death"][0]
-    assert death["reason"] == "delivery_limit"
-    assert death["queue"] == f"{queue}.retry"
+    got = headers_of(dead)
+    assert (got[headers.REASON], got[headers.EXCEPTION]) == (
+        "stuck",
+        "faststream_retry.CopyNotConfirmed",
+    )
+    assert got[headers.ERROR].endswith(
+        "was not confirmed (failed) and it came back 2 times (the delivery limit is 2)"
+    )
+    assert "x-death" not in got  # the plugin's dead letter, not the broker's
+    assert await queue_depth(amqp, f"{queue}.retry") == 0
     await channel.close()
 
 
@@ -227,3 +236,51 @@ async def test_a_dead_letter_subscriber_declared_as_the_plugin_does_gets_each_de
     for mid in ids:
         await app.broker.publish(mid, queue=queue, message_id=mid)
     await eventually(lambda: sorted(dead) == sorted(ids), what="every dead letter consumed")
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+async def test_a_release_that_can_never_be_confirmed_ends_in_the_dlq_within_a_bound(
+    make_app: Any, amqp: AbstractRobustConnection, queue_type: str
+) -> None:
+    """A work queue that refuses every publish (full, ``reject-publish``): its releases
+    wait in tiers, then requeue, and once ``max_delay`` past due the re-check consumer
+    dead-letters them itself (``stuck``). On every RabbitMQ series and queue type: a
+    classic ``.retry`` has no delivery limit, and 4.3's quorum one no longer counts a
+    requeue. Each message exactly once in the DLQ, none left anywhere."""
+    app: App = make_app(queue_type=queue_type, max_delay=2, tick=0.25)
+    queue = unique("refusing")
+    full = RabbitQueue(
+        queue, durable=True, arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
+    )
+
+    @app.broker.subscriber(full)
+    async def handle(body: str) -> None:  # never called: the queue holds nothing
+        raise AssertionError(body)
+
+    await app.start()
+    channel = await amqp.channel()
+    started = time.monotonic()
+    now = int(time.time() * 1000)
+    ids = [f"r{i}" for i in range(5)]
+    for message_id in ids:
+        await channel.default_exchange.publish(
+            aio_pika.Message(
+                b"x", headers={headers.DUE: now, headers.ATTEMPT: 1}, message_id=message_id
+            ),
+            routing_key=f"{queue}.retry",
+        )
+    dead = await drain(amqp, f"{queue}.dlq", expect=len(ids), timeout=30)
+    took = time.monotonic() - started
+    assert sorted(m.message_id or "" for m in dead) == ids
+    for message in dead:
+        got = headers_of(message)
+        assert (got[headers.REASON], got[headers.EXCEPTION]) == (
+            "stuck",
+            "faststream_retry.CopyNotConfirmed",
+        )
+        assert "past its due time (max_delay is 2000 ms)" in got[headers.ERROR]
+    # max_delay past due, plus a pause or a tier: far below the drain's bound.
+    assert took < 15, took
+    assert await app.waiting(amqp, queue) == 0
+    assert await queue_depth(amqp, f"{queue}.dlq") == 0  # drained: no second copy came
+    await channel.close()

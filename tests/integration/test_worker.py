@@ -258,7 +258,10 @@ async def _has(connection: AbstractRobustConnection, queue: str, n: int) -> bool
 async def test_a_quorum_queues_delivery_limit_is_poison_at_once(
     amqp: AbstractRobustConnection, setup: Setup, rabbit_url: str
 ) -> None:
-    """A consumer that crashes on a message every time: dead-lettered as poison, no retry."""
+    """A consumer that crashes on a message every time: dead-lettered as poison, no retry.
+
+    The crash closes the consumer's channel with the message unacked: every RabbitMQ
+    series counts that against the delivery limit (4.3 no longer counts a requeue)."""
     config = setup.config()
     arguments = {
         "x-queue-type": "quorum",
@@ -271,13 +274,15 @@ async def test_a_quorum_queues_delivery_limit_is_poison_at_once(
     try:
         async with RetryWorker(config, url=rabbit_url):
             await publish(fanout, "crasher")
-            queue = await channel.get_queue(setup.queue, ensure=False)
             dlq = f"{setup.queue}.dlq"
             while not await _has(amqp, dlq, 1):
+                crashing = await amqp.channel()
+                queue = await crashing.get_queue(setup.queue, ensure=False)
                 message = await queue.get(fail=False)
-                if message is not None:  # the crash: handed back, the delivery count goes up
+                if message is not None:
                     deliveries.append(message.message_id or "")
-                    await message.nack(requeue=True)
+                # The crash: the channel goes with the message unacked.
+                await crashing.close()
                 await asyncio.sleep(0.05)
                 assert len(deliveries) <= 3, "never dead-lettered"
             dead = await drain(amqp, dlq, 1)

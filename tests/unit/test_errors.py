@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from faststream_retry import (
+    CopyNotConfirmed,
     FastStreamRetryError,
     HeadersTooLarge,
     InvalidDueTime,
@@ -28,7 +29,8 @@ def test_every_error_of_the_plugins_own_is_caught_by_the_root(
 
 
 @pytest.mark.parametrize(
-    "control", [TransientError, PermanentError, RetryLater, InvalidDueTime, HeadersTooLarge]
+    "control",
+    [TransientError, PermanentError, RetryLater, InvalidDueTime, HeadersTooLarge, CopyNotConfirmed],
 )
 def test_a_handlers_control_exceptions_are_not_the_plugins_errors(
     control: type[Exception],
@@ -59,3 +61,15 @@ def test_a_config_error_about_nothing_in_particular() -> None:
     assert error.problem == str(error) == "prefix must be a short non-empty str, got ''"
     assert RetryConfigError("x", option="y").problem == "x"
     assert RetryConfigError("x", option="y", problem="z").problem == "z"
+
+
+def test_the_causes_recorded_on_dead_letters_are_named_by_their_public_path() -> None:
+    """``retry-exception`` carries these names; they must stay what the docs say."""
+    from faststream_retry.core.headers import exception_name  # noqa: PLC0415
+
+    names = [exception_name(e()) for e in (InvalidDueTime, HeadersTooLarge, CopyNotConfirmed)]
+    assert names == [
+        "faststream_retry.InvalidDueTime",
+        "faststream_retry.HeadersTooLarge",
+        "faststream_retry.CopyNotConfirmed",
+    ]

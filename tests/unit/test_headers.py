@@ -403,3 +403,33 @@ class TestExactHeaders:
         assert h.sanitize({1: [b"b", (b"c",)]}) == {"1": [bytearray(b"b"), [bytearray(b"c")]]}
         wire: dict[Any, Any] = {"k": b"v", 5: "not a str key"}
         assert h.carry_over(wire) == {"k": bytearray(b"v")}
+
+
+class TestReadRequeues:
+    """How often the broker says a delivery came back: 3.x and 4.0 count every return in
+    ``x-delivery-count``; 4.3 counts requeues only in ``x-acquired-count``."""
+
+    def test_no_headers_and_no_counts_are_zero(self) -> None:
+        assert h.read_requeues(None) == 0
+        assert h.read_requeues({}) == 0
+        assert h.read_requeues({"other": 5}) == 0
+
+    @pytest.mark.parametrize(
+        ("headers", "count"),
+        [
+            ({"x-delivery-count": 4}, 4),
+            ({"x-acquired-count": 6}, 6),
+            ({"x-delivery-count": 4, "x-acquired-count": 6}, 6),
+            ({"x-delivery-count": 7, "x-acquired-count": 6}, 7),
+            ({"x-delivery-count": "3"}, 3),
+        ],
+    )
+    def test_the_larger_count_is_read(self, headers: dict[str, Any], count: int) -> None:
+        assert h.read_requeues(headers) == count
+
+    @pytest.mark.parametrize("value", [-1, "many", 2**31, True, None, [1], 1.5e300])
+    def test_an_unreadable_count_is_zero(self, value: object) -> None:
+        assert h.read_requeues({"x-acquired-count": value, "x-delivery-count": value}) == 0
+
+    def test_the_largest_readable_count_is_just_under_two_to_the_31(self) -> None:
+        assert h.read_requeues({"x-acquired-count": 2**31 - 1}) == 2**31 - 1

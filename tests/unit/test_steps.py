@@ -454,6 +454,73 @@ class TestWaitAgain:
         assert steps.wait_again(a_plan(), HOME, hop, BACK, now_ms=0) is None
 
 
+def hopped() -> Step:
+    return steps.hop(
+        a_plan(), HOME, "m1", BACK, attempt=3, now_ms=0, due_ms=19_000, tier_ms=1000, last=False
+    )
+
+
+class TestStuck:
+    """The plugin ends its own requeue loops: RabbitMQ 4.3 no longer counts a requeue."""
+
+    def test_a_copy_not_confirmed_is_requeued_while_under_both_bounds(self) -> None:
+        back = {**BACK, "x-delivery-count": 2, "x-acquired-count": 2}
+        got = steps.stuck(
+            HOME, released(7999), back, now_ms=1, limit=3, max_delay_ms=8000, outcome="failed"
+        )
+        assert got is None
+
+    @pytest.mark.parametrize("count", ["x-delivery-count", "x-acquired-count"])
+    def test_at_the_delivery_limit_by_either_count_it_is_dead_lettered_as_stuck(
+        self, count: str
+    ) -> None:
+        back = {**BACK, count: 3}
+        step = steps.stuck(
+            HOME, hopped(), back, now_ms=21_000, limit=3, max_delay_ms=8000, outcome="refused"
+        )
+        error = (
+            "its hop copy to 'p.delay.1000' was not confirmed (refused) and it came back 3 "
+            "times (the delivery limit is 3)"
+        )
+        record = h.FailureRecord(
+            attempt=3, at_ms=21_000, exception="faststream_retry.CopyNotConfirmed", error=error
+        )
+        assert step == steps.dead_letter(
+            "orders.dlq", "orders", "m1", back, record, reason=Reason.STUCK, due_ms=19_000
+        )
+
+    def test_a_release_max_delay_late_is_dead_lettered_whatever_the_count(self) -> None:
+        step = steps.stuck(
+            HOME, released(8000), BACK, now_ms=21_000, limit=3, max_delay_ms=8000, outcome="x"
+        )
+        assert step is not None
+        assert step.copy == Copy("", "orders.dlq", step.copy.headers, room=True)
+        assert step.event.reason is Reason.STUCK
+        assert step.copy.headers[h.REASON] == "stuck"
+        assert step.copy.headers[h.ERROR] == (
+            "its released copy to 'orders' was not confirmed (x) and it is 8000 ms past its "
+            "due time (max_delay is 8000 ms)"
+        )
+
+    def test_a_copy_that_was_its_dead_letter_gets_no_second_one(self) -> None:
+        letter = steps.dead_letter(
+            "orders.dlq", "orders", "m1", BACK, failure(), reason=Reason.PERMANENT
+        )
+        back = {**BACK, "x-delivery-count": 9}
+        assert (
+            steps.stuck(HOME, letter, back, now_ms=0, limit=3, max_delay_ms=1, outcome="x") is None
+        )
+
+    def test_a_copy_to_another_exchange_named_like_the_dlq_still_gets_its_dead_letter(
+        self,
+    ) -> None:
+        # Only the default exchange routes by queue name: the test is of both.
+        tier_to_dlq = Step(hopped().event, Copy("p.delay.1000", "orders.dlq", {}))
+        back = {**BACK, "x-delivery-count": 3}
+        step = steps.stuck(HOME, tier_to_dlq, back, now_ms=0, limit=3, max_delay_ms=1, outcome="x")
+        assert step is not None
+
+
 class TestIntake:
     def test_a_dead_letter_to_retry_goes_round_the_tiers_as_transient(self) -> None:
         decided = Retry("orders", 2, 5, 4000, failure(4000))
