@@ -110,7 +110,9 @@ class Consumer:
         consumers = list(self._consumers.values())
         self._consumers.clear()
         for consumer in consumers:
-            await _cancel(*consumer)
+            # A channel left half-open by a broker crash may never answer the cancel: the
+            # stop's own bound holds for it too, not the RPC timeout on top of it.
+            await _cancel(*consumer, timeout=min(wait_s, RPC_TIMEOUT_S))
         if self._pending:
             await asyncio.wait(self._pending, timeout=wait_s)
         # Acks still on their way: a channel closed before them would have the broker
@@ -176,9 +178,11 @@ class Consumer:
         return runs
 
 
-async def _cancel(queue: AbstractQueue, tag: ConsumerTag) -> None:
+async def _cancel(
+    queue: AbstractQueue, tag: ConsumerTag, *, timeout: float = RPC_TIMEOUT_S
+) -> None:
     with contextlib.suppress(Exception):  # its channel may be gone, and the consumer with it
-        await queue.cancel(tag, timeout=RPC_TIMEOUT_S)
+        await queue.cancel(tag, timeout=timeout)
 
 
 async def settle(message: AbstractIncomingMessage, *, ok: bool, pause_s: float) -> None:

@@ -72,6 +72,10 @@ async def test_broker_restarts_lose_nothing(
         broker_options={"reconnect_interval": 1.0},
         queue_type=queue_type,
         tick=0.5,  # tiers 0.5, 1, 2 s...: each delay takes hops through re-check
+        # A stop waits up to publish_timeout for copies whose confirms are on their way;
+        # at the default 30 s that alone fills the test's 30 s bound on a stop (CI once
+        # saw the stop after the SIGKILL go past it).
+        publish_timeout=10,
         # Retries after 1.5-4.5 s, then 7.5-20 s: the second wave outlasts a restart on
         # a loaded machine (up to 20 s seen) and is spread out, so when the broker is
         # back releases are still to come and the second fault lands among them.
