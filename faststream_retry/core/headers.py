@@ -14,8 +14,9 @@ hostile or buggy producer can put on the wire and never raises. Rules:
 ``retry-last-failed-at``   epoch ms of the latest failure (written, never read)
 ``retry-history``          the last ``HISTORY_LIMIT`` failures, each a table; anything
                            that is not such a list is dropped and the history restarts
-``retry-reason``           on dead letters: ``permanent``, ``exhausted`` or ``invalid``;
-                           the retry worker also writes ``poison``, ``expired``, ``maxlen``
+``retry-reason``           on dead letters: ``permanent``, ``exhausted``, ``invalid`` or
+                           ``stuck``; the retry worker also writes ``poison``, ``expired``,
+                           ``maxlen``
 ``retry-exception``        on dead letters: the exception's qualified type name
 ``retry-error``            on dead letters: ``str(exception)``, truncated; an exception
                            whose ``str()`` raises reads ``<unprintable Name: str() raised
