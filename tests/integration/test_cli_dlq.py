@@ -526,8 +526,10 @@ async def test_one_command_at_a_time_goes_through_a_queue(
         "dlq",
         "replay",
         work_queue,
+        # 8 s for 40: the second command's own start (a Python process, its imports)
+        # took over the 2 s that --rate 20 gave on a loaded machine.
         "--rate",
-        "20",
+        "5",
         env=environment(rabbit_url),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,

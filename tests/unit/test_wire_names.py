@@ -74,6 +74,7 @@ def test_reason_and_rule_values() -> None:
         "poison",
         "expired",
         "maxlen",
+        "stuck",
     ]
     assert [f"{r}" for r in faststream_retry.Rule] == [
         "explicit",
