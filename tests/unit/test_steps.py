@@ -489,6 +489,27 @@ class TestStuck:
             "orders.dlq", "orders", "m1", back, record, reason=Reason.STUCK, due_ms=19_000
         )
 
+    def test_a_retry_copy_at_the_limit_keeps_its_attempts_and_policy(self) -> None:
+        """The middleware's stuck failure: the dead letter's event says how far it got."""
+        tried = steps.retry(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            failure(4000),
+            max_attempts=5,
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+        )
+        back = {**INCOMING, "x-acquired-count": 20}
+        step = steps.stuck(
+            HOME, tried, back, now_ms=11_000, limit=20, max_delay_ms=8000, outcome="refused"
+        )
+        assert step is not None
+        assert (step.event.attempt, step.event.max_attempts) == (2, 5)
+        assert step.event.due_ms == 14_000
+        assert step.copy.headers[h.EXCEPTION] == "faststream_retry.CopyNotConfirmed"
+
     def test_a_release_max_delay_late_is_dead_lettered_whatever_the_count(self) -> None:
         step = steps.stuck(
             HOME, released(8000), BACK, now_ms=21_000, limit=3, max_delay_ms=8000, outcome="x"
