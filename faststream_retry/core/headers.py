@@ -33,13 +33,13 @@ hostile or buggy producer can put on the wire and never raises. Rules:
                            never reads it to decide anything
 =========================  ===============================================================
 
-RabbitMQ's own ``x-death``, ``x-first-death-*``, ``x-last-death-*`` and
-``x-delivery-count`` (a quorum queue's count of redeliveries, of that queue only) are
-removed on every republish, and so are ``CC`` and ``BCC`` (sender-selected routing, which would send
-the copy to other queues too). The bytes the plugin adds are bounded
-(``MAX_ADDED_BYTES``). Every text the plugin writes is valid UTF-8: a lone surrogate
-(``"\udc80"``, from bytes decoded with ``surrogateescape``) is written as the six
-characters ``\udc80``, never dropped.
+RabbitMQ's own ``x-death``, ``x-first-death-*``, ``x-last-death-*`` and the counts a
+quorum queue sets on each delivery (``BROKER_COUNTS``: facts about one delivery from one
+queue, not about the message) are removed on every republish, and so are ``CC`` and
+``BCC`` (sender-selected routing, which would send the copy to other queues too). The
+bytes the plugin adds are bounded (``MAX_ADDED_BYTES``). Every text the plugin writes is
+valid UTF-8: a lone surrogate (``"\udc80"``, from bytes decoded with ``surrogateescape``)
+is written as the six characters ``\udc80``, never dropped.
 
 Describing an exception runs the application's code (``__str__``, a metaclass, the
 traceback's ``__notes__``); ``exception_name``, ``error_text`` and ``traceback_text`` never
@@ -145,7 +145,7 @@ _MAX_DUE = 2**63
 # The broker's death records, and RabbitMQ's sender-selected distribution (CC, BCC): a
 # copy that kept those would be routed to those queues too, at every publish and every
 # dead-lettering out of a tier.
-_DROPPED_HEADERS = ("x-death", "x-delivery-count", "CC", "BCC")
+_DROPPED_HEADERS = ("x-death", "CC", "BCC")
 _BROKER_DEATH_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
@@ -267,21 +267,27 @@ def read_attempt(headers: Mapping[str, Any] | None) -> int:
     return _int(headers.get(ATTEMPT), _MAX_ATTEMPT) or 0
 
 
-_REQUEUE_COUNTS = ("x-delivery-count", "x-acquired-count")
-"""Where RabbitMQ counts a quorum queue's returned deliveries: ``x-delivery-count``
-(3.x, 4.0: every return) and ``x-acquired-count`` (4.3, where a requeue no longer
-spends the delivery limit). A classic queue sets neither."""
+BROKER_COUNTS = frozenset({"x-delivery-count", "x-acquired-count"})
+"""Where RabbitMQ counts a quorum queue's returned deliveries, set again on each delivery:
+``x-delivery-count`` (3.x, 4.0: every return; 4.3: the returns that spend the delivery
+limit) and ``x-acquired-count`` (4.3: every return). A classic queue sets neither. Every
+republish (a copy, a replay, an import, a pass) drops them."""
+
+
+def without_broker_counts(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return ``headers`` without the counts RabbitMQ sets on a delivery (``BROKER_COUNTS``)."""
+    return {k: v for k, v in (headers or {}).items() if k not in BROKER_COUNTS}
 
 
 def read_requeues(headers: Mapping[str, Any] | None) -> int:
     """Return how often the broker says this delivery came back to its queue before; 0 if never.
 
-    The larger of the counts RabbitMQ keeps (``_REQUEUE_COUNTS``); unreadable counts
+    The larger of the counts RabbitMQ keeps (``BROKER_COUNTS``); unreadable counts
     as 0. Forged by a publisher it can only move its own message to its own DLQ early.
     """
     if not headers:
         return 0
-    return max(_int(headers.get(key), _MAX_ATTEMPT) or 0 for key in _REQUEUE_COUNTS)
+    return max(_int(headers.get(key), _MAX_ATTEMPT) or 0 for key in BROKER_COUNTS)
 
 
 def read_due(headers: Mapping[str, Any] | None) -> int | None:
@@ -393,8 +399,8 @@ def _text(value: object) -> str:
 
 
 def _dropped(key: str) -> bool:
-    """Whether a copy leaves ``key`` out: the broker's death records and routing headers."""
-    return key in _DROPPED_HEADERS or key.startswith(_BROKER_DEATH_PREFIXES)
+    """Whether a copy leaves ``key`` out: the broker's death records, counts and routing headers."""
+    return key in _DROPPED_HEADERS or key in BROKER_COUNTS or key.startswith(_BROKER_DEATH_PREFIXES)
 
 
 def sanitize(value: Any) -> Any:  # noqa: ANN401 - header values are any AMQP field value

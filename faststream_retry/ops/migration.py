@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from faststream_retry.core import headers as h
 from faststream_retry.core.topology import (
     QueueSpec,
     Route,
@@ -55,9 +56,6 @@ A tier dead-letters an expired message by the routing key it was published with
 (``<queue>.retry`` or ``<queue>``); the move to the temporary queue changes it, so it
 is kept here and restored on the way back.
 """
-
-_BROKER_HEADERS = frozenset({"x-delivery-count"})
-"""Set by a quorum queue on each delivery: a fact about that delivery, not the message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,14 +143,14 @@ def steps(source: Look, temp_exists: bool) -> tuple[Step, ...]:
 
 def copy_headers(headers: dict[str, Any] | None, routing_key: str) -> dict[str, Any]:
     """Return the headers of a message's copy in the temporary queue."""
-    kept = {k: v for k, v in (headers or {}).items() if k not in _BROKER_HEADERS}
+    kept = h.without_broker_counts(headers)
     kept[ROUTING_KEY_HEADER] = routing_key
     return kept
 
 
 def restored_headers(headers: dict[str, Any] | None) -> tuple[dict[str, Any], str | None]:
     """Return the headers of a message moved back, and the routing key it had."""
-    kept = {k: v for k, v in (headers or {}).items() if k not in _BROKER_HEADERS}
+    kept = h.without_broker_counts(headers)
     routing_key = kept.pop(ROUTING_KEY_HEADER, None)
     if isinstance(routing_key, bytes):
         routing_key = routing_key.decode("utf-8", "replace")

@@ -53,6 +53,7 @@ from pamqp import commands
 from faststream_retry.amqp import frames
 from faststream_retry.amqp.probe import depth, plain_classic
 from faststream_retry.amqp.publisher import encodable_headers
+from faststream_retry.core import headers as h
 from faststream_retry.ops.common import OperationError, exclusive
 
 if TYPE_CHECKING:
@@ -76,8 +77,6 @@ __all__ = [
     "stop_all",
     "walk",
 ]
-
-DELIVERY_COUNT = "x-delivery-count"
 
 
 class _Keep:
@@ -174,11 +173,10 @@ class Pass:
 def _own(properties: commands.Basic.Properties, user: str | None) -> commands.Basic.Properties:
     """Return ``properties`` as this connection may publish them.
 
-    The broker's delivery count goes (a copy is a new message to the queue), and so
+    The broker's delivery counts go (a copy is a new message to the queue), and so
     does a ``user_id`` other than the connection's (RabbitMQ refuses such a publish).
     """
-    headers = dict(properties.headers or {})
-    headers.pop(DELIVERY_COUNT, None)
+    headers = h.without_broker_counts(properties.headers)
     return commands.Basic.Properties(
         content_type=properties.content_type,
         content_encoding=properties.content_encoding,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from faststream_retry.core import headers as h
 from faststream_retry.ops.common import OperationError
 
 if TYPE_CHECKING:
@@ -118,17 +119,11 @@ def write_line(record: Record) -> str:
             for name in _PROPERTIES
             if (value := getattr(props, name, None)) is not None
         },
-        # The broker's delivery count is its own, set again on every delivery.
-        "headers": encode_value(
-            {k: v for k, v in (props.headers or {}).items() if k != "x-delivery-count"}
-        ),
+        # The broker's delivery counts are its own, set again on every delivery.
+        "headers": encode_value(h.without_broker_counts(props.headers)),
         "body": base64.b64encode(record.body).decode(),
     }
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
-_BROKER_COUNTS = frozenset({"x-delivery-count", "x-acquired-count"})
-"""Headers RabbitMQ sets again on each delivery (4.3 added ``x-acquired-count``)."""
 
 
 def fingerprint(properties: commands.Basic.Properties, body: bytes) -> str:
@@ -147,9 +142,7 @@ def fingerprint(properties: commands.Basic.Properties, body: bytes) -> str:
             for name in _PROPERTIES
             if name != "user_id" and (value := getattr(properties, name, None)) is not None
         },
-        "headers": encode_value(
-            {k: v for k, v in (properties.headers or {}).items() if k not in _BROKER_COUNTS}
-        ),
+        "headers": encode_value(h.without_broker_counts(properties.headers)),
         "body": base64.b64encode(body).decode(),
     }
     canonical = json.dumps(data, ensure_ascii=False, sort_keys=True, separators=(",", ":"))

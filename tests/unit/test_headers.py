@@ -69,9 +69,18 @@ class TestWriters:
         )
         assert kept == {"x-app": 1}
 
-    def test_a_quorum_queues_delivery_count_never_travels_on_a_copy(self) -> None:
-        """It counts that queue's redeliveries: on a copy in another queue it would mislead."""
-        assert h.carry_over({"x-delivery-count": 3, "x-app": 1}) == {"x-app": 1}
+    @pytest.mark.parametrize("count", sorted(h.BROKER_COUNTS))
+    def test_a_quorum_queues_delivery_counts_never_travel_on_a_copy(self, count: str) -> None:
+        """They count that queue's returns (4.3 adds x-acquired-count): on a copy they mislead."""
+        assert h.carry_over({count: 3, "x-app": 1}) == {"x-app": 1}
+
+    def test_the_broker_counts_are_the_ones_rabbitmq_sets(self) -> None:
+        """3.x and 4.0 set x-delivery-count; 4.3 adds x-acquired-count (every return)."""
+        assert sorted(h.BROKER_COUNTS) == ["x-acquired-count", "x-delivery-count"]
+        assert h.without_broker_counts(
+            {"x-delivery-count": 1, "x-acquired-count": 2, "x-app": 3}
+        ) == {"x-app": 3}
+        assert h.without_broker_counts(None) == {}
 
     def test_sender_selected_routing_never_travels_on_a_copy(self) -> None:
         """CC and BCC would route every copy (and its dead-lettering) to those queues too."""

@@ -89,7 +89,7 @@ def test_nothing_to_migrate_is_an_error() -> None:
 
 def test_the_routing_key_waits_in_a_header_and_comes_back() -> None:
     """A tier dead-letters by the routing key; the delivery count is the broker's, not the message's."""
-    headers = {"retry-attempt": 2, "x-delivery-count": 1}
+    headers = {"retry-attempt": 2, "x-delivery-count": 1, "x-acquired-count": 1}
     copied = copy_headers(headers, "orders.retry")
     assert copied == {"retry-attempt": 2, ROUTING_KEY_HEADER: "orders.retry"}
     assert restored_headers(copied) == ({"retry-attempt": 2}, "orders.retry")

@@ -48,7 +48,9 @@ class TestReaders:
 class TestReplayedHeaders:
     def test_the_retry_state_goes_and_the_story_stays(self) -> None:
         """A replayed message starts again at attempt 0, with what happened kept."""
-        incoming = dead_letter(extra={"app": "kept", "x-death": [{}], "x-delivery-count": 3})
+        incoming = dead_letter(
+            extra={"app": "kept", "x-death": [{}], "x-delivery-count": 3, "x-acquired-count": 5}
+        )
         out = h.replayed_headers(incoming, at_ms=9_000)
         assert out["app"] == "kept"
         assert h.read_attempt(out) == 0
@@ -66,6 +68,7 @@ class TestReplayedHeaders:
             h.ORIGIN_QUEUE,
             "x-death",
             "x-delivery-count",
+            "x-acquired-count",
         ):
             assert gone not in out, gone
         assert out[h.REPLAYED] == [
