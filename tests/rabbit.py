@@ -21,6 +21,7 @@ from faststream.rabbit import RabbitBroker
 
 from faststream_retry import RetryMiddleware
 from faststream_retry.core.topology import registry_name
+from faststream_retry.core.versions import parse_version
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -51,6 +52,19 @@ def on_time(lateness_ms: float, delay_ms: float) -> bool:
     released before it is due, nor held a second time over.
     """
     return 0 <= lateness_ms < delay_ms + LATE_SLACK_MS
+
+
+def series_of(connection: AbstractRobustConnection) -> tuple[int, int]:
+    """Return the ``(major, minor)`` RabbitMQ series ``connection`` talks to.
+
+    For what a series words or counts differently (4.x reports a classic queue's
+    ``x-queue-type``, 4.3 names the permission it refused); what the plugin does is the
+    same on every series.
+    """
+    assert connection.transport is not None, "the connection is not open"
+    version = parse_version(connection.transport.connection.server_properties.get("version"))
+    assert version is not None, "the broker did not say its version"
+    return version
 
 
 def headers_of(message: AbstractIncomingMessage) -> dict[str, Any]:
