@@ -133,8 +133,8 @@ async def test_the_documented_permissions_run_retries_and_dead_letters(
             "- queue '{prefix}.delay.100': to bind it, the user needs write permission",
         ),
         (
-            # RabbitMQ checks read on a queue that dead-letters when it is declared. Before
-            # 4.3 its refusal does not say which permission; 4.3's does, and so does the advice.
+            # RabbitMQ checks read on a queue that dead-letters when it is declared. 3.x's
+            # refusal does not say which permission; 4.x's does, and so does the advice.
             "read",
             "quorum",
             {
@@ -143,7 +143,7 @@ async def test_the_documented_permissions_run_retries_and_dead_letters(
                     "permission, and read permission on it and write permission on "
                     "'amq.default'"
                 ),
-                (4, 3): "- queue '{queue}.retry': to declare it, the user needs read permission",
+                (4, 0): "- queue '{queue}.retry': to declare it, the user needs read permission",
             },
         ),
         (
