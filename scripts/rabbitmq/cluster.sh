@@ -10,7 +10,8 @@
 #   bash cluster.sh queues    # every queue: leader, ready, unacked, consumers
 #
 # Knobs: RMQ_CLUSTER_PORT=5680 (node k listens on PORT+k-1), RMQ_CLUSTER_SIZE=3,
-# RMQ_COOKIE (one is made up; every node must share it to cluster).
+# RMQ_COOKIE (one is made up; every node must share it to cluster), RMQ_SERIES (start.sh's:
+# every node runs the same series; on 4.3 the cluster's metadata store is Khepri).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -62,9 +63,7 @@ stop() {
 }
 
 rebalance() {
-  local sbin=/usr/lib/rabbitmq/bin
-  [[ -x "$sbin/rabbitmq-queues" ]] || sbin="$(dirname "$(readlink -f "$(command -v rabbitmq-queues)")")"
-  HOME="$(base_of 1)/home" LC_ALL=C.UTF-8 "$sbin/rabbitmq-queues" -q -n "$(node_of 1)" rebalance quorum --formatter json >&2
+  "$(base_of 1)/queues" -q rebalance quorum --formatter json >&2
 }
 
 kill_node() {

@@ -20,6 +20,9 @@
 #   RMQ_AUTO_INSTALL=1   apt-get install rabbitmq-server if missing (root only)
 #   RMQ_COOKIE=          Erlang cookie to boot with (nodes that cluster must share one;
 #                        scripts/rabbitmq/cluster.sh sets it)
+#   RMQ_SERIES=          3.10, 4.0 or 4.3: that RabbitMQ series, from the host's package
+#                        when it is that series, else from a Debian chroot
+#                        (scripts/rabbitmq/series.sh); unset = the host's package
 #
 # Idempotent: if the node is already up it is reused (exit 0, same URL).
 # Concurrent calls with the same RMQ_PORT are serialised by flock.
@@ -44,10 +47,14 @@ log() { printf '[start-rabbitmq] %s\n' "$*" >&2; }
 die() { printf '[start-rabbitmq] ERROR: %s\n' "$*" >&2; exit 1; }
 t_start=$(date +%s.%N)
 elapsed() { awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
+source "$(dirname "${BASH_SOURCE[0]}")/series.sh"
+choose_series
 
 # ---------------------------------------------------------------- locate / install
 find_sbin() {
   if [[ -n "${RMQ_SBIN:-}" ]]; then echo "$RMQ_SBIN"; return 0; fi
+  # A chroot's programs, by their path inside it (run through IN_ROOT).
+  if [[ -n "$ROOTFS" ]]; then echo /usr/lib/rabbitmq/bin; return 0; fi
   # Call the real scripts, NOT /usr/sbin/rabbitmq-server: the Debian wrapper does
   # `su rabbitmq` when run as root, which resets HOME (cookie) and needs every
   # temp dir to be writable by the rabbitmq user.
@@ -60,14 +67,18 @@ find_sbin() {
 # No Debian package and no way to install it (not root, or no apt-get): use Docker
 # when an engine answers. The container is named after the port; stop.sh removes it.
 can_apt() { [[ "$RMQ_AUTO_INSTALL" == 1 && "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; }
-if ! find_sbin >/dev/null 2>&1 && ! can_apt; then
+no_local_series() {
+  if [[ -n "$ROOTFS" ]]; then [[ "$(id -u)" != 0 ]] && ! version_in "$ROOTFS" >/dev/null
+  else ! find_sbin >/dev/null 2>&1 && ! can_apt; fi
+}
+if no_local_series; then
   if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
     name="faststream-retry-rabbitmq-$RMQ_PORT"
     if ! docker ps --format '{{.Names}}' | grep -qx "$name"; then
       docker rm -f "$name" >/dev/null 2>&1 || true
       log "starting RabbitMQ in Docker container $name on 127.0.0.1:$RMQ_PORT"
-      docker run -d --name "$name" -p "127.0.0.1:$RMQ_PORT:5672" rabbitmq:3 >/dev/null \
-        || die "docker run rabbitmq:3 failed"
+      docker run -d --name "$name" -p "127.0.0.1:$RMQ_PORT:5672" "rabbitmq:${RMQ_SERIES:-3}" >/dev/null \
+        || die "docker run rabbitmq:${RMQ_SERIES:-3} failed"
     fi
     deadline=$(( $(date +%s) + RMQ_TIMEOUT ))
     until docker exec "$name" rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; do
@@ -77,6 +88,7 @@ if ! find_sbin >/dev/null 2>&1 && ! can_apt; then
     log "ready in $(elapsed) s: $URL (docker container $name)"
     echo "$URL"; exit 0
   fi
+  [[ -n "$ROOTFS" ]] && die "RabbitMQ $RMQ_SERIES runs from a Debian chroot, and building one needs root: run this as root once, start a Docker engine, or point RABBITMQ_URL at a $RMQ_SERIES broker you run."
   die "RabbitMQ is not installed. Install it with 'sudo apt-get install rabbitmq-server' (Debian/Ubuntu), start a Docker engine, or point RABBITMQ_URL at a broker you run."
 fi
 
@@ -91,15 +103,20 @@ if ! SBIN="$(find_sbin)"; then
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && made_policy=1
   fi
-  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends rabbitmq-server; } >&2 \
+  apt_install rabbitmq-server \
     || { [[ $made_policy == 1 ]] && rm -f /usr/sbin/policy-rc.d; die "apt-get install rabbitmq-server failed"; }
   [[ $made_policy == 1 ]] && rm -f /usr/sbin/policy-rc.d
   SBIN="$(find_sbin)" || die "rabbitmq-server still not found after install"
   log "installed in $(elapsed) s"
 fi
 
+ensure_chroot
+VERSION="$(version_in "$ROOTFS" || echo unknown)"
+
 # ---------------------------------------------------------------- environment
 mkdir -p "$RMQ_BASE"
+bind_base "$RMQ_BASE"
+export ERL_EPMD_PORT="$EPMD_PORT"
 export RABBITMQ_NODENAME="$RMQ_NODENAME"
 export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
 export RABBITMQ_NODE_PORT="$RMQ_PORT"
@@ -122,7 +139,7 @@ fi
 STARTUP_LOG="$RABBITMQ_LOG_BASE/startup.log"
 NODE_LOG="$RABBITMQ_LOG_BASE/${RMQ_NODENAME}.log"
 
-ctl() { "$SBIN/rabbitmqctl" -q -n "$RMQ_NODENAME" "$@"; }
+ctl() { "${IN_ROOT[@]}" "$SBIN/rabbitmqctl" -q -n "$RMQ_NODENAME" "$@"; }
 alive() { local st; st="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ -n "$st" && "$st" != Z* ]]; }
 # ours = live beam.smp whose command line carries our private HOME (guards against PID reuse)
 ours() { alive "$1" && tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null | grep -qF -- "-home $HOME"; }
@@ -150,7 +167,10 @@ exec 9>"$RMQ_BASE.lock"
 flock -w "$RMQ_TIMEOUT" 9 || die "timed out waiting for lock $RMQ_BASE.lock"
 
 if node_up; then
-  log "reusing running node $RMQ_NODENAME on 127.0.0.1:$RMQ_PORT (pid $(cat "$RABBITMQ_PID_FILE"))"
+  running="$(cat "$RMQ_BASE/version" 2>/dev/null || echo unknown)"
+  [[ -z "$RMQ_SERIES" || "$(series_of "$running")" == "$RMQ_SERIES" ]] \
+    || die "the node on port $RMQ_PORT runs RabbitMQ $running, not $RMQ_SERIES: stop it (scripts/rabbitmq/stop.sh) or choose another RMQ_PORT"
+  log "reusing running node $RMQ_NODENAME on 127.0.0.1:$RMQ_PORT (RabbitMQ $running, pid $(cat "$RABBITMQ_PID_FILE"))"
   echo "$URL"; exit 0
 fi
 
@@ -196,21 +216,27 @@ echo "[]." > "$RABBITMQ_ADVANCED_CONFIG_FILE"
 # and outlives the broker. If none is running now, the one our broker spawns is
 # recorded (by PID) in a file shared by all checkouts, so stop-rabbitmq.sh can
 # stop it once no Erlang node is registered any more.
-EPMD_PIDFILE="${TMPDIR:-/tmp}/rabbitmq-test-epmd.pid"
-epmd_was_running=0; port_open 4369 && epmd_was_running=1
+EPMD_PIDFILE="${TMPDIR:-/tmp}/rabbitmq-test-epmd-$EPMD_PORT.pid"
+epmd_was_running=0; port_open "$EPMD_PORT" && epmd_was_running=1
 
-# Helper for humans: $RMQ_BASE/ctl list_queues   (right node name + cookie)
-cat > "$RMQ_BASE/ctl" <<EOF
+# Helpers for humans and tests: $RMQ_BASE/ctl list_queues, $RMQ_BASE/queues rebalance quorum
+# (the node's name, cookie and epmd, and for a chroot's series its own programs)
+for tool in ctl:rabbitmqctl queues:rabbitmq-queues; do
+  cat > "$RMQ_BASE/${tool%%:*}" <<EOF
 #!/bin/sh
-HOME="$HOME" LC_ALL=C.UTF-8 exec "$SBIN/rabbitmqctl" -n "$RMQ_NODENAME" "\$@"
+HOME="$HOME" LC_ALL=C.UTF-8 ERL_EPMD_PORT="$EPMD_PORT" exec ${IN_ROOT[*]} "$SBIN/${tool#*:}" -n "$RMQ_NODENAME" "\$@"
 EOF
-chmod +x "$RMQ_BASE/ctl"
+  chmod +x "$RMQ_BASE/${tool%%:*}"
+done
+# What runs here, for stop.sh and for a start that would reuse the node.
+printf '%s\n' "$VERSION" > "$RMQ_BASE/version"
+printf 'ROOTFS=%q\nEPMD_PORT=%q\n' "$ROOTFS" "$EPMD_PORT" > "$RMQ_BASE/series.env"
 
-log "starting $RMQ_NODENAME on 127.0.0.1:$RMQ_PORT (dist $RMQ_DIST_PORT, data $RMQ_BASE)"
+log "starting $RMQ_NODENAME (RabbitMQ $VERSION${ROOTFS:+ in $ROOTFS}) on 127.0.0.1:$RMQ_PORT (dist $RMQ_DIST_PORT, epmd $EPMD_PORT, data $RMQ_BASE)"
 # Background (not -detached) so early boot errors land in startup.log; setsid +
 # full fd redirection so the broker survives the caller and never holds its
 # stdout pipe (e.g. URL=$(start-rabbitmq.sh)) or the flock fd open.
-(cd "$RMQ_BASE" && exec setsid nohup "$SBIN/rabbitmq-server" </dev/null >"$STARTUP_LOG" 2>&1 9>&-) &
+(cd "$RMQ_BASE" && exec setsid nohup "${IN_ROOT[@]}" "$SBIN/rabbitmq-server" </dev/null >"$STARTUP_LOG" 2>&1 8>&- 9>&-) &
 launcher=$!
 echo "$launcher" > "$RMQ_BASE/launcher.pid"
 
@@ -233,8 +259,10 @@ if [[ "$RMQ_MANAGEMENT" == 1 ]]; then
 fi
 if [[ $epmd_was_running == 0 ]]; then
   for d in /proc/[0-9]*; do
-    [[ "$(cat "$d/comm" 2>/dev/null)" == epmd ]] && { echo "${d#/proc/}" > "$EPMD_PIDFILE"; break; }
+    [[ "$(cat "$d/comm" 2>/dev/null)" == epmd ]] || continue
+    port="$(tr '\0' '\n' < "$d/environ" 2>/dev/null | sed -n 's/^ERL_EPMD_PORT=//p')"
+    [[ "${port:-4369}" == "$EPMD_PORT" ]] && { echo "${d#/proc/}" > "$EPMD_PIDFILE"; break; }
   done
 fi
-log "ready in $(elapsed) s: $URL (pid $(cat "$RABBITMQ_PID_FILE"); ctl: $RMQ_BASE/ctl; log: $NODE_LOG)"
+log "ready in $(elapsed) s: $URL (RabbitMQ $VERSION, pid $(cat "$RABBITMQ_PID_FILE"); ctl: $RMQ_BASE/ctl; log: $NODE_LOG)"
 echo "$URL"

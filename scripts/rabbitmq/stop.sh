@@ -23,6 +23,9 @@ fi
 if [[ ! -d "$RMQ_BASE" ]]; then log "nothing to stop ($RMQ_BASE does not exist)"; exit 0; fi
 
 PID_FILE="$RMQ_BASE/rabbitmq.pid"
+# Where start.sh ran the node from (a chroot's series), and its epmd.
+ROOTFS="" EPMD_PORT=4369
+[[ -s "$RMQ_BASE/series.env" ]] && source "$RMQ_BASE/series.env"
 # alive = exists and is not a zombie (PID 1 in some containers reaps late)
 alive() { local st; st="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ -n "$st" && "$st" != Z* ]]; }
 # ours = a beam.smp whose command line carries our private HOME (guards against PID reuse)
@@ -57,11 +60,11 @@ rm -f "$PID_FILE"
 # epmd: shared by every Erlang node on the host. Stop it only if one of our
 # start-rabbitmq.sh runs spawned it (PID recorded) and no node is registered any
 # more (a parallel checkout's broker may still use it).
-EPMD_PIDFILE="${TMPDIR:-/tmp}/rabbitmq-test-epmd.pid"
+EPMD_PIDFILE="${TMPDIR:-/tmp}/rabbitmq-test-epmd-$EPMD_PORT.pid"
 if [[ "$RMQ_KILL_EPMD" == 1 && -s "$EPMD_PIDFILE" ]]; then
   epid="$(cat "$EPMD_PIDFILE")"
   if alive "$epid" && [[ "$(cat "/proc/$epid/comm" 2>/dev/null)" == epmd ]]; then
-    names="$(epmd -names 2>/dev/null || true)"
+    names="$(ERL_EPMD_PORT="$EPMD_PORT" ${ROOTFS:+chroot "$ROOTFS"} epmd -names 2>/dev/null || true)"
     if grep -q '^name ' <<<"$names"; then
       log "leaving epmd (pid $epid) running: still used by $(grep '^name ' <<<"$names" | awk '{print $2}' | xargs)"
     else
