@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "rabbitmq"
 
+# The brokers the suite starts itself, beside the one it tests on: a node it restarts and
+# kills (R1), and a three-node cluster (R4, on CLUSTER_PORT and the two ports after it).
+# scripts/test gives each RabbitMQ series its own, so that two series' runs never meet.
+RESTART_PORT = int(os.environ.get("RMQ_RESTART_PORT", "5690"))
+CLUSTER_PORT = int(os.environ.get("RMQ_CLUSTER_PORT", "5680"))
+
 MAX_ATTEMPTS = 3
 
 

@@ -14,6 +14,7 @@ from faststream_retry import Exponential, RetryPolicy
 from faststream_retry.core.events import EventKind
 from tests.faults.support import (
     MAX_ATTEMPTS,
+    RESTART_PORT,
     DeadLetterWatch,
     Node,
     Tally,
@@ -38,7 +39,7 @@ pytestmark = [pytest.mark.rabbit, pytest.mark.fault, pytest.mark.timeout(400)]
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
-    node = Node(5690)
+    node = Node(RESTART_PORT)
     node.start(fresh=True)
     yield node
     node.stop()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from faststream.rabbit import QueueType, RabbitMessage, RabbitQueue
 from faststream_retry import RetryPolicy, Schedule
 from faststream_retry.core.events import EventKind
 from tests.faults.support import (
+    CLUSTER_PORT,
     MAX_ATTEMPTS,
     SCRIPTS,
     DeadLetterWatch,
@@ -38,6 +40,7 @@ pytestmark = [pytest.mark.rabbit, pytest.mark.fault, pytest.mark.timeout(400)]
 def cluster(*args: str) -> str:
     done = subprocess.run(
         ["bash", str(SCRIPTS / "cluster.sh"), *args],
+        env={**os.environ, "RMQ_CLUSTER_PORT": str(CLUSTER_PORT)},
         capture_output=True,
         text=True,
         check=False,
@@ -96,7 +99,7 @@ async def test_a_node_killed_in_a_quorum_cluster_loses_nothing(
     await app.start()
     cluster("rebalance")
     ours = [line.split() for line in cluster("leaders").splitlines()]
-    victim = "rabbit-test-5682@localhost"  # node 3
+    victim = f"rabbit-test-{CLUSTER_PORT + 2}@localhost"  # node 3
     led = [
         name for name, leader in ours if name.startswith((queue, app.prefix)) and leader == victim
     ]
