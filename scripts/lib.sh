@@ -78,14 +78,25 @@ ensure_lowest_venv() {
   fi
 }
 
-# Sets RABBITMQ_URL (a broker the caller named, or one started here) and arranges
-# for a broker started here to be stopped on exit.
+# Each RabbitMQ series on ports of its own (scripts/test runs them side by side): the
+# suite's broker, the node the fault suite restarts, and the first of its three-node cluster.
+declare -A SERIES_PORT=([3.10]=5673 [4.3]=5674 [4.0]=5675)
+declare -A SERIES_RESTART_PORT=([3.10]=5690 [4.3]=5691)
+declare -A SERIES_CLUSTER_PORT=([3.10]=5680 [4.3]=5683)
+
+# Sets RABBITMQ_URL (a broker the caller named, or one started here: RMQ_SERIES's, on its
+# port) and arranges for a broker started here to be stopped on exit.
 ensure_rabbitmq() {
   if [[ -n "${RABBITMQ_URL:-}" ]]; then
     log "using RABBITMQ_URL=$RABBITMQ_URL"
     return 0
   fi
   local err; err="$(mktemp)"
+  if [[ -n "${RMQ_SERIES:-}" ]]; then
+    export RMQ_PORT="${RMQ_PORT:-${SERIES_PORT[$RMQ_SERIES]:-5673}}"
+    export RMQ_RESTART_PORT="${RMQ_RESTART_PORT:-${SERIES_RESTART_PORT[$RMQ_SERIES]:-5690}}"
+    export RMQ_CLUSTER_PORT="${RMQ_CLUSTER_PORT:-${SERIES_CLUSTER_PORT[$RMQ_SERIES]:-5680}}"
+  fi
   if ! RABBITMQ_URL="$(bash "$ROOT/scripts/rabbitmq/start.sh" 2>"$err")"; then
     cat "$err" >&2; rm -f "$err"; exit 1
   fi
@@ -97,4 +108,41 @@ ensure_rabbitmq() {
   fi
   rm -f "$err"
   export RABBITMQ_URL
+}
+
+# python_venv X.Y: print the virtualenv for Python X.Y (.venv-pyX.Y, or .venv when it is
+# that Python), installing it when needed; fails when no Python X.Y is on the machine.
+python_venv() {
+  local version="$1" python dir
+  python="$(find_python "$version")" || return 1
+  dir="$ROOT/.venv-py$version"
+  if [[ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" == "$version" ]]; then
+    dir="$VENV"  # the main virtualenv already is this Python
+  fi
+  ensure_venv "$dir" "$python"
+  echo "$dir"
+}
+
+# start_series SERIES PORT: start RabbitMQ SERIES (scripts/rabbitmq/series.sh) on PORT and
+# print its URL. A node this call started is stopped when the calling shell exits (see
+# stop_started); one that was running already is left as it was.
+STARTED_FILE="${TMPDIR:-/tmp}/faststream-retry-started.$$"
+start_series() {
+  local series="$1" port="$2" err url
+  err="$(mktemp)"
+  if ! url="$(RMQ_SERIES="$series" RMQ_PORT="$port" bash "$ROOT/scripts/rabbitmq/start.sh" 2>"$err")"; then
+    cat "$err" >&2; rm -f "$err"; return 1
+  fi
+  grep -q "reusing running node" "$err" || echo "$port" >>"$STARTED_FILE"
+  grep -E "ready in|reusing" "$err" | sed "s/^/[$series] /" >&2
+  rm -f "$err"
+  echo "$url"
+}
+stop_started() {
+  local port
+  [[ -f "$STARTED_FILE" ]] || return 0
+  while read -r port; do
+    RMQ_PORT="$port" bash "$ROOT/scripts/rabbitmq/stop.sh" >/dev/null 2>&1 || true
+  done <"$STARTED_FILE"
+  rm -f "$STARTED_FILE"
 }

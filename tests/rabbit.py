@@ -90,7 +90,15 @@ def script_broker_ctl(url: str) -> Path | None:
 
 
 async def close_all_connections(ctl: Path, why: str) -> None:
-    """Have the broker close every client connection, as a failover or an operator would."""
+    """Have the broker close every client connection, as a failover or an operator would.
+
+    Every test's: one that calls this is marked ``exclusive``, which scripts/test runs
+    alone, never beside others in parallel workers.
+    """
+    assert "PYTEST_XDIST_WORKER" not in os.environ, (
+        "closing every connection breaks the tests in the other workers: mark the test "
+        "@pytest.mark.exclusive"
+    )
     closed = await asyncio.to_thread(
         subprocess.run,
         [str(ctl), "close_all_connections", why],

@@ -24,6 +24,7 @@ from tests.rabbit import (
 pytestmark = pytest.mark.rabbit
 
 
+@pytest.mark.exclusive
 async def test_topology_is_declared_again_after_a_reconnect(
     rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
 ) -> None:

@@ -620,6 +620,7 @@ async def test_the_deployed_worker_runs_where_faststream_cannot_be_imported(
         await setup.cleanup(amqp, config)
 
 
+@pytest.mark.exclusive
 async def test_the_worker_comes_back_after_the_broker_drops_its_connections(
     amqp: AbstractRobustConnection, setup: Setup, rabbit_url: str
 ) -> None:
