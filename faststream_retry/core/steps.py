@@ -485,20 +485,23 @@ def stuck(
     limit: int,
     max_delay_ms: int,
     outcome: str,
+    requeued: int = 0,
 ) -> Step | None:
     """The dead letter of a message whose copy ``tried`` was not confirmed; ``None``: requeue it.
 
     A runtime that cannot move a message requeues it after a pause, and must not do so
     for ever: RabbitMQ 4.3 no longer counts a requeue against a quorum queue's delivery
     limit, and a classic queue never did. So the plugin ends the loop itself, on every
-    series: once the broker says the delivery came back ``limit`` times
-    (``h.read_requeues``), or, for a release (the only step that knows its lateness),
-    once it is ``max_delay_ms`` past its due time. ``outcome`` says what became of the
-    last copy. A copy to the dead-letter queue itself gets no second one there.
+    series: once the delivery came back ``limit`` times, by the broker's count
+    (``h.read_requeues``) or by the runtime's own (``requeued``, the requeues this
+    process made: a classic queue counts none), or, for a release (the only step that
+    knows its lateness), once it is ``max_delay_ms`` past its due time. ``outcome`` says
+    what became of the last copy. A copy to the dead-letter queue itself gets no second
+    one there.
     """
     event = tried.event
     late = event.lateness_ms
-    requeues = h.read_requeues(incoming)
+    requeues = max(h.read_requeues(incoming), requeued)
     if tried.copy.exchange == "" and tried.copy.routing_key == route.dlq:
         return None
     if requeues < limit and (late is None or late < max_delay_ms):

@@ -20,6 +20,7 @@ from faststream_retry.amqp.registry import record
 from faststream_retry.core.advice import parse_refusal, refused
 from faststream_retry.engine.outages import Outages
 from faststream_retry.engine.recheck import RecheckConsumer
+from faststream_retry.engine.requeues import Requeues
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -53,7 +54,11 @@ class Live:
         self.publisher = Publisher(
             self.channels.underlay_for_publish, config.publish_timeout_s, repair=self._repair
         )
-        self.recheck = RecheckConsumer(topology, self.publisher, reporter, pause_s=config.pause_s)
+        self.requeues = Requeues()
+        """The requeues of unconfirmed copies, counted for every consumer of this runtime."""
+        self.recheck = RecheckConsumer(
+            topology, self.publisher, reporter, pause_s=config.pause_s, requeues=self.requeues
+        )
         self.outages = Outages.of(config.outage, topology.tiers.tick_ms, reporter)
         """Outage mode's gates (``None``: off); probes come once a tick unless told."""
         self.connection = connection

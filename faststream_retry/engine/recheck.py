@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from faststream_retry.amqp.publisher import Publisher
     from faststream_retry.core.topology import Plan, Route
+    from faststream_retry.engine.requeues import Requeues
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["RecheckConsumer"]
@@ -38,7 +39,13 @@ class RecheckConsumer:
     """Consumes every route's ``<queue>.retry``: releases due messages, sends the rest round."""
 
     def __init__(
-        self, plan: Plan, publisher: Publisher, reporter: Reporter, *, pause_s: float
+        self,
+        plan: Plan,
+        publisher: Publisher,
+        reporter: Reporter,
+        *,
+        pause_s: float,
+        requeues: Requeues,
     ) -> None:
         """Act on ``plan``'s routes.
 
@@ -48,6 +55,7 @@ class RecheckConsumer:
         self._plan = plan
         self._publisher = publisher
         self._reporter = reporter
+        self._requeues = requeues
         # Acks in runs: the re-check consumers have their channel to themselves.
         self._consumer = Consumer(pause_s=pause_s, ack_runs=True)
         self._channel: AbstractChannel | None = None
@@ -142,6 +150,7 @@ class RecheckConsumer:
             plan=plan,
             route=route,
             outcomes=outcomes,
+            requeues=self._requeues,
         )
 
     async def _publish(

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from faststream_retry.amqp.publisher import Publisher
     from faststream_retry.core.steps import Copy, Step
     from faststream_retry.core.topology import Plan, Route
+    from faststream_retry.engine.requeues import Requeues
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["give_up", "publish_step"]
@@ -73,13 +74,15 @@ async def give_up(
     plan: Plan,
     route: Route,
     outcomes: list[Outcome],
+    requeues: Requeues,
     exception: BaseException | None = None,
 ) -> bool:
     """Dead-letter ``message``, whose copy ``tried`` was not confirmed, if it has tried enough.
 
-    ``core.steps.stuck`` says when: the delivery came back ``delivery_limit`` times, or
-    a release is ``max_delay`` late. ``True`` once that dead letter is confirmed (ack
-    the original); ``False``: requeue it after the pause, as before.
+    ``core.steps.stuck`` says when: the delivery came back ``delivery_limit`` times (by
+    the broker's count or by ``requeues``, this process's), or a release is
+    ``max_delay`` late. ``True`` once that dead letter is confirmed (ack the original);
+    ``False``: the caller requeues it after the pause, and ``requeues`` counts that.
     """
     if not outcomes or Outcome.CONFIRMED in outcomes:
         return False
@@ -91,9 +94,12 @@ async def give_up(
         limit=plan.options.delivery_limit,
         max_delay_ms=plan.tiers.max_delay_ms,
         outcome=outcomes[-1].value,
+        requeued=requeues.seen(route.queue, message),
     )
-    if letter is None:
-        return False
-    return await publish_step(
+    if letter is not None and await publish_step(
         reporter, publisher, message, letter, exception=exception, outcomes=outcomes
-    )
+    ):
+        requeues.settled(route.queue, message)
+        return True
+    requeues.requeued(route.queue, message)
+    return False

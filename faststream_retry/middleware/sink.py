@@ -107,6 +107,7 @@ class LiveSink:
             plan=live.plan,
             route=route,
             outcomes=outcomes,
+            requeues=live.requeues,
             exception=exc,
         )
         if ok:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from faststream_retry.core.steps import Step
     from faststream_retry.core.topology import Plan, Route
     from faststream_retry.core.worker_config import WorkerConfig
+    from faststream_retry.engine.requeues import Requeues
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["IntakeConsumer"]
@@ -46,6 +47,7 @@ class IntakeConsumer:
         publisher: Publisher,
         reporter: Reporter,
         *,
+        requeues: Requeues,
         rand: Callable[[], float] = random.random,
     ) -> None:
         """Decide with ``config``'s rules on ``plan()``'s tiers; ``cover(queue)`` readies a queue.
@@ -58,6 +60,7 @@ class IntakeConsumer:
         self._cover = cover
         self._publisher = publisher
         self._reporter = reporter
+        self._requeues = requeues
         self._rand = rand
         # Acks one by one: the re-check consumers' runs are on channels of their own.
         self._consumer = Consumer(pause_s=config.retry.pause_s)
@@ -112,6 +115,7 @@ class IntakeConsumer:
                         plan=plan,
                         route=route,
                         outcomes=outcomes,
+                        requeues=self._requeues,
                     )
                 return
         await self._publish(message, step, outcomes)

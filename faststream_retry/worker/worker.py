@@ -132,7 +132,12 @@ class RetryWorker:
             await survey(connection, topology, topology.routes)
             await self._warn_missing(connection, list(topology.routes))
             self._intake = IntakeConsumer(
-                self.config, lambda: self.plan, self._cover, live.publisher, self.reporter
+                self.config,
+                lambda: self.plan,
+                self._cover,
+                live.publisher,
+                self.reporter,
+                requeues=live.requeues,
             )
             self._channels = ChannelPair(
                 connection,

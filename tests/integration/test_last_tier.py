@@ -188,6 +188,61 @@ async def test_a_refused_copy_never_acks_the_original(
     assert await drain(amqp, f"{queue}.dlq", expect=0) == []
 
 
+async def test_a_retry_copy_never_confirmed_ends_a_classic_queues_loop_as_stuck(
+    rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """A classic work queue counts no redeliveries, so the broker never ends the loop of a
+    message whose retry copy its tier refuses every time: the plugin counts its own
+    requeues and, after ``delivery_limit`` of them, dead-letters the message (``stuck``).
+    Each message is called limit + 1 times and reaches the DLQ once; nothing is left."""
+    script_ctl = script_broker_ctl(rabbit_url)
+    if script_ctl is None:
+        pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
+    app: App = make_app(
+        queue_type="classic",
+        delivery_limit=2,
+        publish_failure_pause=0.1,
+        default=RetryPolicy(backoff=Fixed(0.1)),
+    )
+    queue = unique("refused-loop")
+    calls = Calls()
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str, msg: RabbitMessage) -> None:
+        calls.record(msg)
+        raise ConnectionError(body)
+
+    await app.start()
+    tier = tier_name(app.prefix, 100)
+    policy = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    subprocess.run(
+        [str(script_ctl), "-q", "set_policy", tier, f"^{tier}$", policy, "--apply-to", "queues"],
+        check=True,
+        capture_output=True,
+    )
+    ids = [f"m{i}" for i in range(5)]
+    try:
+        for message_id in ids:
+            await app.broker.publish("x", queue=queue, message_id=message_id)
+        dead = await drain(amqp, f"{queue}.dlq", expect=len(ids), timeout=30)
+    finally:
+        subprocess.run([str(script_ctl), "-q", "clear_policy", tier], check=False)
+    await app.stop()
+    assert sorted(m.message_id or "" for m in dead) == ids
+    for message in dead:
+        got = dict(message.headers or {})
+        assert (got["retry-reason"], got["retry-exception"]) == (
+            "stuck",
+            "faststream_retry.CopyNotConfirmed",
+        )
+        assert str(got["retry-error"]).endswith(
+            "was not confirmed (refused) and it came back 2 times (the delivery limit is 2)"
+        )
+    assert {mid: len(times) for mid, times in calls.times.items()} == dict.fromkeys(ids, 3)
+    assert await queue_depth(amqp, queue) == 0
+    assert await app.waiting(amqp, queue) == 0
+
+
 @pytest.mark.parametrize("delay", [0.1, 0.3], ids=["one-tier", "through-retry"])
 async def test_a_cc_header_never_brings_a_retry_copy_to_another_queue(
     make_app: Any, amqp: AbstractRobustConnection, delay: float

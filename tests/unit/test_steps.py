@@ -489,6 +489,33 @@ class TestStuck:
             "orders.dlq", "orders", "m1", back, record, reason=Reason.STUCK, due_ms=19_000
         )
 
+    def test_a_classic_queue_counts_nothing_so_the_runtimes_own_count_ends_the_loop(
+        self,
+    ) -> None:
+        """No broker count on the delivery: the requeues this process made decide."""
+        under = steps.stuck(
+            HOME, hopped(), BACK, now_ms=0, limit=3, max_delay_ms=8000, outcome="x", requeued=2
+        )
+        assert under is None
+        at = steps.stuck(
+            HOME, hopped(), BACK, now_ms=0, limit=3, max_delay_ms=8000, outcome="x", requeued=3
+        )
+        assert at is not None
+        assert at.copy.headers[h.ERROR].endswith("came back 3 times (the delivery limit is 3)")
+
+    def test_the_larger_of_the_broker_and_the_runtime_count_decides(self) -> None:
+        back = {**BACK, "x-acquired-count": 1}
+        step = steps.stuck(
+            HOME, hopped(), back, now_ms=0, limit=9, max_delay_ms=8000, outcome="x", requeued=9
+        )
+        assert step is not None
+        assert step.copy.headers[h.ERROR].endswith("came back 9 times (the delivery limit is 9)")
+        back = {**BACK, "x-acquired-count": 9}
+        step = steps.stuck(
+            HOME, hopped(), back, now_ms=0, limit=9, max_delay_ms=8000, outcome="x", requeued=1
+        )
+        assert step is not None
+
     def test_a_retry_copy_at_the_limit_keeps_its_attempts_and_policy(self) -> None:
         """The middleware's stuck failure: the dead letter's event says how far it got."""
         tried = steps.retry(
