@@ -6,7 +6,8 @@ each with a reply text. This module reads those texts (``parse_mismatch``,
 ``parse_refusal``) and writes everything said about them, once: the start's
 ``RetryTopologyError`` (``mismatch_text``, ``refused``), ``doctor``'s findings
 (``mismatch_advice``, ``refusal_advice``), the ``faststream-retry migrate`` commands, and
-the start's advice on quorum work queues' delivery limits (``work_queue_findings``).
+the start's advice on quorum work queues' delivery limits (``work_queue_findings``) and on
+work queues declared in ways RabbitMQ 4.x deprecates or refuses (``series_advice``).
 The checks that collect the replies are in ``faststream_retry.amqp.checks``.
 """
 
@@ -38,6 +39,7 @@ __all__ = [
     "parse_refusal",
     "refusal_advice",
     "refused",
+    "series_advice",
     "work_queue_findings",
 ]
 
@@ -340,3 +342,50 @@ def work_queue_findings(
                 "a new copy); it bounds redeliveries after crashes only",
             )
     return findings
+
+
+def series_advice(
+    routes: Iterable[Route], version: tuple[int, int] | None
+) -> list[tuple[str, Advice]]:
+    """Return ``(queue, advice)`` for work queues declared as RabbitMQ 4.x will not have them.
+
+    Measured on 4.3.6: a classic queue of ``x-queue-version`` 1 is refused (406), and a
+    transient queue that is not exclusive is a deprecated feature, permitted by default
+    and refused once an operator denies it. (``x-queue-mode`` and global QoS are taken
+    and ignored; the plugin declares none of these.) ``version``: the broker's, which
+    says whether the refusal is here already or comes with an upgrade.
+    """
+    found: list[tuple[str, Advice]] = []
+    upgraded = version is not None and version >= (4, 3)
+    for route in routes:
+        name = route.queue
+        if route.transient:
+            found.append(
+                (
+                    name,
+                    Advice(
+                        f"queue {name!r} is declared transient (durable=False) and not exclusive",
+                        "a broker restart deletes it with every message in it, and the "
+                        "retry copies on their way back to it find no queue; RabbitMQ 4.x "
+                        "deprecates such queues and refuses them where "
+                        "deprecated_features.permit.transient_nonexcl_queues = false",
+                        f"declare it RabbitQueue({name!r}, durable=True) (a new name, or "
+                        "delete the queue first: RabbitMQ refuses to redeclare it durable)",
+                    ),
+                )
+            )
+        if str(route.arguments.get("x-queue-version")) == "1":
+            found.append(
+                (
+                    name,
+                    Advice(
+                        f"queue {name!r} is declared with x-queue-version=1",
+                        "RabbitMQ 4.3 removed classic queue version 1 and refuses the "
+                        "declaration (406 PRECONDITION_FAILED)"
+                        + ("" if upgraded else ": this app will not start after an upgrade"),
+                        "declare it without x-queue-version (version 2 is the only one "
+                        "from 4.3 on)",
+                    ),
+                )
+            )
+    return found

@@ -202,12 +202,14 @@ class Route:
     ``known`` says whether those arguments are what the queue really has. The retry
     worker serves queues whose declarations it cannot see (another team's, a policy's);
     their copies take the re-check step home, whose release the queue confirms.
+    ``transient``: its owner declares it neither durable nor exclusive.
     """
 
     queue: str
     handlers: tuple[Handler, ...]
     arguments: Mapping[str, Any] = field(default_factory=dict)
     known: bool = True
+    transient: bool = False
     retry_queue: str = field(init=False)
     dlq: str = field(init=False)
 

@@ -163,12 +163,22 @@ def route_of(sub: Any) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
     queue = queue_of(sub)
     if queue is None:
         return None
-    arguments = getattr(getattr(sub, "queue", None), "arguments", None)
+    declared = getattr(sub, "queue", None)
+    arguments = getattr(declared, "arguments", None)
     handlers = tuple(
         Handler(handler_policy(item), getattr(item, "filter", None))
         for item in getattr(sub, "calls", ())
     )
-    return Route(queue, handlers, dict(arguments) if isinstance(arguments, dict) else {})
+    return Route(
+        queue,
+        handlers,
+        dict(arguments) if isinstance(arguments, dict) else {},
+        # Only what FastStream declares itself; with declare=False it connects to a queue
+        # whose flags it does not know.
+        transient=getattr(declared, "declare", False) is True
+        and getattr(declared, "durable", True) is False
+        and getattr(declared, "exclusive", False) is False,
+    )
 
 
 def routes_of(broker: RabbitBroker) -> list[Route]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.registry import retry_queues_in_use, survey
-from faststream_retry.core.advice import work_queue_findings
+from faststream_retry.core.advice import series_advice, work_queue_findings
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
 from faststream_retry.engine.live import Live
@@ -161,6 +161,8 @@ class Runtime:
             topology.routes.values(), self.config.default, version
         ):
             log.log(level, "faststream-retry: %s", text)
+        for _, advice in series_advice(topology.routes.values(), version):
+            log.warning("faststream-retry: %s: %s. Fix: %s", advice.what, advice.why, advice.fix)
         live = Live(topology, connection, self.config, self.reporter)
         await live.open()
         self.live = live

@@ -73,7 +73,7 @@ class Finding:
     severity: Severity
     check: str
     """Which check found it: version, arguments, permissions, missing, delivery-limit,
-    consumers, dead-letters, stranded, old-tier."""
+    consumers, dead-letters, stranded, old-tier, rabbitmq-4."""
     subject: str
     """The object it is about (a queue, an exchange), or ``""`` for the broker as a whole."""
     what: str
@@ -195,6 +195,11 @@ def missing_findings(missing: Iterable[tuple[str, str]]) -> list[Finding]:
             "start the app: it declares them; run doctor again to check them",
         )
     ]
+
+
+def series_findings(found: Iterable[tuple[str, Advice]]) -> list[Finding]:
+    """Turn the advice on work queues RabbitMQ 4.x deprecates or refuses into warnings."""
+    return [Finding.of("warning", "rabbitmq-4", queue, advice) for queue, advice in found]
 
 
 def limit_findings(found: Iterable[tuple[int, str]]) -> list[Finding]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from faststream_retry.amqp.checks import check_objects
 from faststream_retry.amqp.probe import depth
 from faststream_retry.amqp.registry import retry_queues_in_use, stranded_queues
-from faststream_retry.core.advice import work_queue_findings
+from faststream_retry.core.advice import series_advice, work_queue_findings
 from faststream_retry.core.topology import merge_routes, migrating_name
 from faststream_retry.core.versions import parse_version
 from faststream_retry.ops import diagnosis
@@ -60,11 +60,11 @@ async def doctor(connection: AbstractConnection, app: LoadedApp) -> diagnosis.Re
                 "",
             )
         )
+    version = parse_version(version_text)
     findings += diagnosis.limit_findings(
-        work_queue_findings(
-            topology.routes.values(), app.config.default, parse_version(version_text)
-        )
+        work_queue_findings(topology.routes.values(), app.config.default, version)
     )
+    findings += diagnosis.series_findings(series_advice(topology.routes.values(), version))
     findings += diagnosis.queue_findings(await _states(connection, topology))
     findings += diagnosis.cut_short_findings(await _cut_short(connection, topology), options)
     owned = {route.queue for route in app.routes}

@@ -48,9 +48,17 @@ async def handle(body: str) -> None:
 """
 
 
-def write_app(folder: Path, url: str, prefix: str, queue: str) -> str:
-    """Write the app module doctor loads; return its ``module:attribute``."""
-    (folder / "doctored.py").write_text(APP.format(url=url, prefix=prefix, queue=queue))
+def write_app(folder: Path, url: str, prefix: str, queue: str, *, declared: str = "") -> str:
+    """Write the app module doctor loads; return its ``module:attribute``.
+
+    ``declared``: the subscriber's queue as Python source (``RabbitQueue(...)``), else its name.
+    """
+    text = APP.format(url=url, prefix=prefix, queue=queue)
+    if declared:
+        text = "from faststream.rabbit import RabbitQueue\n" + text.replace(
+            f"@broker.subscriber({queue!r})", f"@broker.subscriber({declared})"
+        )
+    (folder / "doctored.py").write_text(text)
     return "doctored:app"
 
 
@@ -176,6 +184,25 @@ async def test_doctor_passes_a_running_app(
     report = result.json()
     assert report["status"] == "ok", report
     assert {f["check"] for f in report["findings"]} >= {"version", "arguments", "consumers"}
+
+
+async def test_doctor_warns_of_a_work_queue_rabbitmq_4_deprecates(
+    rabbit_url: str, amqp: AbstractRobustConnection, tmp_path: Path
+) -> None:
+    """A work queue declared transient and not exclusive: a broker restart deletes it with
+    its messages, and RabbitMQ 4.x deprecates it. A warning names it, with the fix."""
+    prefix, queue = unique("doc-transient"), unique("orders")
+    declared = f"RabbitQueue({queue!r}, durable=False)"
+    spec = write_app(tmp_path, rabbit_url, prefix, queue, declared=declared)
+
+    result = await run_cli("doctor", spec, "--json", url=rabbit_url, cwd=tmp_path)
+
+    assert result.status == 0, result.stderr  # a warning, not an action
+    (found,) = by_check(result.json(), "rabbitmq-4")
+    assert (found["severity"], found["subject"]) == ("warning", queue)
+    assert "declared transient (durable=False) and not exclusive" in found["what"]
+    assert "transient_nonexcl_queues" in found["why"]
+    assert f"RabbitQueue({queue!r}, durable=True)" in found["fix"]
 
 
 async def test_doctor_creates_nothing(

@@ -34,7 +34,8 @@ async def test_the_policy_rules_above_and_below_the_publisher(
     router = RabbitRouter(prefix=prefix)
     out = unique("out")
     channel = await amqp.channel()
-    await channel.declare_queue(out, auto_delete=True)
+    # Durable: the suite's RabbitMQ 4.3 refuses transient queues that are not exclusive.
+    await channel.declare_queue(out, durable=True, auto_delete=True)
     calls: dict[str, int] = {}
 
     def fail(name: str) -> None:

@@ -246,6 +246,7 @@ async def dlq_with_an_oversized_letter(
     await channel.declare_queue(dlq, durable=True, arguments={"x-queue-type": request.param})
     await channel.declare_queue(
         bounce,
+        durable=True,
         arguments={
             "x-message-ttl": 0,
             "x-dead-letter-exchange": "",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
-from aiormq.exceptions import ChannelPreconditionFailed
+from aiormq.exceptions import ChannelPreconditionFailed, ConnectionInternalError
 from faststream.rabbit import QueueType, RabbitQueue
 
 from faststream_retry import (
@@ -286,3 +287,34 @@ async def test_a_release_that_can_never_be_confirmed_ends_in_the_dlq_within_a_bo
     assert await app.waiting(amqp, queue) == 0
     assert await queue_depth(amqp, f"{queue}.dlq") == 0  # drained: no second copy came
     await channel.close()
+
+
+async def test_a_transient_work_queue_is_warned_about_at_start(
+    make_app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Declared neither durable nor exclusive: RabbitMQ 4.x deprecates it, and a broker
+    restart deletes it with every message in it. The start says so, once, with the fix,
+    before FastStream declares it: where the feature is denied (the suite's 4.3 denies
+    it), RabbitMQ then closes the connection and the start fails."""
+    app: App = make_app()
+    queue = unique("transient")
+
+    @app.broker.subscriber(RabbitQueue(queue, durable=False))
+    async def handle(body: str) -> None:
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="faststream_retry"):
+        try:
+            await app.start()
+        except ConnectionInternalError as exc:
+            assert "transient_nonexcl_queues" in str(exc)  # noqa: PT017 - which refusal
+    (warning,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "faststream_retry" and "transient" in r.getMessage()
+    ]
+    assert warning.startswith(
+        f"faststream-retry: queue {queue!r} is declared transient (durable=False) and not "
+        "exclusive: a broker restart deletes it"
+    )
+    assert f"Fix: declare it RabbitQueue({queue!r}, durable=True)" in warning

@@ -21,6 +21,7 @@ from faststream_retry.core.advice import (
     parse_refusal,
     refusal_advice,
     refused,
+    series_advice,
     work_queue_findings,
 )
 from faststream_retry.core.policy import HandlerPolicy
@@ -394,3 +395,37 @@ def test_doctors_words_for_a_refusal() -> None:
         "grant configure permission (rabbitmqctl set_permissions; the README's 'Permissions' "
         "section lists the patterns the plugin needs)",
     )
+
+
+class TestSeriesAdvice:
+    """Work queues declared as RabbitMQ 4.x deprecates or refuses them (measured on 4.3.6)."""
+
+    def test_a_transient_queue_that_is_not_exclusive_is_named_with_the_fix(self) -> None:
+        (found,) = series_advice([Route("orders", (Handler(None),), transient=True)], (4, 3))
+        queue, advice = found
+        assert queue == "orders"
+        assert (
+            advice.what == "queue 'orders' is declared transient (durable=False) and not exclusive"
+        )
+        assert "a broker restart deletes it with every message in it" in advice.why
+        assert "transient_nonexcl_queues = false" in advice.why
+        assert advice.fix.startswith("declare it RabbitQueue('orders', durable=True)")
+
+    @pytest.mark.parametrize("value", [1, "1"])
+    def test_classic_queue_version_1_is_refused_from_4_3(self, value: object) -> None:
+        routes = [route({"x-queue-version": value})]
+        ((queue, here),) = series_advice(routes, (4, 3))
+        assert queue == "orders"
+        assert here.what == "queue 'orders' is declared with x-queue-version=1"
+        assert here.why == (
+            "RabbitMQ 4.3 removed classic queue version 1 and refuses the declaration "
+            "(406 PRECONDITION_FAILED)"
+        )
+        assert here.fix.startswith("declare it without x-queue-version")
+        for before in [(4, 0), (3, 10), None]:
+            ((_, coming),) = series_advice(routes, before)
+            assert coming.why == here.why + ": this app will not start after an upgrade"
+
+    def test_a_durable_queue_of_version_2_is_fine(self) -> None:
+        routes = [route({"x-queue-version": 2}), route({}), route({"x-queue-mode": "lazy"})]
+        assert series_advice(routes, (4, 3)) == []

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from faststream import BaseMiddleware, SourceType
 from faststream.middlewares import AckPolicy
-from faststream.rabbit import RabbitBroker, RabbitRouter, TestRabbitBroker
+from faststream.rabbit import RabbitBroker, RabbitQueue, RabbitRouter, TestRabbitBroker
 
 from faststream_retry import RetryConfigError, RetryMiddleware, retry_policy
 from faststream_retry.middleware import _internals as fs
@@ -78,6 +78,28 @@ def test_routes_carry_each_handlers_policy() -> None:
     (handler,) = route.handlers
     assert handler.policy is not None
     assert handler.policy.options == {"max_attempts": 7}
+
+
+@pytest.mark.parametrize(
+    ("queue", "transient"),
+    [
+        (RabbitQueue("q"), False),  # FastStream 0.7 declares durable unless told
+        (RabbitQueue("q", durable=False), True),
+        (RabbitQueue("q", durable=False, exclusive=True), False),
+        (RabbitQueue("q", durable=False, declare=False), False),  # its flags are unknown
+    ],
+)
+def test_a_route_says_whether_its_queue_is_declared_transient(
+    queue: RabbitQueue, *, transient: bool
+) -> None:
+    """RabbitQueue's durable, exclusive and declare: what RabbitMQ 4.x deprecates."""
+    broker = RabbitBroker()
+
+    @broker.subscriber(queue)
+    async def handle(body: str) -> None: ...
+
+    (route,) = fs.routes_of(broker)
+    assert route.transient is transient
 
 
 @pytest.mark.parametrize("on_router", [False, True])
