@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 from collections import Counter
@@ -118,8 +119,16 @@ async def test_a_node_killed_in_a_quorum_cluster_loses_nothing(
         try:
             seconds = await wait_settled(tally, 180, "R4")
         except pytest.fail.Exception as failed:
+            # Once (a clean-clone CI run on 3.10, beside other jobs) every retry copy, 400,
+            # was missing after 180 s, with every queue empty: where they went is the
+            # finding. The listing now, then whether they come back later, and when.
             kinds = Counter(str(e.kind) for e in app.events)
-            pytest.fail(f"{failed}\nevents: {dict(kinds)}\nqueues:\n{cluster('queues')}")
+            listing = cluster("queues")
+            late = f"still missing {len(tally.lost)} after 120 s more"
+            with contextlib.suppress(pytest.fail.Exception):
+                back = 180 + await wait_settled(tally, 120, "R4")
+                late = f"all back {back:.0f} s after the wait began"
+            pytest.fail(f"{failed}\nevents: {dict(kinds)}\nqueues:\n{listing}\nlater: {late}")
         await stopped("stopping the app", app.stop())
         await count_late(tally, urls[0], [queue, *app.retry_queues(queue)], watch)
     finally:

@@ -503,6 +503,11 @@ class TestStuck:
         assert at is not None
         assert at.copy.headers[h.ERROR].endswith("came back 3 times (the delivery limit is 3)")
 
+    def test_without_either_count_nothing_came_back(self) -> None:
+        """A first failure with a limit of 1: requeued once before it is stuck."""
+        got = steps.stuck(HOME, hopped(), BACK, now_ms=0, limit=1, max_delay_ms=8000, outcome="x")
+        assert got is None
+
     def test_the_larger_of_the_broker_and_the_runtime_count_decides(self) -> None:
         back = {**BACK, "x-acquired-count": 1}
         step = steps.stuck(
