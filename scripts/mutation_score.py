@@ -33,8 +33,8 @@ SURVIVED = {0}
 TIMEOUT = {36, 24, -24, 152, 255, -9}
 """-9 too: SIGKILL comes from the same CPU limit (RLIMIT_CPU's hard limit, one second past
 the SIGXCPU one) or from the kernel's OOM killer, when a mutant loops while it allocates
-(``ttl /= 2`` in ``Tiers.build``). mutmut calls it a segfault; on a busy machine (scripts/test
-runs mutation beside the broker suites) that mutant gets the SIGKILL instead of SIGXCPU."""
+(``ttl /= 2`` in ``Tiers.build``). mutmut calls it a segfault; on a busy machine that mutant
+gets the SIGKILL instead of SIGXCPU."""
 
 
 def statuses() -> dict[str, int | None]:
