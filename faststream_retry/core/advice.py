@@ -351,8 +351,9 @@ def series_advice(
 
     Measured on 4.3.6: a classic queue of ``x-queue-version`` 1 is refused (406), and a
     transient queue that is not exclusive is a deprecated feature, permitted by default
-    and refused once an operator denies it. (``x-queue-mode`` and global QoS are taken
-    and ignored; the plugin declares none of these.) ``version``: the broker's, which
+    and refused once an operator denies it (RabbitMQ closes the connection). ``x-queue-mode``
+    and a global QoS are taken, even with ``global_qos`` denied; the plugin asks for none of
+    these. ``version``: the broker's, which
     says whether the refusal is here already or comes with an upgrade.
     """
     found: list[tuple[str, Advice]] = []
