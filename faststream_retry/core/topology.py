@@ -336,6 +336,7 @@ def merge_routes(routes: Iterable[Route]) -> dict[str, Route]:
                 known.handlers + route.handlers,
                 known.arguments,
                 known.known and route.known,
+                known.transient or route.transient,
             )
         )
     return merged

@@ -246,6 +246,13 @@ class TestHomeFromTier:
         assert merge_routes([Route("q", ()), Route("q", ())])["q"].known is True
         assert merge_routes([Route("q", (), known=False), Route("q", ())])["q"].known is False
 
+    def test_merged_routes_are_transient_if_any_declaration_is(self) -> None:
+        """Another subscriber of the same queue must not hide the 4.x warning."""
+        for first, second in [(True, False), (False, True)]:
+            routes = [Route("q", (), transient=first), Route("q", (), transient=second)]
+            assert merge_routes(routes)["q"].transient is True
+        assert merge_routes([Route("q", ()), Route("q", ())])["q"].transient is False
+
 
 class TestTick:
     def test_tick_is_the_gcd_of_every_policy_in_use(self) -> None:
