@@ -17,6 +17,8 @@ import hashlib
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from faststream_retry.core import headers as h
+
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage
 
@@ -57,6 +59,16 @@ class Requeues:
 
 
 def _key(queue: str, message: AbstractIncomingMessage) -> tuple[str, str]:
-    # A message without an id is known by its body: the loop redelivers the same bytes.
-    name = message.message_id or "sha256:" + hashlib.sha256(message.body).hexdigest()
-    return queue, name
+    if message.message_id:
+        return queue, message.message_id
+    # Known by what it carries: the loop redelivers the same body, properties and headers
+    # (but for the broker's counts). Byte-identical messages without an id share a count.
+    digest = hashlib.sha256(message.body)
+    carried = (
+        message.correlation_id,
+        message.timestamp,
+        message.type,
+        sorted(h.without_broker_counts(message.headers).items()),
+    )
+    digest.update(repr(carried).encode("utf-8", "surrogatepass"))
+    return queue, "sha256:" + digest.hexdigest()

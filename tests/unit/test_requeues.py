@@ -15,6 +15,10 @@ class Message:
     message_id: str | None = "m1"
     body: bytes = b"body"
     redelivered: bool = True
+    headers: dict[str, Any] | None = None
+    correlation_id: str | None = None
+    timestamp: Any = None
+    type: str | None = None
 
 
 def delivery(**fields: Any) -> Any:
@@ -45,12 +49,19 @@ def test_a_first_delivery_has_never_come_back_whatever_was_counted() -> None:
     assert requeues.seen("q", delivery()) == 1
 
 
-def test_a_message_without_an_id_is_known_by_its_body() -> None:
+def test_a_message_without_an_id_is_known_by_what_it_carries() -> None:
+    """Its body, properties and headers, but not the broker's counts, which a loop bumps."""
     requeues = Requeues()
-    requeues.requeued("q", delivery(message_id=None, body=b"a"))
-    assert requeues.seen("q", delivery(message_id=None, body=b"a")) == 1
-    assert requeues.seen("q", delivery(message_id=None, body=b"b")) == 0
-    assert requeues.seen("q", delivery(message_id="a")) == 0
+    requeues.requeued("q", delivery(message_id=None, body=b"a", headers={"k": 1}))
+    again = delivery(message_id=None, body=b"a", headers={"k": 1, "x-acquired-count": 1})
+    assert requeues.seen("q", again) == 1
+    for other in [
+        delivery(message_id=None, body=b"b", headers={"k": 1}),
+        delivery(message_id=None, body=b"a", headers={"k": 2}),
+        delivery(message_id=None, body=b"a", headers={"k": 1}, correlation_id="c"),
+        delivery(message_id="a", body=b"a", headers={"k": 1}),
+    ]:
+        assert requeues.seen("q", other) == 0
 
 
 def test_a_settled_message_is_forgotten() -> None:
