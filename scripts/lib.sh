@@ -57,8 +57,9 @@ ensure_venv() {  # ensure_venv [DIR PYTHON]: the project and its dev tools in DI
   # Reinstall only when the dependencies changed.
   if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
     log "installing faststream-retry and its dev dependencies into $dir"
-    "$dir/bin/python" -m pip install -q --upgrade pip >&2
-    "$dir/bin/python" -m pip install -q -e "$ROOT[dev,test-fastapi]" >&2
+    # Stamped only once installed: a failed install is tried again next time.
+    "$dir/bin/python" -m pip install -q --upgrade pip >&2 || return 1
+    "$dir/bin/python" -m pip install -q -e "$ROOT[dev,test-fastapi]" >&2 || return 1
     touch "$stamp"
   fi
 }
@@ -108,19 +109,6 @@ ensure_rabbitmq() {
   fi
   rm -f "$err"
   export RABBITMQ_URL
-}
-
-# python_venv X.Y: print the virtualenv for Python X.Y (.venv-pyX.Y, or .venv when it is
-# that Python), installing it when needed; fails when no Python X.Y is on the machine.
-python_venv() {
-  local version="$1" python dir
-  python="$(find_python "$version")" || return 1
-  dir="$ROOT/.venv-py$version"
-  if [[ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" == "$version" ]]; then
-    dir="$VENV"  # the main virtualenv already is this Python
-  fi
-  ensure_venv "$dir" "$python"
-  echo "$dir"
 }
 
 # start_series SERIES PORT: start RabbitMQ SERIES (scripts/rabbitmq/series.sh) on PORT and

@@ -11,8 +11,9 @@
 #   RMQ_DEBIAN_MIRROR=http://deb.debian.org/debian
 #
 # A node in a chroot shares the host's network, pids and its state dir (RMQ_BASE is
-# bind-mounted at the same path), so the suite's ctl wrapper, pid file and SIGKILL work
-# as on the host. Each series has its own Erlang port mapper (ERL_EPMD_PORT): nodes of
+# bind-mounted at the same path, until stop.sh), so the suite's ctl wrapper, pid file and
+# SIGKILL work as on the host. To remove a chroot: stop its nodes, `umount -R` it, then
+# delete it. Each series has its own Erlang port mapper (ERL_EPMD_PORT): nodes of
 # different Erlang releases never register with one another's epmd.
 
 RMQ_SERIES="${RMQ_SERIES:-}"

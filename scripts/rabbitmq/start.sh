@@ -228,10 +228,11 @@ epmd_was_running=0; port_open "$EPMD_PORT" && epmd_was_running=1
 
 # Helpers for humans and tests: $RMQ_BASE/ctl list_queues, $RMQ_BASE/queues rebalance quorum
 # (the node's name, cookie and epmd, and for a chroot's series its own programs)
+in_root=""; [[ ${#IN_ROOT[@]} == 0 ]] || in_root="$(printf '%q ' "${IN_ROOT[@]}")"
 for tool in ctl:rabbitmqctl queues:rabbitmq-queues; do
   cat > "$RMQ_BASE/${tool%%:*}" <<EOF
 #!/bin/sh
-HOME="$HOME" LC_ALL=C.UTF-8 ERL_EPMD_PORT="$EPMD_PORT" exec ${IN_ROOT[*]} "$SBIN/${tool#*:}" -n "$RMQ_NODENAME" "\$@"
+HOME="$HOME" LC_ALL=C.UTF-8 ERL_EPMD_PORT="$EPMD_PORT" exec $in_root"$SBIN/${tool#*:}" -n "$RMQ_NODENAME" "\$@"
 EOF
   chmod +x "$RMQ_BASE/${tool%%:*}"
 done

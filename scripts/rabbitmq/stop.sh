@@ -56,6 +56,11 @@ if [[ -s "$RMQ_BASE/launcher.pid" ]]; then
   rm -f "$RMQ_BASE/launcher.pid"
 fi
 rm -f "$PID_FILE"
+# A chroot's node: its state dir is bind-mounted in the chroot; undo that, so removing a
+# chroot never reaches the host's files (its /proc stays, for the series' other nodes).
+if [[ -n "$ROOTFS" ]] && mountpoint -q "$ROOTFS$RMQ_BASE" 2>/dev/null; then
+  umount "$ROOTFS$RMQ_BASE" || log "could not unmount $ROOTFS$RMQ_BASE"
+fi
 
 # epmd: shared by every Erlang node on the host. Stop it only if one of our
 # start-rabbitmq.sh runs spawned it (PID recorded) and no node is registered any

@@ -124,6 +124,8 @@ async def test_a_node_killed_in_a_quorum_cluster_loses_nothing(
             # finding. The listing now, then whether they come back later, and when.
             kinds = Counter(str(e.kind) for e in app.events)
             listing = cluster("queues")
+            # Shown with the failure even if the wait below runs into the test's timeout.
+            print(f"{failed}\nevents: {dict(kinds)}\nqueues:\n{listing}")  # noqa: T201
             late = f"still missing {len(tally.lost)} after 120 s more"
             with contextlib.suppress(pytest.fail.Exception):
                 back = 180 + await wait_settled(tally, 120, "R4")
