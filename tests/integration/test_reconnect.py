@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+from faststream.rabbit import RabbitMessage
 from pamqp.commands import Basic
 
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.amqp.publisher import Outcome
+from faststream_retry.core import headers
 from faststream_retry.core.topology import tier_name
 from tests.rabbit import (
     App,
@@ -154,3 +158,54 @@ async def test_a_deleted_retry_queue_is_declared_and_consumed_again(
         what="the channels reopened",
     )
     await _retry_round_trip(app, queue, calls, "after")
+
+
+async def test_a_retry_queue_deleted_under_its_releases_loses_none_in_flight(
+    make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """An operator deletes ``<queue>.retry`` while the re-check consumer releases from it.
+
+    What was ready in it goes with it (RabbitMQ's delete says how many). The deliveries
+    in flight have no other copy any more: their releases must still be confirmed, on the
+    old channels, which the reopen keeps open for that. Every other message arrives, once.
+    """
+    # Many deliveries in flight at once: the re-check consumer's window is wide open.
+    app: App = make_app(prefetch=1000)
+    queue = unique("deleted-under")
+    arrived: list[str] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str, msg: RabbitMessage) -> None:
+        arrived.append(msg.message_id or "?")
+
+    await app.start()
+    live = app.retry.runtime(app.broker).live
+    assert live is not None
+    opened = live.channels.generation
+    channel = await amqp.channel(publisher_confirms=True)
+    ids = [f"r{i:04d}" for i in range(2000)]
+    due = int(time.time() * 1000)
+    await asyncio.gather(
+        *(
+            channel.default_exchange.publish(
+                aio_pika.Message(
+                    b"x", message_id=mid, headers={headers.DUE: due, headers.ATTEMPT: 1}
+                ),
+                routing_key=f"{queue}.retry",
+            )
+            for mid in ids
+        )
+    )
+    await eventually(lambda: len(arrived) >= 100, what="releases under way")
+    deleted = (await channel.queue_delete(f"{queue}.retry")).message_count or 0
+    await eventually(
+        lambda: live.channels.generation > opened and live.channels.ready,
+        what="the channels reopened",
+    )
+    await eventually(
+        lambda: len(set(arrived)) + deleted >= len(ids),
+        timeout=30,
+        what=f"every message not deleted with the queue ({deleted} were)",
+    )
+    assert len(arrived) == len(set(arrived)) == len(ids) - deleted
+    await channel.close()
