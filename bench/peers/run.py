@@ -48,9 +48,20 @@ RETRYING = {"happy", "burst", "paced", "burst10k"}
 # library: (venv, module, the scenarios it can run)
 LIBRARIES = {
     "faststream": ("fs", "lib_faststream", {"happy"}),
+    "hand-written": ("fs", "lib_faststream_minimal", RETRYING),
     "rabbitkit": ("rk", "lib_rabbitkit", RETRYING),
     "easy-faststream": ("ef", "lib_easy_faststream", RETRYING),
     "faststream-retry": ("fr", "lib_faststream_retry", RETRYING | {"parked", "rss"}),
+}
+# one column per queue type: the plugin's tiers, and the hand-written retry's TTL queue
+PER_QUEUE_TYPE = {"faststream-retry", "hand-written"}
+# the names of a run's broker objects: <run>-<rep>-<scenario>-<short><queue type's initial>
+SHORT = {
+    "faststream": "fs",
+    "hand-written": "hw",
+    "rabbitkit": "rk",
+    "easy-faststream": "ef",
+    "faststream-retry": "fr",
 }
 # (scenario, key, label, format); the cell is the median and the range over the reps
 ROWS = [
@@ -82,7 +93,7 @@ def columns() -> list[tuple[str, str, dict[str, str]]]:
     queue_types = os.environ.get("FR_QUEUE_TYPES", "classic quorum").split()
     out: list[tuple[str, str, dict[str, str]]] = []
     for lib in chosen:
-        if lib != "faststream-retry":
+        if lib not in PER_QUEUE_TYPE:
             out.append((lib, lib, {}))
             continue
         out.extend((f"{lib} {qt}", lib, {"FR_QUEUE_TYPE": qt}) for qt in queue_types)
@@ -181,7 +192,7 @@ def run(scenarios: list[str]) -> Path:
                 todo = [c for c in cols if scenario in LIBRARIES[c[1]][2]]
                 turn = (rep - 1) % max(1, len(todo))
                 for column, lib, extra in todo[turn:] + todo[:turn]:
-                    short = LIBRARIES[lib][0] + extra.get("FR_QUEUE_TYPE", "")[:1]
+                    short = SHORT[lib] + extra.get("FR_QUEUE_TYPE", "")[:1]
                     name = f"{run_id}-{rep}-{scenario}-{short}"
                     result = run_one(venvs, lib, scenario, name=name, extra=extra, log=log)
                     result.update(column=column, scenario=scenario, rep=rep)

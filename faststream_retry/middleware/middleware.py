@@ -404,10 +404,37 @@ class _RetryScope(BaseMiddleware):
         """Decide, and carry the decision out through the runtime's sink, until it settles.
 
         ``delivery`` and ``gate``: what outage mode resolved before the handler ran.
+        The failure that ends it goes on up to FastStream (``after_processed`` tells it
+        whether the plugin settled the message).
+        """
+        failure, result = await self._carry(call_next, msg, exc, delivery, gate)
+        if failure is None:
+            return result
+        try:
+            raise failure
+        finally:
+            # The failure's traceback holds this frame: a name for the failure left in
+            # it would be a cycle, and every failure (its frames, the message, FastStream's
+            # whole stack of it) would wait for the cyclic collector instead of being
+            # freed on the spot. Measured: 60 objects of garbage per failure, 0 without.
+            del failure, exc
+
+    async def _carry(
+        self,
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+        msg: StreamMessage[Any],
+        exc: Failure,
+        delivery: Delivery | None,
+        gate: Gate | None,
+    ) -> tuple[Failure | None, Any]:
+        """Carry a failure out; return the failure to raise, or ``None`` and the handler's result.
+
+        The failure is returned, not raised, so that no frame of the plugin's is left
+        holding it (see ``_on_failure``).
         """
         owner = await self._owner(msg, exc, delivery)
         if owner is None or not owner[0].enabled:
-            raise exc
+            return exc, None
         delivery, sink = owner
         route = delivery.route
         attempt = h.read_attempt(msg.headers)
@@ -416,12 +443,12 @@ class _RetryScope(BaseMiddleware):
             decision = await self._decide(msg, exc, attempt, delivery, gate)
             if decision.action is Action.DEAD_LETTER:
                 self._settled = await sink.dead_letter(msg, route, decision, exc)
-                raise exc
+                return exc, None
             if not await sink.retry(msg, route, decision, exc):
                 self._settled = True  # its copy holds it
-                raise exc
+                return exc, None
             try:
-                return await call_next(msg)
+                return None, await call_next(msg)
             except IgnoredException:
                 raise
             except (Exception, asyncio.CancelledError) as again:
@@ -430,7 +457,7 @@ class _RetryScope(BaseMiddleware):
                 exc = again  # the retried call failed too: decide again
             if _settled_by_handler(msg):
                 self._warn_settled(route.queue, msg, exc)
-                raise exc
+                return exc, None
 
     async def _decide(
         self,

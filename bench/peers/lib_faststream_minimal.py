@@ -1,0 +1,87 @@
+"""A retry written by hand in a FastStream 0.7 handler: the limit a FastStream middleware can reach.
+
+    FR_QUEUE_TYPE=classic|quorum python -m bench.peers.lib_faststream_minimal <scenario>
+
+The cheapest correct retry a FastStream app can have, and so the yardstick of the plugin's
+own cost: the handler catches its failure, publishes the message with FastStream's own
+confirmed ``broker.publish`` into a TTL queue (``<queue>.wait.<ms>``, of FR_QUEUE_TYPE, like
+the plugin's tiers) whose dead-letter exchange sends it back to the work queue, and returns;
+FastStream then acks the delivery. The attempt rides in one header. There is no
+classification, no dead-letter queue, no span, metric or log line: nothing but the copy.
+Whatever the plugin costs on top of FastStream's own delivery path shows as the distance to
+this column.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import version
+from typing import Any
+
+from faststream.rabbit import Channel, RabbitBroker, RabbitQueue
+
+from bench.peers import driver
+
+QUEUE_TYPE = os.environ.get("FR_QUEUE_TYPE", "classic")
+MAX_RETRIES = 3  # the plugin's max_attempts=4, rabbitkit's max_retries=3
+
+
+class TransientError(Exception):
+    """The handler's own failure, which it retries."""
+
+
+class HandWritten:
+    name = f"hand-written {QUEUE_TYPE}"
+    version = version("faststream")
+    retries = True
+
+    def make(self, base: str, queue: str, spec: driver.Spec | None, rec: driver.Recorder) -> Any:  # noqa: ARG002
+        assert spec is not None  # noqa: S101 - the happy path too runs with its retry queue
+        broker = RabbitBroker(driver.URL, default_channel=Channel(prefetch_count=driver.PREFETCH))
+        context = broker.context
+        arguments: Any = {  # FastStream's typed arguments know no x-queue-type of a variable
+            "x-queue-type": QUEUE_TYPE,
+            "x-message-ttl": round(spec.delay * 1000),
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": queue,
+        }
+        wait = RabbitQueue(
+            f"{queue}.wait.{round(spec.delay * 1000)}", durable=True, arguments=arguments
+        )
+
+        @broker.subscriber(RabbitQueue(queue, durable=True))
+        async def handler(body: Any) -> None:  # noqa: ARG001 - FastStream passes the body
+            message = context.get_local("message")
+            try:
+                if rec.call(message.message_id) is not None:
+                    raise TransientError("bench: fails once")  # noqa: TRY301 - the handler's own failure
+            except TransientError:
+                headers = message.headers or {}
+                attempt = int(headers.get("attempt", 0)) + 1
+                if attempt > MAX_RETRIES:
+                    raise
+                await broker.publish(
+                    message.body,
+                    queue=wait,
+                    headers={**headers, "attempt": attempt},
+                    message_id=message.message_id,
+                    content_type=message.content_type,
+                    persist=True,
+                )
+
+        async def start() -> None:
+            await broker.start()
+            await broker.declare_queue(wait)
+
+        broker.bench_start = start  # type: ignore[attr-defined]
+        return broker
+
+    async def start(self, app: Any) -> None:
+        await app.bench_start()
+
+    async def stop(self, app: Any) -> None:
+        await app.stop()
+
+
+if __name__ == "__main__":
+    driver.main(HandWritten())
