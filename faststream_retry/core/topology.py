@@ -12,6 +12,7 @@ adapters declare exactly what it says, and the startup checks compare it with th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -310,7 +311,7 @@ class Plan:
     @property
     def exchanges(self) -> tuple[str, ...]:
         """Return the tier exchanges, one per tier, each bound to its queue."""
-        return tuple(self.tier(ttl) for ttl in self.tiers.ttls_ms)
+        return _tier_names(self.options.prefix, self.tiers.ttls_ms)
 
     def owns(self, exchange: str, routing_key: str) -> bool:
         """Return whether a publish to ``exchange``/``routing_key`` is to the plugin's objects.
@@ -410,3 +411,9 @@ def route_specs(route: Route, options: TopologyOptions) -> tuple[QueueSpec, ...]
             **safe_dl,
         }
     return (QueueSpec(route.retry_queue, retry_args), QueueSpec(route.dlq, dict(base)))
+
+
+@functools.cache
+def _tier_names(prefix: str, ttls_ms: tuple[int, ...]) -> tuple[str, ...]:
+    # Built once per plan, not per released message (each arrival is checked against them).
+    return tuple(tier_name(prefix, ttl) for ttl in ttls_ms)

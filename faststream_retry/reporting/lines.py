@@ -41,6 +41,8 @@ def _scheduled(
     exception: BaseException | None,
     retry_traceback: str,
 ) -> None:
+    if not log.isEnabledFor(logging.INFO):  # one per failure: no work for a line not written
+        return
     log.info(
         "retry scheduled for message %s from %s: attempt=%d/%d delay=%dms rule=%s error=%s: %s",
         event.message_id,

@@ -112,7 +112,8 @@ class Reporter:
         span's context: the delivery's own headers for a release, so the handler's
         call and its next retry continue the trace from it.
         """
-        if event.immediate or event.kind is EventKind.RELEASED:
+        # With tracing off there is no span to make (one release per retry under a burst).
+        if (event.immediate or event.kind is EventKind.RELEASED) and self.telemetry.tracing:
             attributes = spans.step_attributes(event, None, None)
             carrier = onward if onward is not None else {}
             with self._step(event, incoming, carrier, attributes) as span:

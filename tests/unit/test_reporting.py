@@ -680,3 +680,33 @@ def test_a_failing_hook_is_logged_and_the_next_one_still_runs(
     assert record.exc_text is not None
     assert record.exc_text.startswith("Traceback (most recent call last):\n")
     assert record.exc_text.endswith("RuntimeError: orders")
+
+
+def test_without_tracing_or_an_info_log_a_failure_is_only_counted_and_hooked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No SDK, no log at INFO: no span is made and no line is built, per retry or release.
+
+    Under a burst of failures this is per message; a user who installs no
+    OpenTelemetry SDK should pay close to nothing for the reporting.
+    """
+    metric_reader = InMemoryMetricReader()
+    events: list[RetryEvent] = []
+    reporter = Reporter(
+        Telemetry(None, MeterProvider(metric_readers=[metric_reader])), [events.append]
+    )
+    monkeypatch.setattr(reporter.telemetry, "_tracing", False)
+    made: list[str] = []
+    monkeypatch.setattr(Telemetry, "step", lambda *_a, **_k: made.append("span"))
+    monkeypatch.setattr(lines, "_fields", lambda *_a: made.append("line") or {})
+    logging.getLogger("faststream_retry").setLevel(logging.WARNING)
+    try:
+        release = RetryEvent.released(
+            queue="orders", message_id="m-1", attempt=1, at_ms=1_305, due_ms=1_300, lateness_ms=5
+        )
+        reporter.record(release, incoming={}, onward={})
+        reporter.report(scheduled(), TimeoutError("slow"))
+    finally:
+        logging.getLogger("faststream_retry").setLevel(logging.NOTSET)
+    assert made == []
+    assert events == [release, scheduled()]
