@@ -697,8 +697,13 @@ def test_without_tracing_or_an_info_log_a_failure_is_only_counted_and_hooked(
     )
     monkeypatch.setattr(reporter.telemetry, "_tracing", False)
     made: list[str] = []
-    monkeypatch.setattr(Telemetry, "step", lambda *_a, **_k: made.append("span"))
-    monkeypatch.setattr(lines, "_fields", lambda *_a: made.append("line") or {})
+
+    def made_a(what: str) -> Any:  # stands in for a span and for a line's fields
+        made.append(what)
+        return {}
+
+    monkeypatch.setattr(Telemetry, "step", lambda *_a, **_k: made_a("span"))
+    monkeypatch.setattr(lines, "_fields", lambda *_a: made_a("line"))
     logging.getLogger("faststream_retry").setLevel(logging.WARNING)
     try:
         release = RetryEvent.released(
