@@ -7,7 +7,8 @@ FR_CHECKOUT (default: the repository this file is in) goes first on sys.path, so
 same harness measures any checkout. The subscriber is bare FastStream's (lib_faststream.py)
 with RetryMiddleware(default=RetryPolicy(max_attempts=4, backoff=Fixed(delay)),
 prefix=<the run's prefix>, queue_type=FR_QUEUE_TYPE (default "classic", like the peers'
-queues)) passed in middlewares= and installed; every other option is the plugin's default
+queues), and with FR_TRACING=1 an SDK tracer provider whose exporter drops every span) passed
+in middlewares= and installed; every other option is the plugin's default
 (re-check prefetch 200, max_delay 1 day). The handler raises TransientError, or
 RetryLater(delay) where a scenario gives each message its own delay.
 """
@@ -36,10 +37,31 @@ from faststream_retry import (  # noqa: E402
 )
 
 QUEUE_TYPE = os.environ.get("FR_QUEUE_TYPE", "classic")
+TRACED = os.environ.get("FR_TRACING") == "1"
+
+
+def tracer_provider() -> Any:
+    """An SDK tracer provider whose spans go nowhere: the cost of tracing, not of an exporter."""
+    if not TRACED:
+        return None
+    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - the traced column's
+    from opentelemetry.sdk.trace.export import (  # noqa: PLC0415
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Nowhere(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:  # noqa: ARG002
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Nowhere()))
+    return provider
 
 
 class FastStreamRetry:
-    name = f"faststream-retry {QUEUE_TYPE}"
+    name = f"faststream-retry {QUEUE_TYPE}{'+tracing' if TRACED else ''}"
     version = version("faststream-retry")
     retries = True
     source = str(Path(faststream_retry.__file__).parent)
@@ -50,6 +72,7 @@ class FastStreamRetry:
             default=RetryPolicy(max_attempts=4, backoff=Fixed(spec.delay)),
             prefix=base,
             queue_type=QUEUE_TYPE,
+            tracer_provider=tracer_provider(),
         )
         broker = RabbitBroker(
             driver.URL,

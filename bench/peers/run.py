@@ -13,9 +13,12 @@ Only compare figures of one run: on a 2-core machine they move 10-20 % with load
 
 Arguments: the scenarios to run (default: happy burst paced parked burst10k; rss is its own).
 Environment:
-    REPS (3); LIBS (default: faststream rabbitkit easy-faststream faststream-retry)
+    REPS (3); LIBS (default: faststream hand-written rabbitkit easy-faststream faststream-retry)
     FR_CHECKOUT: the faststream-retry checkout measured (default: this repository)
-    FR_QUEUE_TYPES ("classic quorum"): faststream-retry's queue_type, one column each
+    FR_QUEUE_TYPES ("classic quorum"): faststream-retry's queue_type, one column each, and
+        the hand-written retry's (lib_faststream_minimal.py) TTL queue, one column each;
+        "classic+tracing" adds a column of the plugin with an SDK tracer provider whose
+        exporter drops every span (the cost of its spans)
     BENCH_VENVS (${TMPDIR:-/tmp}/faststream-retry-bench): where setup.sh put the venvs
     RMQ_CTL: a rabbitmqctl wrapper, to list what each scenario created and delete it
         (default: the one scripts/rabbitmq/start.sh writes for RABBITMQ_URL's port)
@@ -96,7 +99,12 @@ def columns() -> list[tuple[str, str, dict[str, str]]]:
         if lib not in PER_QUEUE_TYPE:
             out.append((lib, lib, {}))
             continue
-        out.extend((f"{lib} {qt}", lib, {"FR_QUEUE_TYPE": qt}) for qt in queue_types)
+        for variant in queue_types:  # classic, quorum; classic+tracing: the plugin's spans on
+            queue_type, _, traced = variant.partition("+")
+            if traced and lib != "faststream-retry":
+                continue
+            extra = {"FR_QUEUE_TYPE": queue_type, "FR_TRACING": "1" if traced else ""}
+            out.append((f"{lib} {variant}", lib, extra))
     return out
 
 
@@ -193,6 +201,7 @@ def run(scenarios: list[str]) -> Path:
                 turn = (rep - 1) % max(1, len(todo))
                 for column, lib, extra in todo[turn:] + todo[:turn]:
                     short = SHORT[lib] + extra.get("FR_QUEUE_TYPE", "")[:1]
+                    short += "t" if extra.get("FR_TRACING") else ""
                     name = f"{run_id}-{rep}-{scenario}-{short}"
                     result = run_one(venvs, lib, scenario, name=name, extra=extra, log=log)
                     result.update(column=column, scenario=scenario, rep=rep)

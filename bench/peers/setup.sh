@@ -24,7 +24,7 @@ mkdir -p "$VENVS"
 make fs "$FASTSTREAM"
 make rk "rabbitkit[async]==0.19.1"
 make ef "easy-faststream==0.12.0"
-make fr -e "$FR_CHECKOUT" "$FASTSTREAM"
+make fr -e "$FR_CHECKOUT" "$FASTSTREAM" "opentelemetry-sdk>=1.25"  # the traced column
 for v in fs rk ef fr; do
   printf '%s: ' "$v"
   "$VENVS/$v/bin/pip" list --disable-pip-version-check 2>/dev/null \

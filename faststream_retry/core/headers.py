@@ -209,6 +209,15 @@ def traceback_text(exc: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
     return truncate_tail(text, limit)
 
 
+def exception_only_text(exc: BaseException) -> str:
+    """Return the last part of ``traceback_text(exc)``: the exception's own line(s).
+
+    Without its frames: for an exception with no chain or notes, ``traceback_text`` is
+    its frames' text followed by this (before the tail is cut to its limit).
+    """
+    return "".join(map(_part, tb.format_exception_only(type(exc), exc)))
+
+
 def _part(text: str) -> str:
     cut = truncate(text, ERROR_LIMIT)
     return cut if cut.endswith("\n") else cut + "\n"

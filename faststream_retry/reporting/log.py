@@ -36,7 +36,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.core.headers import exception_name, traceback_text, truncate
+from faststream_retry.core.headers import (
+    exception_name,
+    exception_only_text,
+    traceback_text,
+    truncate,
+    truncate_tail,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -47,7 +53,15 @@ if TYPE_CHECKING:
     ``PluginLogger`` passes no exception: the traceback is already in the line.
     """
 
-__all__ = ["LINE_LIMIT", "NAME", "TRACEBACK_LIMIT", "PluginLogger", "Throttle", "log"]
+__all__ = [
+    "LINE_LIMIT",
+    "NAME",
+    "TRACEBACK_LIMIT",
+    "PluginLogger",
+    "Throttle",
+    "log",
+    "traceback_of",
+]
 
 NAME = "faststream_retry"
 LINE_LIMIT = 4 * 1024
@@ -105,7 +119,7 @@ class PluginLogger:
         text, exact = _text(msg, args)
         trace = None
         if exception is not None:  # without its last newline, as Formatter.formatException
-            trace = _traceback(exception).removesuffix("\n")
+            trace = traceback_of(exception).removesuffix("\n")
         if to_broker and outlet is not None:
             try:
                 if outlet(level, text if trace is None else f"{text}\n{trace}", None, extra or {}):
@@ -146,31 +160,48 @@ class PluginLogger:
 
 
 _SEEN_LIMIT = 256
-_seen: dict[tuple[object, ...], tuple[type[BaseException], str]] = {}
+# (the class's id, its frames) -> (the class, the frames' text, the last message, its text)
+_seen: dict[tuple[object, ...], tuple[type[BaseException], str, object, str]] = {}
 
 
-def _traceback(exception: BaseException) -> str:
-    """Return ``traceback_text(exception)``, formatted once per kind of failure.
+def traceback_of(exception: BaseException) -> str:
+    """Return ``traceback_text(exception)``, its frames formatted once per place of failure.
 
     A burst of messages failing the same way (every one's first failure, in an outage)
     raises the same exception from the same place: formatting each traceback again
-    was a fifth of the consumer's CPU. An exception without a chain or notes is
-    written in full by its type, its frames (code and instruction) and its message,
-    so one with the same three gets the same text.
+    was a fifth of the consumer's CPU, and with tracing on (a span records it too)
+    half of it. An exception without a chain or notes is written in full by its type,
+    its frames (code and instruction) and its message: the frames' text is kept per
+    type and frames, and only the message's line is formatted for each failure (the
+    same message gets the same text object).
     """
     key = _kind(exception)
     if key is None:
         return traceback_text(exception, TRACEBACK_LIMIT)
+    *place, message = key
+    where = tuple(place)
     cls = type(exception)
-    seen = _seen.get(key)
+    seen = _seen.get(where)
     if seen is not None and seen[0] is cls:
-        return seen[1]
+        if seen[2] == message:
+            return seen[3]
+        try:
+            text = truncate_tail(seen[1] + exception_only_text(exception), TRACEBACK_LIMIT)
+        except Exception:  # the application's exception runs its own code here
+            return traceback_text(exception, TRACEBACK_LIMIT)
+        _seen[where] = (cls, seen[1], message, text)
+        return text
     if len(_seen) >= _SEEN_LIMIT:
         _seen.clear()
     text = traceback_text(exception, TRACEBACK_LIMIT)
-    # The class is kept with its text: the key names it by id, which a class made
-    # after this one is gone could have again.
-    _seen[key] = (cls, text)
+    try:
+        only = exception_only_text(exception)
+    except Exception:  # as above: then this text is not kept
+        return text
+    if text.endswith(only) and text.startswith("Traceback"):  # whole: its tail was not cut
+        # The class is kept with its text: the key names it by id, which a class made
+        # after this one is gone could have again.
+        _seen[where] = (cls, text[: len(text) - len(only)], message, text)
     return text
 
 

@@ -442,9 +442,30 @@ def _fail_at_one_place(message: str) -> BaseException:
 def test_a_burst_of_one_failure_reuses_its_traceback_text_exactly() -> None:
     """Same type, frames and message: the text is formatted once and equals a fresh format."""
     first, second = _fail_at_one_place("db down"), _fail_at_one_place("db down")
-    text = _log._traceback(first)
+    text = _log.traceback_of(first)
     assert text == traceback_text(first, TRACEBACK_LIMIT)
-    assert _log._traceback(second) is text
+    assert _log.traceback_of(second) is text
+
+
+def test_another_message_from_the_same_place_reuses_the_frames_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Messages that name each message (an id, a key) still format their frames once.
+
+    The text equals a fresh format of each; only the first formats the frames.
+    """
+    first = _fail_at_one_place("order 1 failed")
+    expected = traceback_text(_fail_at_one_place("order 2 failed"), TRACEBACK_LIMIT)
+    assert _log.traceback_of(first) == traceback_text(first, TRACEBACK_LIMIT)
+    formatted: list[BaseException] = []
+
+    def counted(exc: BaseException, *_: object) -> str:
+        formatted.append(exc)
+        return ""
+
+    monkeypatch.setattr(_log, "traceback_text", counted)
+    assert _log.traceback_of(_fail_at_one_place("order 2 failed")) == expected
+    assert formatted == []
 
 
 def test_what_the_text_shows_keeps_tracebacks_apart() -> None:
@@ -461,8 +482,8 @@ def test_what_the_text_shows_keeps_tracebacks_apart() -> None:
     # add_note() is 3.11's (3.10's traceback prints no notes); setattr works on both
     setattr(noted, "__notes__", ["a note"])  # noqa: B010
     for exc in (base, other_message, other_place, chained, noted):
-        assert _log._traceback(exc) == traceback_text(exc, TRACEBACK_LIMIT)
-    texts = [_log._traceback(e) for e in (base, other_message, other_place, chained)]
+        assert _log.traceback_of(exc) == traceback_text(exc, TRACEBACK_LIMIT)
+    texts = [_log.traceback_of(e) for e in (base, other_message, other_place, chained)]
     assert len(set(texts)) == 4
 
 
@@ -513,5 +534,7 @@ def test_a_cached_traceback_is_not_given_to_another_class_with_the_same_id() -> 
     first = fail(type("First", (Exception,), {}))
     key = _log._kind(first)
     assert key is not None
-    _log._seen[key] = (type("Gone", (Exception,), {}), "a stale text")
-    assert "First: same message" in _log._traceback(first)
+    *where, message = key
+    gone = type("Gone", (Exception,), {})
+    _log._seen[tuple(where)] = (gone, "a stale text", message, "a stale text")
+    assert "First: same message" in _log.traceback_of(first)
