@@ -15,6 +15,8 @@ Arguments: the scenarios to run (default: happy burst paced parked burst10k; rss
 Environment:
     REPS (3); LIBS (default: faststream hand-written rabbitkit easy-faststream faststream-retry)
     FR_CHECKOUT: the faststream-retry checkout measured (default: this repository)
+    FR_BEFORE: another checkout (a worktree of an older commit, say): each faststream-retry
+        column again, "before", measured from it in the same run
     FR_QUEUE_TYPES ("classic quorum"): faststream-retry's queue_type, one column each, and
         the hand-written retry's (lib_faststream_minimal.py) TTL queue, one column each;
         "classic+tracing" adds a column of the plugin with an SDK tracer provider whose
@@ -105,6 +107,9 @@ def columns() -> list[tuple[str, str, dict[str, str]]]:
                 continue
             extra = {"FR_QUEUE_TYPE": queue_type, "FR_TRACING": "1" if traced else ""}
             out.append((f"{lib} {variant}", lib, extra))
+            before = os.environ.get("FR_BEFORE")
+            if before and lib == "faststream-retry":  # the same column, another checkout
+                out.append((f"{lib} {variant} before", lib, {**extra, "FR_CHECKOUT": before}))
     return out
 
 
@@ -202,6 +207,7 @@ def run(scenarios: list[str]) -> Path:
                 for column, lib, extra in todo[turn:] + todo[:turn]:
                     short = SHORT[lib] + extra.get("FR_QUEUE_TYPE", "")[:1]
                     short += "t" if extra.get("FR_TRACING") else ""
+                    short += "b" if "FR_CHECKOUT" in extra else ""
                     name = f"{run_id}-{rep}-{scenario}-{short}"
                     result = run_one(venvs, lib, scenario, name=name, extra=extra, log=log)
                     result.update(column=column, scenario=scenario, rep=rep)
