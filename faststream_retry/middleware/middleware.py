@@ -429,8 +429,8 @@ class _RetryScope(BaseMiddleware):
     ) -> tuple[Failure | None, Any]:
         """Carry a failure out; return the failure to raise, or ``None`` and the handler's result.
 
-        The failure is returned, not raised, so that no frame of the plugin's is left
-        holding it (see ``_on_failure``).
+        The failure is returned, not raised, and not left in a name of this frame: an
+        in-process retry's failure has this frame in its traceback (see ``_on_failure``).
         """
         owner = await self._owner(msg, exc, delivery)
         if owner is None or not owner[0].enabled:
@@ -438,15 +438,17 @@ class _RetryScope(BaseMiddleware):
         delivery, sink = owner
         route = delivery.route
         attempt = h.read_attempt(msg.headers)
+        failure = [exc]  # popped when returned: the one reference this frame holds
+        del exc
         while True:
             attempt += 1
-            decision = await self._decide(msg, exc, attempt, delivery, gate)
+            decision = await self._decide(msg, failure[0], attempt, delivery, gate)
             if decision.action is Action.DEAD_LETTER:
-                self._settled = await sink.dead_letter(msg, route, decision, exc)
-                return exc, None
-            if not await sink.retry(msg, route, decision, exc):
+                self._settled = await sink.dead_letter(msg, route, decision, failure[0])
+                return failure.pop(), None
+            if not await sink.retry(msg, route, decision, failure[0]):
                 self._settled = True  # its copy holds it
-                return exc, None
+                return failure.pop(), None
             try:
                 return None, await call_next(msg)
             except IgnoredException:
@@ -454,10 +456,10 @@ class _RetryScope(BaseMiddleware):
             except (Exception, asyncio.CancelledError) as again:
                 if not _failed(again):
                     raise
-                exc = again  # the retried call failed too: decide again
+                failure[0] = again  # the retried call failed too: decide again
             if _settled_by_handler(msg):
-                self._warn_settled(route.queue, msg, exc)
-                return exc, None
+                self._warn_settled(route.queue, msg, failure[0])
+                return failure.pop(), None
 
     async def _decide(
         self,
