@@ -5,7 +5,8 @@
 The cheapest correct retry a FastStream app can have, and so the yardstick of the plugin's
 own cost: the handler catches its failure, publishes the message with FastStream's own
 confirmed ``broker.publish`` into a TTL queue (``<queue>.wait.<ms>``, of FR_QUEUE_TYPE, like
-the plugin's tiers) whose dead-letter exchange sends it back to the work queue, and returns;
+the plugin's tiers; a quorum one dead-letters at least once, as theirs do) whose
+dead-letter exchange sends it back to the work queue, and returns;
 FastStream then acks the delivery. The attempt rides in one header. There is no
 classification, no dead-letter queue, no span, metric or log line: nothing but the copy.
 Whatever the plugin costs on top of FastStream's own delivery path shows as the distance to
@@ -45,6 +46,11 @@ class HandWritten:
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": queue,
         }
+        if QUEUE_TYPE == "quorum":
+            # A quorum queue dead-letters at most once unless told otherwise: a copy
+            # expiring while its leader changes is lost. Correct means at least once, as
+            # the plugin's quorum tiers do (RabbitMQ requires reject-publish for it).
+            arguments |= {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
         wait = RabbitQueue(
             f"{queue}.wait.{round(spec.delay * 1000)}", durable=True, arguments=arguments
         )
