@@ -89,17 +89,26 @@ class Recorder:
         self.n_ok = 0
         self.first: float | None = None
         self.last_ok = 0.0
+        # The process's CPU time at its first call and at its latest first attempt: what the
+        # consumer spends per message, less noisy than a rate on a shared machine.
+        self.cpu_first = 0.0
+        self.cpu_last_first = 0.0
+        self.n_first = 0
 
     def call(self, mid: str) -> float | None:
         now = time.perf_counter()
         if self.first is None:
             self.first = now
+            self.cpu_first = time.process_time()
         self.n_calls += 1
         failures = 0
         if self.keep:
             times = self.calls.setdefault(mid, [])
             failures = len(times)
             times.append(now)
+            if not failures:
+                self.n_first += 1
+                self.cpu_last_first = time.process_time()
         delay = self.plan(mid, failures)
         if delay is None:
             self.n_ok += 1
@@ -333,6 +342,12 @@ async def fail_once(run: Run, spec: Spec, n: int, rate: float) -> None:
             round((len(before) - 1) / (before[-1] - before[0]), 1) if len(before) >= 100 else None
         ),
         drain_s=round(firsts[-1] - firsts[0], 3) if firsts else None,
+        # every first attempt before any retry is back (a burst): the failure path's CPU
+        first_attempt_cpu_us=(
+            round((rec.cpu_last_first - rec.cpu_first) / (rec.n_first - 1) * 1e6, 1)
+            if len(before) == rec.n_first >= 100
+            else None
+        ),
         **lateness(rec, lambda _m: spec.delay),
     )
 

@@ -74,6 +74,7 @@ ROWS = [
     ("happy", "ratio", "happy: ratio to bare FastStream", "{:.2f}"),
     ("burst", "retried_msg_s", "burst: retried msg/s", "{:,.0f}"),
     ("burst", "first_attempt_msg_s", "burst: first-attempt msg/s", "{:,.0f}"),
+    ("burst", "first_attempt_cpu_us", "burst: consumer CPU per first attempt, us", "{:,.0f}"),
     ("burst", "late_p50_ms", "burst: lateness p50, ms", "{:,.0f}"),
     ("burst", "late_p99_ms", "burst: lateness p99, ms", "{:,.0f}"),
     ("paced", "late_p50_ms", "paced: lateness p50, ms", "{:,.0f}"),
