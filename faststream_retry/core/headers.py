@@ -215,7 +215,7 @@ def exception_only_text(exc: BaseException) -> str:
     Without its frames: for an exception with no chain or notes, ``traceback_text`` is
     its frames' text followed by this (before the tail is cut to its limit).
     """
-    return "".join(map(_part, tb.format_exception_only(type(exc), exc)))
+    return "".join(map(_part, tb.format_exception_only(exc)))
 
 
 def _part(text: str) -> str:

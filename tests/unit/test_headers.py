@@ -442,3 +442,20 @@ class TestReadRequeues:
 
     def test_the_largest_readable_count_is_just_under_two_to_the_31(self) -> None:
         assert h.read_requeues({"x-acquired-count": 2**31 - 1}) == 2**31 - 1
+
+
+def test_an_exceptions_own_lines_end_its_traceback_text() -> None:
+    """``exception_only_text`` is the tail ``traceback_text`` ends with, every line of it.
+
+    A SyntaxError's own part is several lines (the file, the code, the caret, the
+    message): the log's traceback cache joins its frames' text to exactly these.
+    """
+    try:
+        compile("total = (", "<order rules>", "exec")
+    except SyntaxError as exc:
+        only = h.exception_only_text(exc)
+        text = h.traceback_text(exc)
+    assert only.startswith('  File "<order rules>", line 1\n')
+    assert only.endswith("SyntaxError: '(' was never closed\n")
+    assert text.startswith("Traceback (most recent call last):\n")
+    assert text.endswith(only)
