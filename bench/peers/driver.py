@@ -93,7 +93,6 @@ class Recorder:
         # consumer spends per message, less noisy than a rate on a shared machine.
         self.cpu_first = 0.0
         self.cpu_last_first = 0.0
-        self.n_first = 0
 
     def call(self, mid: str) -> float | None:
         now = time.perf_counter()
@@ -107,7 +106,6 @@ class Recorder:
             failures = len(times)
             times.append(now)
             if not failures:
-                self.n_first += 1
                 self.cpu_last_first = time.process_time()
         delay = self.plan(mid, failures)
         if delay is None:
@@ -344,8 +342,8 @@ async def fail_once(run: Run, spec: Spec, n: int, rate: float) -> None:
         drain_s=round(firsts[-1] - firsts[0], 3) if firsts else None,
         # every first attempt before any retry is back (a burst): the failure path's CPU
         first_attempt_cpu_us=(
-            round((rec.cpu_last_first - rec.cpu_first) / (rec.n_first - 1) * 1e6, 1)
-            if len(before) == rec.n_first >= 100
+            round((rec.cpu_last_first - rec.cpu_first) / (len(rec.calls) - 1) * 1e6, 1)
+            if len(before) == len(rec.calls) >= 100
             else None
         ),
         **lateness(rec, lambda _m: spec.delay),

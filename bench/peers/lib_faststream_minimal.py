@@ -35,6 +35,7 @@ class HandWritten:
     name = f"hand-written {QUEUE_TYPE}"
     version = version("faststream")
     retries = True
+    wait: RabbitQueue  # the TTL queue, declared once the app has started
 
     def make(self, base: str, queue: str, spec: driver.Spec | None, rec: driver.Recorder) -> Any:  # noqa: ARG002
         assert spec is not None  # noqa: S101 - the happy path too runs with its retry queue
@@ -75,15 +76,12 @@ class HandWritten:
                     persist=True,
                 )
 
-        async def start() -> None:
-            await broker.start()
-            await broker.declare_queue(wait)
-
-        broker.bench_start = start  # type: ignore[attr-defined]
+        self.wait = wait  # every app of a run has the same one
         return broker
 
     async def start(self, app: Any) -> None:
-        await app.bench_start()
+        await app.start()
+        await app.declare_queue(self.wait)
 
     async def stop(self, app: Any) -> None:
         await app.stop()
