@@ -423,7 +423,11 @@ async def test_purge_takes_only_what_matches(
 async def test_a_replay_killed_mid_way_loses_nothing(
     amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
 ) -> None:
-    """SIGKILL during a replay: every dead letter is in the DLQ or the work queue, at most once more."""
+    """SIGKILL during a paced replay: every dead letter is in the DLQ or the work queue, one twice at most.
+
+    A paced pass keeps one copy in flight, so the bound holds however slow the
+    broker's confirms are on a loaded machine (a pipelined one left 10 twice here).
+    """
     ids = [f"m{i:03}" for i in range(300)]
     await seed(amqp, work_queue, [(i, "exhausted", i.encode(), None) for i in ids])
     process = await asyncio.create_subprocess_exec(
@@ -449,8 +453,8 @@ async def test_a_replay_killed_mid_way_loses_nothing(
     stayed = await ids_in(amqp, f"{work_queue}.dlq")
     assert 60 <= len(moved) < len(ids)
     assert set(moved) | set(stayed) == set(ids)
-    # Copies confirmed but not yet acked when it died: the few in flight, at most.
-    assert len(moved) + len(stayed) - len(ids) <= 3
+    # The copy in flight when it died, confirmed or not, may be in both places.
+    assert len(moved) + len(stayed) - len(ids) <= 1
     assert len(set(moved)) == len(moved)
 
 
