@@ -50,8 +50,12 @@ make_venv() {  # make_venv DIR [PYTHON]: a virtualenv in DIR, unless one is ther
   fi
 }
 
-ensure_venv() {  # ensure_venv [DIR PYTHON]: the project and its dev tools in DIR (default $VENV)
-  local dir="${1:-$VENV}" py="${2:-}" stamp
+# ensure_venv [DIR PYTHON GROUPS...]: the project and the dependency groups GROUPS of
+# pyproject.toml in DIR (default: $VENV, with every group: "dev").
+ensure_venv() {
+  local dir="${1:-$VENV}" py="${2:-}" stamp group groups=()
+  for group in "${@:3}"; do groups+=(--group "$ROOT/pyproject.toml:$group"); done
+  [[ ${#groups[@]} -gt 0 ]] || groups=(--group "$ROOT/pyproject.toml:dev")
   stamp="$dir/.installed"
   make_venv "$dir" "$py"
   # Reinstall only when the dependencies changed.
@@ -59,7 +63,7 @@ ensure_venv() {  # ensure_venv [DIR PYTHON]: the project and its dev tools in DI
     log "installing faststream-retry and its dev dependencies into $dir"
     # Stamped only once installed: a failed install is tried again next time.
     "$dir/bin/python" -m pip install -q --upgrade pip >&2 || return 1
-    "$dir/bin/python" -m pip install -q -e "$ROOT[dev,test-fastapi]" >&2 || return 1
+    "$dir/bin/python" -m pip install -q -e "$ROOT" "${groups[@]}" >&2 || return 1
     touch "$stamp"
   fi
 }
@@ -74,7 +78,8 @@ ensure_lowest_venv() {
     "$VENV/bin/python" "$ROOT/scripts/floors.py" >"$constraints"
     log "installing faststream-retry at its dependency floors into $LOWEST_VENV"
     "$LOWEST_VENV/bin/python" -m pip install -q --upgrade pip >&2
-    "$LOWEST_VENV/bin/python" -m pip install -q -c "$constraints" -e "$ROOT[dev]" >&2
+    "$LOWEST_VENV/bin/python" -m pip install -q -c "$constraints" -e "$ROOT" \
+      --group "$ROOT/pyproject.toml:test" --group "$ROOT/pyproject.toml:lint" >&2
     touch "$stamp"
   fi
 }

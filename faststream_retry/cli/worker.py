@@ -30,7 +30,14 @@ def register(app: typer.Typer) -> None:
 def worker_command(
     config: Annotated[
         Path | None,
-        typer.Option("--config", "-c", help="The worker's TOML config (see the README)."),
+        typer.Option(
+            "--config",
+            "-c",
+            help=(
+                "The worker's TOML config: "
+                "https://faststream-retry.readthedocs.io/en/latest/reference/worker-config/"
+            ),
+        ),
     ] = None,
     url: Annotated[
         str | None,

@@ -55,7 +55,10 @@ _REFUSED = re.compile(
 
 _PRECONDITION_FAILED = "406 PRECONDITION_FAILED"
 _ACCESS_REFUSED = "403 ACCESS_REFUSED"
-_PERMISSIONS = "rabbitmqctl set_permissions; the README's 'Permissions' section lists the"
+_PERMISSIONS = (
+    "rabbitmqctl set_permissions; "
+    "https://faststream-retry.readthedocs.io/en/latest/reference/topology/#permissions lists the"
+)
 
 
 @dataclass(frozen=True, slots=True)

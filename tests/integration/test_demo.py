@@ -1,4 +1,4 @@
-"""The README's demo runs and balances: what the newcomer's first command shows."""
+"""The demo runs and balances: what the newcomer's first command shows."""
 
 from __future__ import annotations
 

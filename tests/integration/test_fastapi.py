@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.rabbit, pytest.mark.fastapi]
 
 fastapi = pytest.importorskip(
-    "fastapi", reason="fastapi comes with the test-fastapi extra (pip install -e .[test-fastapi])"
+    "fastapi",
+    reason="fastapi comes with the fastapi dependency group (pip install -e . --group fastapi)",
 )
 
 
@@ -145,7 +146,7 @@ async def test_deprecated_fastapi_router_validation_errors_are_permanent(
     queue = unique("orders")
     calls: Counter[int] = Counter()
     router.subscriber(queue)(handler(calls))
-    # As the README wires it: include_router() brings the router's lifespan along
+    # As the FastAPI how-to wires it: include_router() brings the router's lifespan along
     # (FastAPI >= 0.112.2 warns that lifespan=router.lifespan_context is not needed).
     app = fastapi.FastAPI()
     app.include_router(router)

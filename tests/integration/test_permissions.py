@@ -1,4 +1,4 @@
-"""A least-privilege RabbitMQ user: the permissions the README lists are enough, and a
+"""A least-privilege RabbitMQ user: the permissions the Topology reference lists are enough, and a
 missing one stops the start with ``RetryTopologyError`` naming the object and the
 permission, not a raw ``ChannelAccessRefused``."""
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.rabbit
 
 
 def patterns(prefix: str, *queues: str) -> dict[str, str]:
-    """The README's patterns for a service with this tier prefix and these work queues."""
+    """The Topology reference's patterns for a service with this tier prefix and these work queues."""
     p = re.escape(prefix)
     q = "|".join(re.escape(queue) for queue in queues)
     return {

@@ -220,7 +220,7 @@ async def test_a_dead_letter_subscriber_declared_classic_is_named_before_start(
 async def test_a_dead_letter_subscriber_declared_as_the_plugin_does_gets_each_dead_letter(
     make_app: Any,
 ) -> None:
-    """The README's way to consume a DLQ with FastStream, on quorum queues."""
+    """The docs' way to consume a DLQ with FastStream, on quorum queues."""
     app: App = make_app()
     queue = unique("dlq-consumer")
     dead: list[str] = []

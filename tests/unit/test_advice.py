@@ -273,7 +273,8 @@ def test_refusals_are_one_error_naming_each_object() -> None:
         "- exchange 'retry.delay.200': to declare it, the user needs configure permission. "
         "RabbitMQ said: r1\n"
         "- queue 'q.retry': to consume it, the user needs read permission. RabbitMQ said: r2\n"
-        "Grant them with rabbitmqctl set_permissions; the README's 'Permissions' section "
+        "Grant them with rabbitmqctl set_permissions; "
+        "https://faststream-retry.readthedocs.io/en/latest/reference/topology/#permissions "
         "lists the configure, write and read patterns the plugin needs"
     )
 
@@ -392,8 +393,9 @@ def test_doctors_words_for_a_refusal() -> None:
     assert refusal_advice(refusal) == Advice(
         "queue 'o.dlq': the user may not declare it",
         "the app refuses to start (403 ACCESS_REFUSED). RabbitMQ said: ACCESS_REFUSED - x",
-        "grant configure permission (rabbitmqctl set_permissions; the README's 'Permissions' "
-        "section lists the patterns the plugin needs)",
+        "grant configure permission (rabbitmqctl set_permissions; "
+        "https://faststream-retry.readthedocs.io/en/latest/reference/topology/#permissions "
+        "lists the patterns the plugin needs)",
     )
 
 

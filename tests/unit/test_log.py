@@ -115,7 +115,7 @@ def test_exception_sends_the_exception_being_handled(unconfigured: PluginLogger)
 
 
 def test_the_bounds() -> None:
-    """What the README's "Logs and hooks" says: 4 KiB of text, 8 KiB of traceback."""
+    """What the "Logs and hooks" reference says: 4 KiB of text, 8 KiB of traceback."""
     assert (LINE_LIMIT, TRACEBACK_LIMIT) == (4096, 8192)
 
 
