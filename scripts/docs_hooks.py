@@ -12,7 +12,9 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mkdocs.config.defaults import MkDocsConfig
+    # Not mkdocs's own types: mypy also runs where only the test and lint groups are
+    # installed (the floors), and the hook needs only a mapping.
+    from collections.abc import MutableMapping
 
 PLACEHOLDER = "{{ worker_config_schema }}"
 
@@ -23,7 +25,7 @@ DURATION = (
 )
 
 
-def on_config(config: MkDocsConfig) -> MkDocsConfig:
+def on_config(config: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Name the site with the installed version (``pyproject.toml``'s, the one place it is)."""
     config["site_name"] = f"faststream-retry {version('faststream-retry')}"
     return config
