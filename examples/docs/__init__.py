@@ -1,1 +1,4 @@
-"""The examples of the documentation: each page includes one of these files, and tests/*/test_docs_examples.py runs it."""
+"""The examples of the documentation.
+
+Each page includes one of these files; tests/*/test_docs_examples.py runs it.
+"""

@@ -1,4 +1,4 @@
-"""Stand-ins for the clients a real service has (an SMTP library, an HTTP client)."""
+"""Stand-ins for a real service's clients (an SMTP library, an HTTP client)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class Response:
 
 
 async def deliver(to: str, text: str) -> None:
-    """Send one mail; raises ``smtplib.SMTPException`` while the server is down."""
+    """Send one mail; raises ``SMTPException`` while the server is down."""
 
 
 async def post(url: str, body: object) -> Response:

@@ -1,4 +1,4 @@
-"""A consumer of dead letters that alerts a human, and never loses one on the way."""
+"""A consumer of dead letters that alerts a human, and never loses one."""
 
 import os
 
@@ -9,7 +9,8 @@ from faststream_retry import PermanentError, RetryMiddleware, retry_policy
 
 retry = RetryMiddleware()
 broker = RabbitBroker(
-    os.environ.get("RABBITMQ_URL", "amqp://guest:guest@localhost:5672/"), middlewares=[retry]
+    os.environ.get("RABBITMQ_URL", "amqp://guest:guest@localhost:5672/"),
+    middlewares=[retry],
 )
 retry.install(broker)
 
@@ -20,23 +21,30 @@ async def alert_on_call(body: bytes, reason: str, error: str) -> None:
 
 @broker.subscriber("orders")
 async def take_order(body: dict[str, int]) -> None:
-    raise PermanentError(f"order {body['id']} names no customer")  # straight to the DLQ
+    # Permanent: straight to orders.dlq, with no retry.
+    raise PermanentError(f"order {body['id']} names no customer")
 
 
 # --8<-- [start:consumer]
 @broker.subscriber(
-    # Declared as the plugin declares it (durable, the plugin's queue type): RabbitMQ
-    # refuses a second declaration with other arguments.
+    # Declared as the plugin declares it (durable, the plugin's queue
+    # type): RabbitMQ refuses a second declaration with other arguments.
     RabbitQueue("orders.dlq", durable=True, queue_type=QueueType.QUORUM),
-    ack_policy=AckPolicy.MANUAL,  # a failure here must leave the dead letter where it is
+    # A failure here must leave the dead letter where it is.
+    ack_policy=AckPolicy.MANUAL,
 )
 @retry_policy(enabled=False)  # a dead letter is not retried again
 async def on_dead_letter(msg: RabbitMessage) -> None:
-    # No body parameter: FastStream would decode the body into its type, and a dead
-    # letter that does not fit (a JSON object into `bytes`, say) would never reach here.
+    # No body parameter: FastStream would decode the body into its type,
+    # and a dead letter that does not fit (a JSON object into `bytes`, say)
+    # would never reach here.
     # msg.body is the raw bytes, whatever the producer sent.
     headers = msg.headers
-    await alert_on_call(msg.body, str(headers["retry-reason"]), str(headers.get("retry-error", "")))
+    await alert_on_call(
+        msg.body,
+        str(headers["retry-reason"]),
+        str(headers.get("retry-error", "")),
+    )
     await msg.ack()  # only once it is handled
 
 

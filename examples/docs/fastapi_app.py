@@ -1,4 +1,4 @@
-"""FastAPI with faststream-fastapi: the app's lifespan starts the broker, and the plugin with it."""
+"""FastAPI with faststream-fastapi: the app's lifespan starts the broker."""
 
 from fastapi import FastAPI
 from faststream.rabbit import RabbitBroker
@@ -27,5 +27,5 @@ async def take_order(order: Order) -> None:
     await reserve_stock(order)
 
 
-# After the subscribers: FastStreamAPI adapts the ones the broker has when it is built.
+# After the subscribers: FastStreamAPI adapts those the broker has now.
 app = FastStreamAPI(broker, application=FastAPI())  # uvicorn module:app

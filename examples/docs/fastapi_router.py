@@ -1,4 +1,4 @@
-"""FastAPI with FastStream's own RabbitRouter (deprecated since FastStream 0.7.8, still in 0.7.x)."""
+"""FastAPI with FastStream's own RabbitRouter (deprecated since 0.7.8)."""
 
 import warnings
 
@@ -7,7 +7,9 @@ from pydantic import BaseModel
 
 from faststream_retry import RetryMiddleware, RetryPolicy, retry_policy
 
-with warnings.catch_warnings():  # 0.7.8 and later warn that it moved to faststream-fastapi
+with (
+    warnings.catch_warnings()
+):  # 0.7.8 and later warn that it moved to faststream-fastapi
     warnings.simplefilter("ignore")
     from faststream.rabbit.fastapi import RabbitRouter
 

@@ -1,4 +1,4 @@
-"""A MANUAL-ack handler that gets the plugin's backoff: it raises without settling, and acks on success."""
+"""A MANUAL-ack handler with the plugin's backoff: it raises unsettled."""
 
 from faststream import AckPolicy
 from faststream.rabbit import RabbitBroker, RabbitMessage

@@ -1,4 +1,4 @@
-"""A handler that publishes its result: the policy goes under the subscriber, in either order."""
+"""A handler that publishes its result: the policy goes under the subscriber."""
 
 from faststream.rabbit import RabbitBroker
 from pydantic import BaseModel

@@ -1,4 +1,4 @@
-"""A quorum work queue whose delivery limit ends in its DLQ, not in RabbitMQ dropping the message."""
+"""A quorum work queue whose delivery limit ends in its DLQ, not in a drop."""
 
 from faststream.rabbit import QueueType, RabbitBroker, RabbitQueue
 

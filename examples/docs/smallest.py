@@ -1,4 +1,4 @@
-"""The smallest app: one middleware, install(), and every handler of the broker retries."""
+"""The smallest app: one middleware, install(), and every handler retries."""
 
 from faststream import FastStream
 from faststream.rabbit import RabbitBroker
@@ -17,4 +17,5 @@ async def save(order: str) -> None:
 
 @broker.subscriber("orders")
 async def handle(order: str) -> None:
-    await save(order)  # raises while the database restarts: back in 1 s, then 2 s, ...
+    # Raises while the database restarts: back in 1 s, then 2 s, ...
+    await save(order)

@@ -1,4 +1,4 @@
-"""A test of the dead-letter consumer: in test mode the dead letter reaches the app's .dlq subscriber."""
+"""In test mode the dead letter reaches the app's .dlq subscriber."""
 
 import pytest
 from faststream.rabbit import TestRabbitBroker
@@ -8,7 +8,9 @@ from examples.docs.dead_letters import broker
 
 
 @pytest.mark.asyncio
-async def test_a_dead_letter_reaches_the_alert(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_dead_letter_reaches_the_alert(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     alerts = []
 
     async def alert_on_call(body: bytes, reason: str, error: str) -> None:

@@ -1,4 +1,4 @@
-"""Tests of the quickstart's handlers, as a user writes them: TestRabbitBroker, no RabbitMQ."""
+"""Tests of the quickstart's handlers: TestRabbitBroker, no RabbitMQ."""
 
 # --8<-- [start:retried]
 from smtplib import SMTPException
@@ -12,16 +12,22 @@ from examples.docs.service import InvalidAddress, broker, retry
 
 @pytest.mark.asyncio
 async def test_smtp_outage_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    failures = [SMTPException("connection refused"), SMTPException("connection refused")]
+    failures = [
+        SMTPException("connection refused"),
+        SMTPException("connection refused"),
+    ]
 
     async def deliver(to: str, text: str) -> None:
         if failures:
             raise failures.pop()
 
-    monkeypatch.setattr(service, "deliver", deliver)  # the SMTP server is down twice
+    # The SMTP server is down twice.
+    monkeypatch.setattr(service, "deliver", deliver)
     async with TestRabbitBroker(broker) as br:
         with retry.testing() as recorder:
-            await br.publish({"to": "ada@example.com", "text": "hi"}, queue="email-queue")
+            await br.publish(
+                {"to": "ada@example.com", "text": "hi"}, queue="email-queue"
+            )
     assert [e.delay_ms for e in recorder.scheduled] == [1000, 2000]
     assert recorder.dead_letters == []
 
@@ -41,7 +47,10 @@ async def test_bad_address_is_dead_lettered() -> None:
 @pytest.mark.asyncio
 async def test_bad_address_raises() -> None:
     async with TestRabbitBroker(broker) as br:
-        with retry.testing(raise_on_dead_letter=True), pytest.raises(InvalidAddress):
+        with (
+            retry.testing(raise_on_dead_letter=True),
+            pytest.raises(InvalidAddress),
+        ):
             await br.publish({"to": "nope", "text": "hi"}, queue="email-queue")
 
 

@@ -118,7 +118,8 @@ async def test_a_failure_is_decided_once_wherever_the_middleware_sits(
     broker, subscribe = _wire_router(rabbit_url, how, retry)
     calls: Counter[str] = Counter()
 
-    @subscribe("orders")
+    # A name of its own: the four wirings run side by side in parallel workers.
+    @subscribe(unique("orders"))
     async def orders(body: str) -> None:
         calls[body] += 1
         if body.startswith("bad"):
