@@ -16,7 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 EXAMPLES = ROOT / "examples" / "docs"
-SITE = "https://faststream-retry.readthedocs.io/en/latest/"
+# Where the site is published: mkdocs.yml's site_url, the one place that says it.
+_SITE_URL = re.search(r"^site_url: (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
+assert _SITE_URL, "mkdocs.yml names no site_url"
+SITE = _SITE_URL[1]
 INCLUDE = re.compile(r'^--8<-- "(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"$')
 FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
