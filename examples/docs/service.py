@@ -25,7 +25,7 @@ retry = RetryMiddleware(
     )
 )
 broker = RabbitBroker("amqp://guest:guest@localhost:5672/", middlewares=[retry])
-retry.install(broker)  # before the broker starts; declares the topology at start
+retry.install(broker)  # optional: start with the broker, not its first message
 app = FastStream(broker)
 
 

@@ -1,4 +1,4 @@
-"""The smallest app: one middleware, install(), and every handler retries."""
+"""The smallest app: one middleware, and every handler of the broker retries."""
 
 from faststream import FastStream
 from faststream.rabbit import RabbitBroker
@@ -7,7 +7,6 @@ from faststream_retry import RetryMiddleware
 
 retry = RetryMiddleware()  # 5 attempts, 1 s doubling to 5 min, quorum queues
 broker = RabbitBroker("amqp://guest:guest@localhost:5672/", middlewares=[retry])
-retry.install(broker)
 app = FastStream(broker)
 
 

@@ -25,7 +25,7 @@ from faststream_retry.core.config import RetryConfig
 from faststream_retry.core.decision import Action, Decision, decide
 from faststream_retry.core.events import RetryEvent, RetryHook
 from faststream_retry.engine.outages import Requeue
-from faststream_retry.errors import RetryConfigError
+from faststream_retry.errors import RetryConfigError, RetryTopologyError
 from faststream_retry.middleware import _internals
 from faststream_retry.middleware.delivery import Delivery
 from faststream_retry.middleware.gate import gate_of
@@ -58,8 +58,10 @@ __all__ = ["RetryMiddleware"]
 class RetryMiddleware:
     """Retries for a FastStream ``RabbitBroker``, held by RabbitMQ itself.
 
-    Pass it in ``RabbitBroker(middlewares=[retry])`` (or let ``install`` add it) and
-    call ``retry.install(broker)`` before the broker starts.
+    Pass it in ``RabbitBroker(middlewares=[retry])``: the plugin starts at the first
+    message the broker consumes (it plans, checks and declares its topology, then
+    starts its re-check consumers) before the handler sees it. ``retry.install(broker)``
+    before the broker starts does that at the broker's start instead.
 
     Args:
         default: the policy of handlers without ``@retry_policy`` and the base of
@@ -155,6 +157,7 @@ class RetryMiddleware:
         )
         self._testing = Testing(self._hooks)
         self._plugin = Plugin(config, reporter, self._testing)
+        self._plugin.middleware = self
 
     @property
     def default(self) -> RetryPolicy:
@@ -167,7 +170,13 @@ class RetryMiddleware:
         return self._plugin.config.topology.prefix
 
     def install(self, broker: RabbitBroker) -> RabbitBroker:
-        """Make ``broker`` declare the topology and run the re-check consumers.
+        """Start the plugin with ``broker``, rather than at the first message it consumes.
+
+        Optional: without it the plugin starts at the broker's first message. With it,
+        an app the plugin must not run in (two instances, a queue declared with other
+        arguments, missing permissions) refuses to start, instead of holding its
+        messages; and copies that waited in ``<queue>.retry`` while the app was down
+        are released at once, not at the first message.
 
         Idempotent. Call it before the broker starts, before or after the
         subscribers are declared: the topology is planned and declared when the
@@ -270,6 +279,15 @@ class _RetryScope(BaseMiddleware):
             # Another scope of this message (the same middleware on a router and on
             # the broker, say) owns its failure: one decision, one copy.
             return await call_next(msg)
+        broker = _internals.current_broker(self.context)
+        if (
+            broker is not None
+            and not self._plugin.runtime(broker).started
+            and not _internals.under_test_broker(broker)
+            # A subscriber's message: get_one() and iterators are not the plugin's.
+            and _internals.current_subscriber(self.context) is not None
+        ):
+            await self._start_late(broker, msg)
         if h.DUE in msg.headers:
             try:
                 self._report_arrival(msg)
@@ -302,6 +320,32 @@ class _RetryScope(BaseMiddleware):
             if isinstance(exc, asyncio.CancelledError):
                 self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc, delivery, gate)
+
+    async def _start_late(self, broker: Any, msg: StreamMessage[Any]) -> None:  # noqa: ANN401 - a RabbitBroker
+        """Start the plugin on a broker that consumes without ``install()``, before this message.
+
+        Wired so that the plugin must not run (what would stop an installed start): the
+        message is held, unacked, and so is every later one, with one ERROR that names
+        the fix; nothing is lost and nothing loops. The broker unreachable: the message
+        goes back to its queue after a pause, and the next one tries again.
+        """
+        try:
+            await self._plugin.start_late(broker)
+        except (RetryConfigError, RetryTopologyError) as refused:
+            self._plugin.reporter.error_once(
+                ("refused", id(broker)),
+                "faststream-retry cannot run on this broker, so it holds its messages "
+                "unacked (they go back to their queues when the app stops): %s",
+                refused,
+            )
+            await asyncio.Event().wait()  # until the app stops and cancels the handler
+        except Exception:
+            log.exception(
+                "faststream-retry could not start on this broker; requeueing message %s",
+                msg.message_id,
+            )
+            await self._requeue_after_pause(msg, self._plugin.config.pause_s)
+            raise
 
     def _warn_spurious(self, msg: StreamMessage[Any]) -> None:
         sub = _internals.current_subscriber(self.context)
@@ -538,12 +582,12 @@ class _RetryScope(BaseMiddleware):
             return None
         sink = runtime.sink()
         if sink is None:
-            # Consuming without our start hook: install() was not called, or the
-            # broker was started by other means. Without the topology a retry can
-            # only be kept by handing the message back, slowly.
+            # A failure the plugin started for (late or not) after it stopped: the
+            # broker stops, with handlers still running. Without the topology a
+            # retry can only be kept by handing the message back, slowly.
             log.error(
-                "faststream-retry is not running on this broker: call "
-                "retry.install(broker) before the broker starts. Requeueing message %s",
+                "faststream-retry has stopped on this broker (it is stopping): "
+                "requeueing message %s",
                 msg.message_id,
             )
             await self._requeue_after_pause(msg, self._plugin.config.pause_s)

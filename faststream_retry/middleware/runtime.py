@@ -18,6 +18,7 @@ while the plugin runs, test mode's under ``TestRabbitBroker``.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from faststream_retry.core.advice import series_advice, work_queue_findings
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
 from faststream_retry.engine.live import Live
-from faststream_retry.errors import RetryConfigError
+from faststream_retry.errors import RetryConfigError, RetryTopologyError
 from faststream_retry.middleware import _internals, checks
 from faststream_retry.middleware.sink import LiveSink
 from faststream_retry.middleware.test_mode import TestSink
@@ -65,6 +66,12 @@ class Runtime:
         self._plan: Plan | None = None
         self.live: Live | None = None
         """The connected parts, from ``start`` to ``stop``."""
+        self.started = False
+        """Whether the plugin ever started on this broker (a stopped one does not start late)."""
+        self.refused: RetryConfigError | RetryTopologyError | None = None
+        """Why a late start refused to run (``Plugin.start_late``): it is not tried again."""
+        self.starting = asyncio.Lock()
+        """Held by a late start: the messages that arrive meanwhile wait for it."""
 
     @property
     def plan(self) -> Plan:
@@ -166,6 +173,7 @@ class Runtime:
         live = Live(topology, connection, self.config, self.reporter)
         await live.open()
         self.live = live
+        self.started = True
         await self._report_stranded(connection, topology, routes)
         tiers = topology.tiers
         covered = len(topology.routes)
@@ -257,6 +265,8 @@ class Plugin:
         self.reporter = reporter
         self._testing = testing
         self._runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+        self.middleware: Middleware | None = None
+        """The ``RetryMiddleware`` this is the plugin of (set by it): a late start installs it."""
 
     def runtime(self, broker: RabbitBroker) -> Runtime:
         """Return the runtime of ``broker``."""
@@ -292,14 +302,7 @@ class Plugin:
                 # FastStream starts the subscribers, and the new ones are followed.
                 await original_start()
                 return
-            # Planned from the subscribers the broker has now, at start.
-            topology = runtime.replan()
-            checks.refuse_ack_first(broker, topology)
-            checks.refuse_other_instances(broker, middleware)
-            checks.refuse_plugin_queues(broker, topology)
-            checks.refuse_other_queue_type(broker, topology)
-            checks.warn_uncovered(broker, topology)
-            await runtime.start(await broker.connect(), topology)
+            await _start(broker, runtime, middleware)
             await original_start()
             await runtime.start_consumers()
 
@@ -322,6 +325,47 @@ class Plugin:
         watch(broker, runtime, middleware)
         setattr(broker, _INSTALLED_ATTR, middleware)
         return broker
+
+    async def start_late(self, broker: RabbitBroker) -> None:
+        """Start on a broker that is consuming without ``install()``: at its first message.
+
+        What ``install()`` does at the broker's start, done now: plan from the
+        subscribers the broker has, check them, declare the topology, start the
+        re-check consumers, and wrap the broker's stop (and a later start). Once.
+
+        Raises:
+            RetryConfigError, RetryTopologyError: the app or the broker is wired so
+                that the plugin must not run (as at an installed start); every later
+                call raises it again.
+            Exception: the broker could not be reached; the next message tries again.
+        """
+        runtime = self.runtime(broker)
+        async with runtime.starting:
+            if runtime.refused is not None:
+                raise runtime.refused
+            if runtime.started:
+                return
+            middleware = self.middleware
+            if middleware is None:  # pragma: no cover - RetryMiddleware sets it
+                raise RetryConfigError("this plugin belongs to no RetryMiddleware")
+            try:
+                self.install(broker, middleware)
+                await _start(broker, runtime, middleware)
+            except (RetryConfigError, RetryTopologyError) as exc:
+                runtime.refused = exc
+                raise
+            await runtime.start_consumers()
+
+
+async def _start(broker: RabbitBroker, runtime: Runtime, middleware: Middleware) -> None:
+    """Plan from the subscribers the broker has now, check the plan, and declare it."""
+    topology = runtime.replan()
+    checks.refuse_ack_first(broker, topology)
+    checks.refuse_other_instances(broker, middleware)
+    checks.refuse_plugin_queues(broker, topology)
+    checks.refuse_other_queue_type(broker, topology)
+    checks.warn_uncovered(broker, topology)
+    await runtime.start(await broker.connect(), topology)
 
 
 _FOLLOWED_ATTR = "__faststream_retry_followed__"

@@ -19,6 +19,7 @@ others still run, and the copy is published and settled exactly as without it.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
@@ -192,11 +193,18 @@ class Reporter:
 
     def warn_once(self, key: object, message: str, *args: object) -> None:
         """Log ``message`` at WARNING the first time ``key`` comes; never raises."""
+        self._once(logging.WARNING, key, message, *args)
+
+    def error_once(self, key: object, message: str, *args: object) -> None:
+        """Log ``message`` at ERROR the first time ``key`` comes; never raises."""
+        self._once(logging.ERROR, key, message, *args)
+
+    def _once(self, level: int, key: object, message: str, *args: object) -> None:
         if key in self._warned:
             return
         self._warned.add(key)
         with contextlib.suppress(Exception):  # a log filter or handler that raises
-            log.warning(message, *args)
+            log.log(level, message, *args)
 
 
 def emit(hooks: Sequence[RetryHook], event: RetryEvent) -> None:
