@@ -22,5 +22,5 @@ def main() -> None:
             f"faststream-retry: the command needs the cli extra ({exc.name} is missing): "
             "pip install 'faststream-retry[cli]'\n"
         )
-        sys.exit(2)
+        sys.exit(3)
     app()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -25,6 +26,8 @@ __all__ = [
     "DEFAULT_URL",
     "EXIT_ACTION",
     "EXIT_ERROR",
+    "EXIT_USAGE",
+    "Factory",
     "Json",
     "Prefix",
     "Url",
@@ -39,12 +42,19 @@ T = TypeVar("T")
 
 EXIT_ACTION = 1
 """Exit status when the command worked and found something that needs action."""
-EXIT_ERROR = 2
+EXIT_USAGE = 2
+"""Exit status of a usage error (click's: an unknown option, a missing argument)."""
+EXIT_ERROR = 3
 """Exit status when the command could not do what was asked."""
 GRACE_S = 10.0
 """How long a command asked to stop may take to stop cleanly before it is cancelled."""
 
-out = Console(highlight=False, soft_wrap=True)
+# Piped or redirected, a table keeps its full width: rich would cut it to 80 columns.
+out = Console(
+    highlight=False,
+    soft_wrap=True,
+    width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1_000,
+)
 """Results: tables, records. JSON goes to stdout unformatted (``print_json``)."""
 err = Console(stderr=True, highlight=False)
 """Progress, notes and errors, kept off stdout so ``--json`` output stays parseable."""
@@ -65,13 +75,43 @@ Prefix = Annotated[
     str,
     typer.Option("--prefix", help="The prefix given to RetryMiddleware (its tiers' names)."),
 ]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
+_json_output = {"asked": False}
+"""Whether the running command was given --json (its option's callback sets it)."""
+
+
+def _remember_json(asked: bool) -> bool:
+    _json_output["asked"] = asked
+    return asked
+
+
+Factory = Annotated[
+    bool,
+    typer.Option(
+        "--factory",
+        help="MODULE:APP names a function that builds the app (as `faststream run --factory`).",
+    ),
+]
+Json = Annotated[
+    bool,
+    typer.Option("--json", help="Print JSON, for scripts.", callback=_remember_json),
+]
 
 
 def fail(message: str, status: int = EXIT_ERROR) -> NoReturn:
-    """Print ``message`` as an error and exit with ``status``."""
+    """Print ``message`` as an error and exit with ``status``.
+
+    Under ``--json`` the error is a JSON document on stdout, ``{"error": ..., "status":
+    ...}``, where a script reads the command's output; the text goes to stderr too.
+    """
     err.print(f"[red]error:[/red] {escape(message)}")
+    if _json_asked():
+        print_json({"error": message, "status": status})
     raise typer.Exit(status)
+
+
+def _json_asked() -> bool:
+    """Whether the command running now was given ``--json``."""
+    return _json_output["asked"]
 
 
 def run(operation: Coroutine[Any, Any, T]) -> T:

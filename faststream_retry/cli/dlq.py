@@ -514,7 +514,7 @@ def purge(
     since: Since = None,
     until: Until = None,
     limit: Limit = None,
-    yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     as_json: Json = False,
     url: Url = DEFAULT_URL,
 ) -> None:
@@ -580,6 +580,7 @@ def export(
     since: Since = None,
     until: Until = None,
     limit: Limit = None,
+    as_json: Json = False,
     url: Url = DEFAULT_URL,
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
@@ -588,6 +589,8 @@ def export(
     purge --from-export FILE then removes exactly what FILE holds.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
+    if as_json and file.name == "<stdout>":
+        fail("--json prints a summary on stdout, which carries the export: give a file")
 
     async def go(stream: TextIO) -> ops.Outcome:
         async with connect(url) as connection:
@@ -604,6 +607,15 @@ def export(
     done = run(go(file))
     _note_consumers(done.done)
     file.flush()
+    if as_json:
+        print_json(
+            {
+                "queue": done.queue,
+                "file": file.name,
+                "exported": [letter.key for letter in done.taken],
+                **_counts(done.done),
+            }
+        )
     err.print(f"exported {len(done.taken)} dead letters from {done.queue} to {file.name}")
     saved = "that file" if file.name == "<stdout>" else shlex.quote(file.name)
     err.print(
@@ -624,6 +636,7 @@ def import_(
         str | None,
         typer.Option("--to", help="Publish to this queue instead of the one each came from."),
     ] = None,
+    as_json: Json = False,
     url: Url = DEFAULT_URL,
 ) -> None:
     """Publish exported messages back, each confirmed by the broker."""
@@ -633,6 +646,14 @@ def import_(
             return await ops.import_messages(connection, stream, source=file.name, to=to)
 
     done = run(go(file))
+    if as_json:
+        print_json(
+            {
+                "file": file.name,
+                "published": done.published,
+                "too_large": [_too_large_json(item) for item in done.too_large],
+            }
+        )
     for item in done.too_large:
         _note(
             f"{file.name}:{item.position} (message id {item.message_id!r}) was not "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from faststream_retry.cli._common import EXIT_ACTION, Json, Url, out, print_json, run
+from faststream_retry.cli._common import EXIT_ACTION, Factory, Json, Url, out, print_json, run
 from faststream_retry.ops import connect, doctor, load_app
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ def doctor_command(
     ],
     url: Url = "amqp://guest:guest@localhost:5672/",
     json: Json = False,
+    factory: Factory = False,
 ) -> None:
     """Check an app's retry topology on the live broker, changing nothing.
 
@@ -40,11 +41,11 @@ def doctor_command(
     tick, migrations cut short.
 
     Exit status 0: healthy, or warnings only; 1: something needs action;
-    2: the check could not run.
+    3: the check could not run.
     """
 
     async def check() -> Report:
-        loaded = load_app(app, cwd=Path.cwd())
+        loaded = load_app(app, cwd=Path.cwd(), factory=factory)
         async with connect(url) as connection:
             return await doctor(connection, loaded)
 

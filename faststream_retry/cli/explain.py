@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from faststream_retry.cli._common import Json, fail, out, print_json
+from faststream_retry.cli._common import Factory, Json, fail, out, print_json
 from faststream_retry.core.topology import retry_queue_name, tier_name
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError
@@ -40,14 +40,14 @@ def register(app: typer.Typer) -> None:
     app.command("explain")(explain)
 
 
-def explain(spec: AppSpec, json: Json = False) -> None:
+def explain(spec: AppSpec, json: Json = False, factory: Factory = False) -> None:
     """Show what the plugin does with each queue's failures: policy, schedule, topology.
 
     Needs no broker: the app is imported, not started. Times leave out how long the
     handler runs and how long each hop takes.
     """
     try:
-        explanation = explain_app(load_app(spec, cwd=Path.cwd()))
+        explanation = explain_app(load_app(spec, cwd=Path.cwd(), factory=factory))
     except OperationError as exc:
         fail(str(exc))
     if json:

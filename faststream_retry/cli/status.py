@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from faststream_retry.cli._common import Json, Prefix, Url, fail, out, print_json, run
+from faststream_retry.cli._common import Factory, Json, Prefix, Url, fail, out, print_json, run
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import DEFAULT_URL, OperationError, connect
@@ -72,6 +72,7 @@ def status(
     queues: Queues = None,
     *,
     app: AppOption = None,
+    factory: Factory = False,
     management_url: ManagementUrl = None,
     watch: Watch = False,
     json: Json = False,
@@ -85,7 +86,7 @@ def status(
     loaded: LoadedApp | None = None
     if app is not None:
         try:
-            loaded = load_app(app, cwd=Path.cwd())
+            loaded = load_app(app, cwd=Path.cwd(), factory=factory)
         except OperationError as exc:
             fail(str(exc))
 

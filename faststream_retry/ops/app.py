@@ -21,8 +21,11 @@ if TYPE_CHECKING:
 __all__ = ["load_app"]
 
 
-def load_app(spec: str, *, cwd: Path | None = None) -> LoadedApp:
+def load_app(spec: str, *, cwd: Path | None = None, factory: bool = False) -> LoadedApp:
     """Import ``spec`` (``module:attribute``) and return what the plugin plans for it.
+
+    ``factory``: the attribute is a function that builds the app (``faststream run
+    --factory``); it is called with no arguments.
 
     Raises:
         OperationError: ``spec`` is malformed, cannot be imported, names no Rabbit
@@ -60,6 +63,8 @@ def load_app(spec: str, *, cwd: Path | None = None) -> LoadedApp:
         found = getattr(found, part, missing)
         if found is missing:
             raise OperationError(f"{module_name!r} has no attribute {attribute!r}")
+    if factory:
+        found = _build(spec, found)
     broker = broker_of(found)
     if broker is None:
         raise OperationError(
@@ -73,3 +78,13 @@ def load_app(spec: str, *, cwd: Path | None = None) -> LoadedApp:
             "retry.install(broker))"
         )
     return loaded
+
+
+def _build(spec: str, factory: Any) -> Any:  # noqa: ANN401 - the app's factory and its app
+    """Call the app's factory (``faststream run --factory``)."""
+    if not callable(factory):
+        raise OperationError(f"{spec} is not a factory: --factory needs a function")
+    try:
+        return factory()
+    except Exception as exc:  # the app's own factory failed: say so, not a traceback
+        raise OperationError(f"{spec}() raised {type(exc).__name__}: {exc}") from exc

@@ -157,7 +157,7 @@ async def test_list_and_show_read_json_and_binary_dead_letters_and_leave_them_in
     assert '"sku": "A-1"' in human.stdout
     assert "Traceback..." in human.stdout
     missing = await run_cli("dlq", "show", work_queue, "nope", url=rabbit_url)
-    assert missing.status == 2
+    assert missing.status == 3
     assert "no dead letter 'nope'" in missing.stderr
 
     left = await take_all(amqp, f"{work_queue}.dlq")
@@ -189,7 +189,7 @@ async def test_a_decoder_hook_renders_what_the_built_in_ways_cannot(
     assert listed.json()[0]["body_kind"] == "decoder"
     assert '"length": 256' in listed.json()[0]["body_preview"]
     bad = await run_cli("dlq", "list", work_queue, "--decoder", "nothere:x", url=rabbit_url)
-    assert bad.status == 2
+    assert bad.status == 3
     assert "cannot import decoder module 'nothere'" in bad.stderr
 
 
@@ -358,7 +358,7 @@ async def test_export_purge_import_restores_every_byte_and_header(
     assert export.status == 0, export.stderr
     assert len(saved.read_text().splitlines()) == 2
     refused = await run_cli("dlq", "purge", work_queue, url=rabbit_url)
-    assert refused.status == 2
+    assert refused.status == 3
     assert "--yes" in refused.stderr
     purge = await run_cli("dlq", "purge", work_queue, "--yes", "--json", url=rabbit_url)
     assert purge.status == 0, purge.stderr
@@ -470,10 +470,10 @@ async def eventually_depth_at_least(
 
 async def test_a_missing_queue_or_broker_is_an_error_that_says_so(rabbit_url: str) -> None:
     missing = await run_cli("dlq", "list", unique("nothing-here"), url=rabbit_url)
-    assert missing.status == 2
+    assert missing.status == 3
     assert "does not exist" in missing.stderr
     unreachable = await run_cli("dlq", "list", "q", url="amqp://guest:secret@127.0.0.1:1/")
-    assert unreachable.status == 2
+    assert unreachable.status == 3
     assert "cannot connect to amqp://guest:***@127.0.0.1:1/" in unreachable.stderr
     assert "secret" not in unreachable.stderr
 
@@ -483,7 +483,7 @@ async def test_replay_to_a_missing_queue_moves_nothing_and_says_why(
 ) -> None:
     await seed(amqp, work_queue, [("m1", "exhausted", b"x", None), ("m2", "exhausted", b"y", None)])
     replay = await run_cli("dlq", "replay", work_queue, "--to", unique("gone"), url=rabbit_url)
-    assert replay.status == 2
+    assert replay.status == 3
     assert "does it exist?" in replay.stderr
     assert await ids_in(amqp, f"{work_queue}.dlq") == ["m1", "m2"]
 
@@ -494,7 +494,7 @@ async def test_a_failed_replay_leaves_each_dead_letter_as_it_was(
     """The dead letter a failed move keeps still says why it died, and claims no replay."""
     await seed(amqp, work_queue, [("m1", "exhausted", b"x", None), ("m2", "exhausted", b"y", None)])
     replay = await run_cli("dlq", "replay", work_queue, "--to", unique("gone"), url=rabbit_url)
-    assert replay.status == 2
+    assert replay.status == 3
     kept = await take_all(amqp, f"{work_queue}.dlq")
     assert [m.message_id for m in kept] == ["m1", "m2"]
     for message in kept:
@@ -539,7 +539,7 @@ async def test_one_command_at_a_time_goes_through_a_queue(
     )
     await eventually_exists(amqp, f"faststream-retry.lock.{work_queue}.dlq")
     second = await run_cli("dlq", "list", work_queue, url=rabbit_url)
-    assert second.status == 2
+    assert second.status == 3
     assert "another faststream-retry command is going through" in second.stderr
     assert await slow.wait() == 0
     assert sorted(await ids_in(amqp, work_queue)) == sorted(f"m{i}" for i in range(40))
@@ -643,21 +643,21 @@ async def test_an_import_of_a_damaged_file_publishes_nothing(
     damaged = tmp_path / "damaged.jsonl"
     damaged.write_text("\n".join([lines[0], lines[1], lines[2][:40]]) + "\n")
     imported = await run_cli("dlq", "import", str(damaged), "--to", work_queue, url=rabbit_url)
-    assert imported.status == 2
+    assert imported.status == 3
     assert f"{damaged}:3: not an exported message" in imported.stderr
     assert await queue_depth(amqp, work_queue) == 0
 
 
 async def test_bad_input_is_one_line_naming_the_fix(rabbit_url: str) -> None:
     since = await run_cli("dlq", "list", "q", "--since", "yesterday", url=rabbit_url)
-    assert since.status == 2
+    assert since.status == 3
     assert "or an age (30m, 2h, 7d), got 'yesterday'" in since.stderr
     assert "Traceback" not in since.stderr
     http = await run_cli("dlq", "list", "q", url="http://127.0.0.1:15672")
-    assert http.status == 2
+    assert http.status == 3
     assert "starts amqp:// or amqps://" in http.stderr
     vhost = await run_cli("dlq", "list", "q", url=rabbit_url.rstrip("/") + "/no-such-vhost")
-    assert vhost.status == 2
+    assert vhost.status == 3
     assert "check the user, the password and the vhost" in vhost.stderr
 
 
@@ -751,7 +751,7 @@ async def test_purge_from_an_export_removes_exactly_what_it_holds_while_letters_
         "exhausted",
         url=rabbit_url,
     )
-    assert refused.status == 2
+    assert refused.status == 3
     assert "leave out --id, --reason" in refused.stderr
     purge = await run_cli(
         "dlq", "purge", work_queue, "--from-export", str(saved), "--yes", "--json", url=rabbit_url
@@ -784,7 +784,7 @@ async def test_an_export_of_another_queue_purges_nothing(
         refused = await run_cli(
             "dlq", "purge", other, "--from-export", str(saved), "--yes", url=rabbit_url
         )
-        assert refused.status == 2
+        assert refused.status == 3
         assert f"was exported from {work_queue}.dlq, not {other}.dlq" in refused.stderr
     finally:
         await delete(amqp, f"{other}.dlq")
@@ -793,6 +793,6 @@ async def test_an_export_of_another_queue_purges_nothing(
 
 async def test_the_purge_refusal_names_the_exact_way_not_a_time(rabbit_url: str) -> None:
     refused = await run_cli("dlq", "purge", "any-queue", url=rabbit_url)
-    assert refused.status == 2
+    assert refused.status == 3
     assert "--from-export FILE" in refused.stderr
     assert "--until" not in refused.stderr

@@ -231,5 +231,5 @@ async def test_doctor_without_a_broker_is_an_error(tmp_path: Path) -> None:
     """Exit status 2 when the broker cannot be reached: no report, the reason."""
     spec = write_app(tmp_path, "amqp://guest:guest@127.0.0.1:1/", unique("p"), "q")
     result = await run_cli("doctor", spec, url="amqp://guest:guest@127.0.0.1:1/", cwd=tmp_path)
-    assert result.status == 2
+    assert result.status == 3
     assert "cannot connect" in result.stderr

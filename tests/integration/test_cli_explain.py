@@ -242,7 +242,7 @@ async def test_a_bad_app_spec_exits_2_naming_the_problem(tmp_path: Path) -> None
     }
     for spec, message in cases.items():
         result = await run_cli("explain", spec, url=None, cwd=tmp_path)
-        assert result.status == 2, (spec, result)
+        assert result.status == 3, (spec, result)
         assert message in " ".join(result.stderr.split()), (spec, result.stderr)
         assert "Traceback" not in result.stderr
 

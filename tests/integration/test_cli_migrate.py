@@ -273,7 +273,7 @@ async def test_a_queue_with_consumers_is_refused_and_left_alone(
 
     result = await run_cli("migrate", dlq, "--queue-type", "quorum", "--yes", url=rabbit_url)
 
-    assert result.status == 2
+    assert result.status == 3
     assert f"'{dlq}' has 1 consumer(s)" in result.stderr
     assert "stop every service" in result.stderr
     await channel.close()
@@ -300,7 +300,7 @@ async def test_a_dlq_whose_work_queue_is_consumed_is_refused(
     result = await run_cli(
         "migrate", f"{queue}.dlq", "--queue-type", "quorum", "--yes", url=rabbit_url
     )
-    assert result.status == 2
+    assert result.status == 3
     assert f"'{queue}' has 1 consumer(s)" in result.stderr
     await channel.close()
     assert await has_arguments(amqp, f"{queue}.dlq", {"x-queue-type": "classic"})
@@ -321,14 +321,14 @@ async def test_a_name_the_plugin_does_not_own_is_refused(
 ) -> None:
     """Work queues are their applications'; the registry and temporary queues are not moved."""
     result = await run_cli("migrate", name, "--queue-type", "quorum", "--yes", url=rabbit_url)
-    assert result.status == 2
+    assert result.status == 3
     assert why in result.stderr
 
 
 async def test_a_migration_without_yes_asks_and_a_script_must_pass_it(rabbit_url: str) -> None:
     """It deletes a queue: with no terminal to ask, it does nothing without --yes."""
     result = await run_cli("migrate", "q.dlq", "--queue-type", "quorum", url=rabbit_url)
-    assert result.status == 2
+    assert result.status == 3
     assert "pass --yes" in result.stderr
 
 

@@ -278,13 +278,13 @@ async def test_status_exits_2_when_the_broker_the_app_or_the_management_api_cann
     tmp_path: Path, rabbit_url: str
 ) -> None:
     result = await run_cli("status", "--app", "no_such_module:app", url=None, cwd=tmp_path)
-    assert result.status == 2
+    assert result.status == 3
     assert "cannot import 'no_such_module'" in result.stderr
     down = await run_cli("status", "orders", url="amqp://guest:guest@127.0.0.1:1/")
-    assert down.status == 2
+    assert down.status == 3
     assert "cannot connect to amqp://guest:***@127.0.0.1:1/" in down.stderr
     no_api = await run_cli(
         "status", "--management-url", "http://guest:guest@127.0.0.1:1", url=rabbit_url
     )
-    assert no_api.status == 2
+    assert no_api.status == 3
     assert "cannot read the management API at http://127.0.0.1:1" in no_api.stderr

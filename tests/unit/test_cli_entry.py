@@ -17,7 +17,7 @@ def test_without_the_cli_extra_the_command_names_the_install() -> None:
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
     )
-    assert done.returncode == 2
+    assert done.returncode == 3
     assert "pip install 'faststream-retry[cli]'" in done.stderr
     assert "Traceback" not in done.stderr
 
@@ -52,7 +52,7 @@ def test_the_worker_names_a_config_mistake_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "retry.toml"
     path.write_text('[[queues]]\nname = "orders"\nmax_attempts = "three"\n')
     done = _worker(config=str(path))
-    assert done.returncode == 2
+    assert done.returncode == 3
     assert "Traceback" not in done.stderr
     assert f"{path}: queues[0].max_attempts must be an int >= 1, got 'three'" in done.stderr
 
@@ -61,10 +61,10 @@ def test_the_worker_cannot_start_without_a_broker_and_says_so(tmp_path: Path) ->
     path = tmp_path / "retry.toml"
     path.write_text('[[queues]]\nname = "orders"\n')
     done = _worker(config=str(path))
-    assert done.returncode == 2
+    assert done.returncode == 3
     assert "no broker to connect to: give --url" in done.stderr
     refused = _worker("--url", "amqp://guest:secret@127.0.0.1:1/", config=str(path))
-    assert refused.returncode == 2
+    assert refused.returncode == 3
     assert "cannot connect to amqp://guest:***@127.0.0.1:1/" in refused.stderr
     assert "Traceback" not in refused.stderr
 
@@ -79,7 +79,7 @@ def test_the_worker_prints_its_configs_json_schema_without_a_config() -> None:
 
 def test_the_worker_without_a_config_says_what_to_give() -> None:
     done = _worker(config=None)
-    assert done.returncode == 2
+    assert done.returncode == 3
     assert "give the worker's config: --config retry.toml" in done.stderr
     assert "Traceback" not in done.stderr
 
@@ -109,6 +109,6 @@ def test_a_replay_into_the_workers_intake_asks_for_a_destination() -> None:
             check=False,
             env=env,
         )
-        assert done.returncode == 2, done.stderr
+        assert done.returncode == 3, done.stderr
         assert "Give --to QUEUE" in done.stderr
         assert "Traceback" not in done.stderr

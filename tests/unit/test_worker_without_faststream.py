@@ -68,7 +68,7 @@ def test_the_worker_command_starts_without_faststream(tmp_path: Path) -> None:
     started = _run(
         refusal, *script(), "worker", "--config", str(config), "--url", "amqp://u:p@127.0.0.1:1/"
     )
-    assert started.returncode == 2, started.stderr
+    assert started.returncode == 3, started.stderr
     assert "cannot connect to amqp://u:***@127.0.0.1:1/" in started.stderr
     assert "Traceback" not in started.stderr
     assert refusal.installed
