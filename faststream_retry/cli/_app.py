@@ -46,11 +46,3 @@ def _root(
 
 for module in (status, explain, doctor, dlq, migrate, worker):
     module.register(app)
-
-
-def __getattr__(name: str) -> object:
-    # The click command typer builds from the app, for the docs' CLI reference
-    # (mkdocs-click); built on demand, so the command line does not build it twice.
-    if name == "command":
-        return typer.main.get_command(app)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

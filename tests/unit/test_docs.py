@@ -8,8 +8,10 @@ fails on a broken link, anchor or include inside the site.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -124,3 +126,27 @@ def test_the_front_pages_link_absolutely_and_into_pages_that_exist(name: str) ->
 
 def test_the_readme_is_a_front_page() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def _hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cli_reference_has_every_option_and_shows_placeholders_as_written() -> None:
+    """Generated from the typer app: options included (mkdocs-click listed none), <queue> kept."""
+    text = _hooks().cli_reference()
+    for option in ["--dry-run", "--from-export", "--factory", "--json", "-y", "--version"]:
+        assert f"`{option}" in text, option
+    assert "&lt;queue>.migrating" in text
+
+
+def test_the_worker_config_tables_show_durations_as_a_file_writes_them() -> None:
+    from faststream_retry import worker_config_schema  # noqa: PLC0415
+
+    text = _hooks().render(worker_config_schema())
+    assert '| `max_delay` | duration | `"1 d"` |' in text
