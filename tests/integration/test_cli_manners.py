@@ -3,7 +3,9 @@
 --version, shell completion, -y, --json errors a script can read, tables that keep their
 width in a pipe, usage errors (2) told from failed operations (3), and apps built by a
 factory (--factory, as `faststream run` takes them). No broker: an unreachable URL or
-`explain` (which imports the app, not starting it) is enough.
+`explain` (which imports the app, not starting it) is enough. Here, not in tests/unit:
+the runs import the package from the checkout, and from a directory of their own, which
+mutmut's mutated tree (it runs tests/unit) cannot serve.
 """
 
 from __future__ import annotations
