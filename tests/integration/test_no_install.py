@@ -17,7 +17,7 @@ import pytest
 from faststream.rabbit import RabbitBroker, RabbitRouter
 
 from faststream_retry import PermanentError, RetryLater, RetryMiddleware
-from tests.rabbit import delete_declared, drain, eventually, queue_depth, unique
+from tests.rabbit import delete_declared, depth_reaches, drain, eventually, queue_depth, unique
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -118,14 +118,7 @@ async def test_a_late_start_that_must_not_run_holds_the_messages_and_says_why(
     finally:
         await broker.stop()
     # Stopping gives them back, as they were.
-    await eventually(lambda: True)
-    deadline_depth = 0
-    for _ in range(50):
-        deadline_depth = await queue_depth(amqp, queue)
-        if deadline_depth == 2:
-            break
-        await asyncio.sleep(0.1)
-    assert deadline_depth == 2
+    await depth_reaches(amqp, queue, 2, "both held messages back in their queue")
     channel = await amqp.channel()
     await channel.queue_delete(queue)
     await channel.close()
