@@ -139,3 +139,27 @@ stop_started() {
   done <"$STARTED_FILE"
   rm -f "$STARTED_FILE"
 }
+
+# ensure_promtool: print the path of Prometheus's promtool, which the metrics tests run
+# on the alert rules and the plugin's /metrics output. The one on PATH, else the one
+# unpacked from Debian's `prometheus` package into .tools/ (the package itself is not
+# installed: it would bring a service and a web UI's assets for one static binary).
+ensure_promtool() {
+  local dir="$ROOT/.tools/promtool" tmp
+  if command -v promtool >/dev/null 2>&1; then command -v promtool; return 0; fi
+  if [[ -x "$dir/promtool" ]]; then echo "$dir/promtool"; return 0; fi
+  command -v apt-get >/dev/null 2>&1 || { log "no promtool, and no apt-get to fetch it"; return 1; }
+  tmp="$(mktemp -d)"
+  (
+    cd "$tmp"
+    # Serialised with the brokers' apt-get installs (scripts/rabbitmq/series.sh).
+    flock -w 600 7 || exit 1
+    apt-get download -q prometheus >&2 2>/dev/null \
+      || { apt-get -o DPkg::Lock::Timeout=300 update -q >&2 && apt-get download -q prometheus >&2; }
+  ) 7>"${TMPDIR:-/tmp}/faststream-retry-apt.lock" || { rm -rf "$tmp"; return 1; }
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x" && mkdir -p "$dir" \
+    && cp "$tmp/x/usr/bin/promtool" "$dir/promtool" || { rm -rf "$tmp"; return 1; }
+  rm -rf "$tmp"
+  log "promtool: $("$dir/promtool" --version 2>&1 | head -1)"
+  echo "$dir/promtool"
+}

@@ -2,7 +2,8 @@
 
 The middleware's runtime and the standalone worker each hold one ``Live`` per
 connection. It declares the topology on every (re)open, declares it again when an
-operator deleted one of the plugin's own objects, and covers a queue that joins late.
+operator deleted one of the plugin's own objects, covers a queue that joins late, and
+samples its ``.dlq`` depths for the metrics.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from faststream_retry.amqp.declare import declare_topology, redeclare
 from faststream_retry.amqp.publisher import Publisher
 from faststream_retry.amqp.registry import record
 from faststream_retry.core.advice import parse_refusal, refused
+from faststream_retry.engine.dlq_depths import DeadLetterDepths
 from faststream_retry.engine.outages import Outages
 from faststream_retry.engine.recheck import RecheckConsumer
 from faststream_retry.engine.requeues import Requeues
@@ -62,6 +64,8 @@ class Live:
         self.outages = Outages.of(config.outage, topology.tiers.tick_ms, reporter)
         """Outage mode's gates (``None``: off); probes come once a tick unless told."""
         self.connection = connection
+        self.dlq_depths = DeadLetterDepths(connection, reporter.telemetry, lambda: self.plan)
+        """Samples each route's ``.dlq`` depth when the metrics are read."""
         self._wait_s = config.publish_timeout_s
         self._consuming = False
         self._adopting = asyncio.Lock()
@@ -69,6 +73,7 @@ class Live:
     async def open(self) -> None:
         """Open the channels and declare the topology on them."""
         await self.channels.open()
+        self.dlq_depths.start()
 
     async def _on_open(self, publish: AbstractChannel, consume: AbstractChannel) -> None:
         # Runs on every (re)open: the topology may have been deleted meanwhile.
@@ -163,5 +168,6 @@ class Live:
     async def close(self) -> None:
         """Stop reopening the channels, stop the consumers, then close the channels."""
         await self.channels.stop_supervising()
+        await self.dlq_depths.stop()
         await self.stop_consumers()
         await self.channels.close()

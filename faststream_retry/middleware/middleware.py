@@ -151,7 +151,9 @@ class RetryMiddleware:
             _refuse_async(hook)
         self._hooks: list[RetryHook] = list(hooks)
         reporter = Reporter(
-            Telemetry(tracer_provider, meter_provider),
+            Telemetry(
+                tracer_provider, meter_provider, max_delay_s=config.topology.max_delay_ms / 1000
+            ),
             self._hooks,
             log_retry_traceback=config.log_retry_traceback,
         )

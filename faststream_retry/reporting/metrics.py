@@ -31,7 +31,7 @@ def count(telemetry: Telemetry, event: RetryEvent) -> None:
 
 def _scheduled(telemetry: Telemetry, event: RetryEvent) -> None:
     telemetry.scheduled.add(1, {ATTR.QUEUE: event.queue, ATTR.RULE: str(event.rule)})
-    telemetry.planned_delay.record(event.delay_ms or 0, {ATTR.QUEUE: event.queue})
+    telemetry.planned_delay.record((event.delay_ms or 0) / 1000, {ATTR.QUEUE: event.queue})
 
 
 def _hop(_: Telemetry, __: RetryEvent) -> None:
@@ -42,7 +42,7 @@ def _released(telemetry: Telemetry, event: RetryEvent) -> None:
     labels = {ATTR.QUEUE: event.queue}
     telemetry.released.add(1, labels)
     if event.lateness_ms is not None:
-        telemetry.lateness.record(event.lateness_ms, labels)
+        telemetry.lateness.record(event.lateness_ms / 1000, labels)
 
 
 def _dead_lettered(telemetry: Telemetry, event: RetryEvent) -> None:
@@ -58,7 +58,7 @@ def _outage_started(telemetry: Telemetry, event: RetryEvent) -> None:
 def _outage_ended(telemetry: Telemetry, event: RetryEvent) -> None:
     labels = {ATTR.QUEUE: event.queue}
     telemetry.outage_active.add(-1, labels)
-    telemetry.outage_duration.record(event.duration_ms or 0, labels)
+    telemetry.outage_duration.record((event.duration_ms or 0) / 1000, labels)
 
 
 COUNTS: Mapping[EventKind, Callable[[Telemetry, RetryEvent], None]] = {

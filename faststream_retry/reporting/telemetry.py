@@ -18,19 +18,40 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
 
-__all__ = ["ATTR", "METRICS", "Telemetry"]
+__all__ = ["ATTR", "METRICS", "Telemetry", "duration_buckets"]
 
 TRACER_NAME = "faststream_retry"
 
 _LOOK_AGAIN_S = 1.0
+
+_LADDER_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 43200.0, 86400.0, 259200.0, 604800.0,
+    2592000.0,
+)  # fmt: skip
+
+_DAY_S = 86400.0
+
+
+def duration_buckets(longest_s: float) -> tuple[float, ...]:
+    """Return histogram bucket boundaries, in seconds, from 5 ms up to ``longest_s``.
+
+    The SDK's default boundaries end at 10 (meant for milliseconds): a 30-minute delay
+    would land in ``+Inf``. The last boundary is ``longest_s`` itself, so the
+    largest value the plugin can record (``max_delay``) still has a bucket.
+    """
+    longest = float(longest_s)
+    below = tuple(b for b in _LADDER_S if b < longest)
+    return (*below, longest) if longest > 0 else below
 
 
 class ATTR:
@@ -77,9 +98,9 @@ class METRICS:
     FAILURES = "faststream_retry.failures"
     """Counter: handler failures (attribute: classification)."""
     LATENESS = "faststream_retry.lateness"
-    """Histogram, ms: release time minus due time."""
+    """Histogram, seconds: release time minus due time."""
     PLANNED_DELAY = "faststream_retry.planned_delay"
-    """Histogram, ms: the delay each scheduled retry was given."""
+    """Histogram, seconds: the delay each scheduled retry was given."""
     OUTAGE_ACTIVE = "faststream_retry.outage.active"
     """Up-down counter: 1 while the queue is in outage mode in this process, else 0."""
     OUTAGE_ENTERED = "faststream_retry.outage.entered"
@@ -89,7 +110,9 @@ class METRICS:
     OUTAGE_REQUEUED = "faststream_retry.outage.requeued"
     """Counter: held messages requeued (held for ``outage_hold``, or the broker stopping)."""
     OUTAGE_DURATION = "faststream_retry.outage.duration"
-    """Histogram, ms: how long each outage mode lasted."""
+    """Histogram, seconds: how long each outage mode lasted."""
+    DLQ_MESSAGES = "faststream_retry.dlq.messages"
+    """Gauge: the ready messages of the queue's ``.dlq``, sampled when metrics are read."""
 
 
 class _HeaderGetter(Getter[Mapping[str, Any]]):
@@ -113,8 +136,14 @@ class Telemetry:
         self,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
+        *,
+        max_delay_s: float = _DAY_S,
     ) -> None:
-        """Use the given providers, or the global ones (set later is fine)."""
+        """Use the given providers, or the global ones (set later is fine).
+
+        ``max_delay_s``: the longest delay the plugin gives (``max_delay``), where the
+        delay and lateness histograms' buckets end; an outage's reach at least a day.
+        """
         self._tracing = tracer_provider is not None
         self._look_again_at = 0.0
         self.tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
@@ -131,11 +160,18 @@ class Telemetry:
         self.failures = meter.create_counter(
             METRICS.FAILURES, unit="{failure}", description="Handler failures by classification"
         )
+        delays = duration_buckets(max_delay_s)
         self.lateness = meter.create_histogram(
-            METRICS.LATENESS, unit="ms", description="Release time minus due time"
+            METRICS.LATENESS,
+            unit="s",
+            description="Release time minus due time",
+            explicit_bucket_boundaries_advisory=delays,
         )
         self.planned_delay = meter.create_histogram(
-            METRICS.PLANNED_DELAY, unit="ms", description="Delay of each scheduled retry"
+            METRICS.PLANNED_DELAY,
+            unit="s",
+            description="Delay of each scheduled retry",
+            explicit_bucket_boundaries_advisory=delays,
         )
         self.outage_active = meter.create_up_down_counter(
             METRICS.OUTAGE_ACTIVE, unit="{queue}", description="Queues in outage mode"
@@ -150,8 +186,29 @@ class Telemetry:
             METRICS.OUTAGE_REQUEUED, unit="{message}", description="Held messages requeued"
         )
         self.outage_duration = meter.create_histogram(
-            METRICS.OUTAGE_DURATION, unit="ms", description="Duration of each outage mode"
+            METRICS.OUTAGE_DURATION,
+            unit="s",
+            description="Duration of each outage mode",
+            explicit_bucket_boundaries_advisory=duration_buckets(max(max_delay_s, _DAY_S)),
         )
+        self.dlq_depths: dict[str, int] = {}
+        """Each covered queue's ``.dlq`` depth as last sampled (``engine.dlq_depths``)."""
+        self.on_read: list[Callable[[], None]] = []
+        """Called each time the metrics are read: asks the samplers for fresh depths."""
+        meter.create_observable_gauge(
+            METRICS.DLQ_MESSAGES,
+            callbacks=[self._observe_dlq_depths],
+            unit="{message}",
+            description="Ready messages in the queue's dead-letter queue",
+        )
+
+    def _observe_dlq_depths(self, _: CallbackOptions) -> Iterator[Observation]:
+        # Called by the metric reader, often on a thread of its own (an HTTP scrape):
+        # it reads the last samples, and asks for new ones for the next read.
+        for wake in tuple(self.on_read):
+            wake()
+        for queue, messages in tuple(self.dlq_depths.items()):
+            yield Observation(messages, {ATTR.QUEUE: queue})
 
     @property
     def tracing(self) -> bool:

@@ -87,7 +87,13 @@ class RetryWorker:
                 f"got {safe_url(self.url)!r}"
             )
         self.reporter = Reporter(
-            Telemetry(tracer_provider, meter_provider), list(hooks), log_retry_traceback="never"
+            Telemetry(
+                tracer_provider,
+                meter_provider,
+                max_delay_s=config.retry.topology.max_delay_ms / 1000,
+            ),
+            list(hooks),
+            log_retry_traceback="never",
         )
         self.connection: AbstractRobustConnection | None = None
         self.live: Live | None = None

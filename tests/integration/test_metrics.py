@@ -70,9 +70,10 @@ async def test_counts_match_what_happened(make_app: Any, amqp: AbstractRobustCon
     assert total(found, METRICS.RELEASED, **q) == 2
     assert total(found, METRICS.DEAD_LETTERED, **q, **{ATTR.REASON: "permanent"}) == 1
     assert total(found, METRICS.DEAD_LETTERED, **q, **{ATTR.REASON: "exhausted"}) == 0
+    # Durations in seconds.
     (planned,) = found[METRICS.PLANNED_DELAY]
-    assert (planned.count, planned.sum) == (2, 200)
+    assert (planned.count, planned.sum) == (2, 0.2)
     (lateness,) = found[METRICS.LATENESS]
     assert lateness.count == 2
-    assert on_time(lateness.min, 100)
-    assert on_time(lateness.max, 100)
+    assert on_time(lateness.min * 1000, 100)
+    assert on_time(lateness.max * 1000, 100)

@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
+from opentelemetry.sdk.metrics.export import (
+    HistogramDataPoint,
+    InMemoryMetricReader,
+    NumberDataPoint,
+)
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,7 +24,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.core.steps import Copy
 from faststream_retry.reporting import lines, metrics, spans
 from faststream_retry.reporting.reporter import Reporter, emit
-from faststream_retry.reporting.telemetry import ATTR, METRICS, Telemetry
+from faststream_retry.reporting.telemetry import ATTR, METRICS, Telemetry, duration_buckets
 
 
 class Harness:
@@ -715,3 +719,64 @@ def test_without_tracing_or_an_info_log_a_failure_is_only_counted_and_hooked(
         logging.getLogger("faststream_retry").setLevel(logging.NOTSET)
     assert made == []
     assert events == [release, scheduled()]
+
+
+def test_durations_are_recorded_in_seconds_in_buckets_that_reach_max_delay() -> None:
+    """A 90-minute delay under max_delay 2 h lands in a bucket of its own, not in +Inf."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(None, MeterProvider(metric_readers=[reader]), max_delay_s=7_200)
+    metrics.count(telemetry, scheduled(delay_ms=5_400_000))
+    release = RetryEvent.released(
+        queue="orders", message_id="m-1", attempt=1, at_ms=1_305, due_ms=1_300, lateness_ms=5
+    )
+    metrics.count(telemetry, release)
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        m.name: m.data.data_points[0]
+        for r in data.resource_metrics
+        for s in r.scope_metrics
+        for m in s.metrics
+        if isinstance(m.data.data_points[0], HistogramDataPoint)
+    }
+    planned = points[METRICS.PLANNED_DELAY]
+    assert planned.sum == 5_400
+    assert tuple(planned.explicit_bounds[-2:]) == (3_600.0, 7_200.0)
+    assert tuple(planned.bucket_counts[-2:]) == (1, 0)  # (3600, 7200], then +Inf
+    lateness = points[METRICS.LATENESS]
+    assert lateness.sum == 0.005
+    assert tuple(lateness.explicit_bounds)[:2] == (0.005, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("longest", "last"), [(0.5, (0.25, 0.5)), (600, (300.0, 600.0)), (601, (600.0, 601.0))]
+)
+def test_the_last_bucket_is_the_longest_value(longest: float, last: tuple[float, ...]) -> None:
+    buckets = duration_buckets(longest)
+    assert buckets[-2:] == last
+    assert list(buckets) == sorted(set(buckets))
+
+
+def test_the_dlq_gauge_shows_the_last_samples_and_asks_for_new_ones() -> None:
+    """Each read shows what was sampled and wakes the samplers; no sample, no series."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(None, MeterProvider(metric_readers=[reader]))
+    wakes: list[int] = []
+    telemetry.on_read.append(lambda: wakes.append(1))
+
+    def shown() -> dict[str, float]:
+        data = reader.get_metrics_data()
+        return {
+            str((p.attributes or {})[ATTR.QUEUE]): p.value
+            for r in (data.resource_metrics if data else ())
+            for s in r.scope_metrics
+            for m in s.metrics
+            if m.name == METRICS.DLQ_MESSAGES
+            for p in m.data.data_points
+            if isinstance(p, NumberDataPoint)
+        }
+
+    assert shown() == {}
+    telemetry.dlq_depths.update({"orders": 3, "emails": 0})
+    assert shown() == {"orders": 3, "emails": 0}
+    assert len(wakes) == 2

@@ -103,6 +103,7 @@ def test_metric_and_span_attribute_names() -> None:
         "OUTAGE_PROBES": "faststream_retry.outage.probes",
         "OUTAGE_REQUEUED": "faststream_retry.outage.requeued",
         "OUTAGE_DURATION": "faststream_retry.outage.duration",
+        "DLQ_MESSAGES": "faststream_retry.dlq.messages",
     }
     attributes = {k: v for k, v in vars(ATTR).items() if k.isupper()}
     assert attributes == {
