@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from faststream_retry.cli import dlq, doctor, explain, migrate, status, worker
+from faststream_retry.cli import dlq, doctor, explain, migrate, status, web, worker
 
 __all__ = ["app"]
 
@@ -44,5 +44,5 @@ def _root(
     """
 
 
-for module in (status, explain, doctor, dlq, migrate, worker):
+for module in (status, explain, doctor, dlq, migrate, worker, web):
     module.register(app)

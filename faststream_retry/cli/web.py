@@ -1,0 +1,96 @@
+"""``faststream-retry web``: serve the dead-letter page (the ``web`` extra)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from faststream_retry.cli._common import DEFAULT_URL, Factory, Url, err, fail
+from faststream_retry.cli.status import (  # noqa: TC001 - typer reads them at runtime
+    AppOption,
+    ManagementUrl,
+)
+from faststream_retry.ops.app import load_app
+from faststream_retry.ops.common import OperationError
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``web`` command to ``app``."""
+    app.command("web")(web)
+
+
+def _loopback(host: str) -> bool:
+    return host in {"127.0.0.1", "::1", "localhost"}
+
+
+def web(
+    *,
+    app: AppOption = None,
+    factory: Factory = False,
+    management_url: ManagementUrl = None,
+    url: Url = DEFAULT_URL,
+    host: Annotated[
+        str,
+        typer.Option("--host", help="Address to listen on; anything but loopback needs a token."),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8765,
+    allow_actions: Annotated[
+        bool,
+        typer.Option("--allow-actions", help="Allow replay and purge (read-only without it)."),
+    ] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="FASTSTREAM_RETRY_WEB_TOKEN",
+            help="Required of every request; made up and printed when --host is not loopback.",
+        ),
+    ] = None,
+    jaeger_url: Annotated[
+        str | None,
+        typer.Option("--jaeger-url", help="A Jaeger UI: a dead letter's trace id links there."),
+    ] = None,
+) -> None:
+    """Serve a page of the queues and their dead letters, grouped by cause.
+
+    Read-only unless --allow-actions: then replay (one, a selection or a group, to
+    its queue or another) and purge (typed confirmation), with the dlq commands'
+    guarantees. Each action is logged as one audit line.
+    """
+    try:
+        import uvicorn  # noqa: PLC0415 - the web extra's
+
+        from faststream_retry.web import create_app  # noqa: PLC0415
+    except ImportError as exc:
+        fail(f"the page needs the web extra: pip install 'faststream-retry[web]' ({exc})")
+    loaded = None
+    if app is not None:
+        try:
+            loaded = load_app(app, cwd=Path.cwd(), factory=factory)
+        except OperationError as exc:
+            fail(str(exc))
+    if token is None and not _loopback(host):
+        token = secrets.token_urlsafe(24)
+        err.print(f"a token for this page (not on loopback): {token}")
+    page = create_app(
+        url,
+        app=loaded,
+        management_url=management_url,
+        allow_actions=allow_actions,
+        token=token,
+        jaeger_url=jaeger_url,
+    )
+    shown = f"[{host}]" if ":" in host else host
+    login = f"/login?token={token}" if token else "/"
+    err.print(
+        f"serving http://{shown}:{port}{login}"
+        + (" (actions allowed)" if allow_actions else " (read-only)")
+    )
+    logging.getLogger("faststream_retry.web.audit").setLevel(logging.INFO)
+    uvicorn.run(page, host=host, port=port, log_level="warning")

@@ -1,0 +1,467 @@
+"""The dead-letter page: an ASGI app on ``faststream_retry.ops``, rendered on the server.
+
+Every move is an ``ops`` call, with the command's guarantees (confirm-then-ack, one
+operation per queue at a time, ``rate``). The overview counts by passive declares (and
+the management API's listing when given) and never browses a queue: listing a quorum
+DLQ passes every message through it. A queue's page lists its dead letters, which does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from faststream_retry.core.durations import format_ms
+from faststream_retry.core.topology import dlq_of, dlq_owner
+from faststream_retry.ops import dlq as ops
+from faststream_retry.ops.common import DEFAULT_URL, OperationError, connect
+from faststream_retry.ops.management import vhost_of
+from faststream_retry.ops.records import Selection
+from faststream_retry.ops.status import status as gather
+from faststream_retry.web.groups import group
+from faststream_retry.web.guard import AUDIT, CSRF_FIELD, CSRF_HEADER, TOKEN_COOKIE, Guard
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from faststream_retry.middleware.app import LoadedApp
+    from faststream_retry.ops.records import DeadLetter
+
+__all__ = ["create_app"]
+
+HERE = Path(__file__).parent
+BODY_SHOWN = 64 * 1024
+"""Characters of a body a page shows; the export has every byte."""
+LIST_LIMIT = 1000
+"""Dead letters a queue's page reads (and groups), head first."""
+RATE = 200.0
+"""Moves a second at most, for every action (the command's ``--rate``)."""
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    url: str
+    app: LoadedApp | None
+    management_url: str | None
+    jaeger_url: str | None
+    guard: Guard
+
+
+def create_app(
+    url: str = DEFAULT_URL,
+    *,
+    app: LoadedApp | None = None,
+    management_url: str | None = None,
+    allow_actions: bool = False,
+    token: str | None = None,
+    jaeger_url: str | None = None,
+) -> Starlette:
+    """Return the dead-letter page as an ASGI app, to serve or mount in your own.
+
+    Args:
+        url: the broker (``amqp://``); each request opens a connection of its own.
+        app: the application whose queues to show (``faststream_retry.ops.load_app``);
+            without one, the queues the plugin's registry names.
+        management_url: RabbitMQ's management API, to find every ``.dlq`` and tier.
+        allow_actions: replay and purge; without it the page only reads.
+        token: required of every request (``/login?token=...`` sets a cookie); without
+            one, only clients on this machine are served.
+        jaeger_url: a Jaeger UI (``http://localhost:16686``): trace ids become links.
+    """
+    settings = _Settings(
+        url, app, management_url, jaeger_url, Guard(token=token, actions=allow_actions)
+    )
+    pages = _Pages(settings)
+    routes = [
+        Route("/", pages.overview),
+        Route("/login", pages.login),
+        Route("/api/status", pages.api_status),
+        Route("/queues/{queue}", pages.queue),
+        Route("/queues/{queue}/groups/{key}", pages.group),
+        Route("/queues/{queue}/messages/{key:path}", pages.letter),
+        Route("/queues/{queue}/export", pages.export),
+        Route("/queues/{queue}/replay", pages.replay, methods=["POST"]),
+        Route("/queues/{queue}/purge", pages.purge, methods=["POST"]),
+        Route("/api/queues/{queue}/dead-letters", pages.api_letters),
+        Route("/api/queues/{queue}/groups", pages.api_groups),
+        Route("/api/queues/{queue}/messages/{key:path}", pages.api_letter),
+        Route("/api/queues/{queue}/replay", pages.replay, methods=["POST"]),
+        Route("/api/queues/{queue}/purge", pages.purge, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+def _ms_text(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _shown(text: str) -> str:
+    """Text as a page shows it: control characters made visible, cut to ``BODY_SHOWN``."""
+    cut = text[:BODY_SHOWN]
+    visible = "".join(
+        ch if ch in "\n\t" or (ch.isprintable() and ch != "\x7f") else f"\\x{ord(ch):02x}"
+        for ch in cut
+    )
+    if len(text) > BODY_SHOWN:
+        visible += f"\n… {len(text) - BODY_SHOWN} more characters (the export has every byte)"
+    return visible
+
+
+class _Pages:
+    """The endpoints; each checks the guard first."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self.s = settings
+        self.env = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters["when"] = _ms_text
+        self.env.filters["shown"] = _shown
+        self.env.filters["duration"] = format_ms
+        self.env.filters["json"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
+
+    # ------------------------------------------------------------------ helpers
+    def _render(self, request: Request, name: str, status_code: int = 200, **data: Any) -> Response:  # noqa: ANN401
+        csrf = self.s.guard.csrf_of(request)
+        template = self.env.get_template(name)
+        html = template.render(
+            csrf=csrf,
+            csrf_field=CSRF_FIELD,
+            actions=self.s.guard.actions,
+            root=request.scope.get("root_path", ""),
+            **data,
+        )
+        response = HTMLResponse(html, status_code=status_code)
+        self.s.guard.remember(response, request, csrf)
+        return response
+
+    def _refused(
+        self, request: Request, why: str, *, api: bool, status_code: int = 403
+    ) -> Response:
+        if api:
+            return JSONResponse({"error": why}, status_code=status_code)
+        return self._render(request, "error.html", status_code=status_code, error=why)
+
+    def _gate(self, request: Request, *, api: bool) -> Response | None:
+        why = self.s.guard.refusal(request)
+        return None if why is None else self._refused(request, why, api=api, status_code=401)
+
+    def _trace_link(self, letter: DeadLetter) -> tuple[str | None, str | None]:
+        parent = letter.headers.get("traceparent")
+        match = _TRACEPARENT.match(parent) if isinstance(parent, str) else None
+        if match is None:
+            return None, None
+        trace_id = match[1]
+        if not self.s.jaeger_url:
+            return trace_id, None
+        return trace_id, f"{self.s.jaeger_url.rstrip('/')}/trace/{trace_id}"
+
+    # ------------------------------------------------------------------ pages
+    async def login(self, request: Request) -> Response:
+        """Trade ``?token=`` for the cookie, then go to the overview."""
+        sent = request.query_params.get("token", "")
+        response = RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
+        if self.s.guard.token is not None and sent:
+            response.set_cookie(TOKEN_COOKIE, sent, httponly=True, samesite="strict", path="/")
+        return response
+
+    async def _status(self) -> dict[str, Any]:
+        async with connect(self.s.url) as connection:
+            found = await gather(
+                connection,
+                app=self.s.app,
+                management_url=self.s.management_url,
+                vhost=vhost_of(self.s.url),
+            )
+        return found.to_json()
+
+    async def overview(self, request: Request) -> Response:
+        """Every covered queue: ready, consumers, waiting for a re-check, dead letters."""
+        if (refused := self._gate(request, api=False)) is not None:
+            return refused
+        try:
+            data = await self._status()
+        except OperationError as exc:
+            return self._refused(request, str(exc), api=False, status_code=502)
+        return self._render(request, "overview.html", status=data)
+
+    async def api_status(self, request: Request) -> Response:
+        """The overview as JSON: ``faststream-retry status --json``'s shape."""
+        if (refused := self._gate(request, api=True)) is not None:
+            return refused
+        try:
+            return JSONResponse(await self._status())
+        except OperationError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=502)
+
+    async def _letters(self, queue: str, selection: Selection | None = None) -> list[DeadLetter]:
+        decoder = None
+        async with connect(self.s.url) as connection:
+            found = await ops.list_dead_letters(
+                connection, queue, selection=selection, limit=LIST_LIMIT, decoder=decoder
+            )
+        return found.taken
+
+    async def queue(self, request: Request) -> Response:
+        """A queue's dead letters, grouped by cause."""
+        if (refused := self._gate(request, api=False)) is not None:
+            return refused
+        queue = dlq_owner(dlq_of(request.path_params["queue"]))
+        try:
+            letters = await self._letters(queue)
+        except OperationError as exc:
+            return self._refused(request, str(exc), api=False, status_code=404)
+        return self._render(
+            request,
+            "queue.html",
+            queue=queue,
+            dlq=dlq_of(queue),
+            groups=group(letters),
+            total=len(letters),
+            limit=LIST_LIMIT,
+            done=request.query_params.get("done"),
+        )
+
+    async def api_letters(self, request: Request) -> Response:
+        """A queue's dead letters as ``dlq list --json`` rows."""
+        if (refused := self._gate(request, api=True)) is not None:
+            return refused
+        try:
+            letters = await self._letters(request.path_params["queue"])
+        except OperationError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        return JSONResponse([letter.summary() for letter in letters])
+
+    async def api_groups(self, request: Request) -> Response:
+        """A queue's dead letters grouped by cause, as JSON."""
+        if (refused := self._gate(request, api=True)) is not None:
+            return refused
+        try:
+            letters = await self._letters(request.path_params["queue"])
+        except OperationError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        return JSONResponse([g.to_json() for g in group(letters)])
+
+    async def group(self, request: Request) -> Response:
+        """One group: its dead letters, to open, replay or purge."""
+        if (refused := self._gate(request, api=False)) is not None:
+            return refused
+        queue = dlq_owner(dlq_of(request.path_params["queue"]))
+        try:
+            letters = await self._letters(queue)
+        except OperationError as exc:
+            return self._refused(request, str(exc), api=False, status_code=404)
+        found = next((g for g in group(letters) if g.key == request.path_params["key"]), None)
+        if found is None:
+            return self._refused(
+                request,
+                "no such group (any more): its dead letters left",
+                api=False,
+                status_code=404,
+            )
+        return self._render(request, "group.html", queue=queue, dlq=dlq_of(queue), group=found)
+
+    async def _letter(self, queue: str, key: str) -> DeadLetter | None:
+        async with connect(self.s.url) as connection:
+            return await ops.show_dead_letter(connection, queue, key)
+
+    async def letter(self, request: Request) -> Response:
+        """One dead letter: properties, headers, history, traceback and body."""
+        if (refused := self._gate(request, api=False)) is not None:
+            return refused
+        queue = dlq_owner(dlq_of(request.path_params["queue"]))
+        key = request.path_params["key"]
+        try:
+            found = await self._letter(queue, key)
+        except OperationError as exc:
+            return self._refused(request, str(exc), api=False, status_code=404)
+        if found is None:
+            return self._refused(
+                request, f"no dead letter {key!r} in {dlq_of(queue)}", api=False, status_code=404
+            )
+        trace_id, trace_url = self._trace_link(found)
+        details = found.details()
+        return self._render(
+            request,
+            "letter.html",
+            queue=queue,
+            dlq=dlq_of(queue),
+            letter=found,
+            body=found.body.text,
+            headers=details["headers"],
+            properties=details["properties"],
+            trace_id=trace_id,
+            trace_url=trace_url,
+        )
+
+    async def api_letter(self, request: Request) -> Response:
+        """One dead letter as ``dlq show --json``."""
+        if (refused := self._gate(request, api=True)) is not None:
+            return refused
+        queue, key = request.path_params["queue"], request.path_params["key"]
+        try:
+            found = await self._letter(queue, key)
+        except OperationError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        if found is None:
+            return JSONResponse({"error": f"no dead letter {key!r}"}, status_code=404)
+        return JSONResponse(found.details())
+
+    async def export(self, request: Request) -> Response:
+        """Every dead letter of the queue as JSON Lines (``dlq export``): a download."""
+        if (refused := self._gate(request, api=False)) is not None:
+            return refused
+        queue = dlq_owner(dlq_of(request.path_params["queue"]))
+        lines: list[str] = []
+        try:
+            async with connect(self.s.url) as connection:
+                await ops.export_dead_letters(connection, queue, lines.append)
+        except OperationError as exc:
+            return self._refused(request, str(exc), api=False, status_code=404)
+        AUDIT.info("%s export %s: %d dead letter(s)", self.s.guard.who(request), queue, len(lines))
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", dlq_of(queue))
+        return Response(
+            "".join(lines),
+            media_type="application/x-ndjson",
+            headers={"content-disposition": f'attachment; filename="{name}.jsonl"'},
+        )
+
+    # ------------------------------------------------------------------ actions
+    async def _action_input(self, request: Request) -> tuple[dict[str, Any], str | None, bool]:
+        """The action's fields, the CSRF token it sent, and whether it is the JSON API."""
+        api = request.url.path.startswith(f"{request.scope.get('root_path', '')}/api/")
+        if api:
+            try:
+                data = await request.json()
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                data = {}
+            return data, request.headers.get(CSRF_HEADER), True
+        form = await request.form()
+        data = {
+            "ids": [str(v) for v in form.getlist("id")],
+            "to": str(form.get("to") or "") or None,
+            "dry_run": form.get("dry_run") == "1",
+            "confirm": str(form.get("confirm") or ""),
+            "back": str(form.get("back") or ""),
+        }
+        return data, str(form.get(CSRF_FIELD) or "") or None, False
+
+    async def _check_action(self, request: Request) -> tuple[dict[str, Any], bool, Response | None]:
+        api = request.url.path.startswith(f"{request.scope.get('root_path', '')}/api/")
+        if (refused := self._gate(request, api=api)) is not None:
+            return {}, api, refused
+        if not self.s.guard.actions:
+            read_only = "this page is read-only: start it with actions allowed (--allow-actions)"
+            return {}, api, self._refused(request, read_only, api=api)
+        data, sent, api = await self._action_input(request)
+        if (forged := self.s.guard.csrf_refusal(request, sent)) is not None:
+            return {}, api, self._refused(request, forged, api=api)
+        return data, api, None
+
+    @staticmethod
+    def _ids(data: dict[str, Any]) -> frozenset[str]:
+        ids = data.get("ids") or []
+        return frozenset(str(i) for i in ids) if isinstance(ids, list) else frozenset()
+
+    async def replay(self, request: Request) -> Response:
+        """Replay the dead letters named (``id``, repeatable) to their queue or ``to``."""
+        data, api, refused = await self._check_action(request)
+        if refused is not None:
+            return refused
+        queue = dlq_owner(dlq_of(request.path_params["queue"]))
+        ids = self._ids(data)
+        if not ids:
+            return self._refused(
+                request, "name the dead letters to replay (id)", api=api, status_code=400
+            )
+        to = data.get("to") or None
+        dry_run = bool(data.get("dry_run"))
+        try:
+            async with connect(self.s.url) as connection:
+                outcome = await ops.replay_dead_letters(
+                    connection,
+                    queue,
+                    selection=Selection(ids=ids),
+                    to=str(to) if to else None,
+                    dry_run=dry_run,
+                    rate=RATE,
+                )
+        except OperationError as exc:
+            return self._refused(request, str(exc), api=api, status_code=409)
+        moved = 0 if dry_run else len(outcome.taken)
+        AUDIT.info(
+            "%s replay %s -> %s: %d of %d named%s",
+            self.s.guard.who(request),
+            dlq_of(queue),
+            outcome.target,
+            moved,
+            len(ids),
+            " (dry run)" if dry_run else "",
+        )
+        result = {
+            "queue": queue,
+            "target": outcome.target,
+            "dry_run": dry_run,
+            "selected": [letter.key for letter in outcome.taken],
+            "moved": moved,
+        }
+        if api:
+            return JSONResponse(result)
+        return self._render(
+            request, "done.html", queue=queue, dlq=dlq_of(queue), what="replay", result=result
+        )
+
+    async def purge(self, request: Request) -> Response:
+        """Remove the dead letters named, or all; ``confirm`` must be the DLQ's name."""
+        data, api, refused = await self._check_action(request)
+        if refused is not None:
+            return refused
+        queue = dlq_owner(dlq_of(request.path_params["queue"]))
+        if data.get("confirm") != dlq_of(queue):
+            why = f"type the queue's name, {dlq_of(queue)}, to confirm the purge"
+            return self._refused(request, why, api=api, status_code=400)
+        ids = self._ids(data)
+        try:
+            async with connect(self.s.url) as connection:
+                outcome = await ops.purge_dead_letters(
+                    connection, queue, selection=Selection(ids=ids) if ids else None
+                )
+        except OperationError as exc:
+            return self._refused(request, str(exc), api=api, status_code=409)
+        AUDIT.info(
+            "%s purge %s: %d removed (%s)",
+            self.s.guard.who(request),
+            dlq_of(queue),
+            len(outcome.taken),
+            f"{len(ids)} named" if ids else "all",
+        )
+        result = {
+            "queue": queue,
+            "removed": len(outcome.taken),
+            "selected": [x.key for x in outcome.taken],
+        }
+        if api:
+            return JSONResponse(result)
+        return self._render(
+            request, "done.html", queue=queue, dlq=dlq_of(queue), what="purge", result=result
+        )
