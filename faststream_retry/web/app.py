@@ -8,6 +8,8 @@ DLQ passes every message through it. A queue's page lists its dead letters, whic
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from faststream_retry.ops.records import Selection
 from faststream_retry.ops.status import status as gather
 from faststream_retry.web.groups import group
 from faststream_retry.web.guard import AUDIT, CSRF_FIELD, CSRF_HEADER, TOKEN_COOKIE, Guard
+from faststream_retry.web.history import EVERY_S, History, sparkline
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -137,6 +140,8 @@ class _Pages:
         self.env.filters["shown"] = _shown
         self.env.filters["duration"] = format_ms
         self.env.filters["json"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
+        self.history = History()
+        self._sampler: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ helpers
     def _render(self, request: Request, name: str, status_code: int = 200, **data: Any) -> Response:  # noqa: ANN401
@@ -183,7 +188,7 @@ class _Pages:
             response.set_cookie(TOKEN_COOKIE, sent, httponly=True, samesite="strict", path="/")
         return response
 
-    async def _status(self) -> dict[str, Any]:
+    async def _gather(self) -> dict[str, Any]:
         async with connect(self.s.url) as connection:
             found = await gather(
                 connection,
@@ -191,7 +196,31 @@ class _Pages:
                 management_url=self.s.management_url,
                 vhost=vhost_of(self.s.url),
             )
-        return found.to_json()
+        data = found.to_json()
+        self.history.record(data)
+        return data
+
+    async def _status(self) -> dict[str, Any]:
+        data = await self._gather()
+        self._sample_from_now_on()
+        return data
+
+    def _sample_from_now_on(self) -> None:
+        """Sample every ``EVERY_S`` while the server runs, from its first overview on.
+
+        Started by a request, not at startup: a page mounted in another app gets no
+        lifespan events of its own.
+        """
+        if self._sampler is None or self._sampler.done():
+            self._sampler = asyncio.get_running_loop().create_task(
+                self._sample(), name="faststream-retry web history"
+            )
+
+    async def _sample(self) -> None:
+        while True:
+            await asyncio.sleep(EVERY_S)
+            with contextlib.suppress(OperationError):  # the broker away: a gap in the chart
+                await self._gather()
 
     async def overview(self, request: Request) -> Response:
         """Every covered queue: ready, consumers, waiting for a re-check, dead letters."""
@@ -201,7 +230,14 @@ class _Pages:
             data = await self._status()
         except OperationError as exc:
             return self._refused(request, str(exc), api=False, status_code=502)
-        return self._render(request, "overview.html", status=data)
+        charts = {
+            row["queue"]: {
+                "retry": sparkline(self.history.of(row["queue"]), "retry"),
+                "dlq": sparkline(self.history.of(row["queue"]), "dlq"),
+            }
+            for row in data["queues"]
+        }
+        return self._render(request, "overview.html", status=data, charts=charts)
 
     async def api_status(self, request: Request) -> Response:
         """The overview as JSON: ``faststream-retry status --json``'s shape."""

@@ -11,6 +11,7 @@ from faststream_retry.web import create_app
 from faststream_retry.web.app import BODY_SHOWN, _Pages, _Settings, _shown
 from faststream_retry.web.groups import group, normalise
 from faststream_retry.web.guard import CSRF_COOKIE, Guard, is_loopback
+from faststream_retry.web.history import History, sparkline
 
 # Nothing listens there: a test that reached the broker would fail loudly.
 NOWHERE = "amqp://guest:guest@127.0.0.1:1/"
@@ -222,3 +223,32 @@ def test_hostile_bodies_and_headers_render_as_text() -> None:
     assert "\\x1b[31m" in html  # the escape character shown, not sent to a terminal
     # Bytes that are not UTF-8 are shown as hex, never decoded into something else.
     assert letter(2, "e", body=b"\xff\xfe\x00<").body.text == "ff fe 00 3c"
+
+
+def test_the_history_keeps_the_last_hour_per_queue() -> None:
+    history = History(window_s=3600)
+
+    def status(dlq: int) -> dict[str, object]:
+        return {
+            "queues": [
+                {"queue": "orders", "retry": {"messages": 2}, "dlq": {"messages": dlq}},
+                {"queue": "gone", "retry": {"messages": None}, "dlq": {"messages": None}},
+            ]
+        }
+
+    for minute, dlq in [(0, 0), (30, 4), (61, 7), (90, 1)]:
+        history.record(status(dlq), now=minute * 60.0)
+    assert [(s.at, s.dlq) for s in history.of("orders")] == [(1800.0, 4), (3660.0, 7), (5400.0, 1)]
+    assert [s.retry for s in history.of("gone")] == [0, 0, 0]  # a missing queue counts 0
+    assert history.of("unknown") == []
+
+
+def test_a_chart_is_numbers_only() -> None:
+    history = History()
+    for i, dlq in enumerate([0, 3, 1]):
+        history.record({"queues": [{"queue": "<b>q</b>", "dlq": {"messages": dlq}}]}, now=i)
+    svg = sparkline(history.of("<b>q</b>"), "dlq")
+    assert svg.startswith('<svg class="spark dead"')
+    assert "<b>" not in svg
+    assert 'aria-label="dlq: 1 now, at most 3 in the hour"' in svg
+    assert sparkline(history.of("<b>q</b>")[:1], "dlq") == ""  # one point draws nothing

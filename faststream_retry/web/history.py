@@ -1,0 +1,78 @@
+"""The last hour of each queue's depths, sampled by the page's server while it runs.
+
+Kept in memory (a page restarted starts a new hour) and drawn as small inline SVG
+charts: numbers only go into them, so no text of a message or a queue can become markup.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["History", "sparkline"]
+
+WINDOW_S = 3600.0
+EVERY_S = 15.0
+"""How often the server samples while it runs (and on each overview it serves)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One queue's depths at one moment."""
+
+    at: float
+    retry: int
+    dlq: int
+
+
+class History:
+    """Each queue's samples over the last ``WINDOW_S`` seconds."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        """Keep ``window_s`` seconds of samples."""
+        self.window_s = window_s
+        self._samples: dict[str, deque[Sample]] = {}
+
+    def record(self, status: dict[str, Any], now: float | None = None) -> None:
+        """Add a sample per queue of ``status`` (``Status.to_json()``'s shape)."""
+        at = time.time() if now is None else now
+        for row in status.get("queues", []):
+            queue = row.get("queue")
+            if not isinstance(queue, str):
+                continue
+            kept = self._samples.setdefault(queue, deque())
+            kept.append(Sample(at, _count(row.get("retry")), _count(row.get("dlq"))))
+            while kept and kept[0].at < at - self.window_s:
+                kept.popleft()
+
+    def of(self, queue: str) -> list[Sample]:
+        """Return the samples of ``queue``, oldest first."""
+        return list(self._samples.get(queue, ()))
+
+
+def _count(depth: Any) -> int:  # noqa: ANN401 - a Depth's JSON
+    if isinstance(depth, dict) and isinstance(depth.get("messages"), int):
+        return int(depth["messages"])
+    return 0
+
+
+def sparkline(samples: list[Sample], field: str, width: int = 120, height: int = 24) -> str:
+    """Return an inline SVG of ``field`` (``retry`` or ``dlq``) over the samples' hour."""
+    if len(samples) < 2:
+        return ""
+    values = [int(getattr(s, field)) for s in samples]
+    start, end = samples[0].at, samples[-1].at
+    span = max(end - start, 1e-9)
+    top = max(*values, 1)
+    points = " ".join(
+        f"{(s.at - start) / span * (width - 2) + 1:.1f},{height - 1 - v / top * (height - 2):.1f}"
+        for s, v in zip(samples, values, strict=True)
+    )
+    css = "spark " + ("dead" if field == "dlq" else "waiting")
+    return (
+        f'<svg class="{css}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'role="img" aria-label="{field}: {values[-1]} now, at most {max(values)} in the hour">'
+        f'<polyline fill="none" stroke-width="1.5" points="{points}"/></svg>'
+    )
