@@ -92,5 +92,10 @@ def web(
         f"serving http://{shown}:{port}{login}"
         + (" (actions allowed)" if allow_actions else " (read-only)")
     )
-    logging.getLogger("faststream_retry.web.audit").setLevel(logging.INFO)
+    audit = logging.getLogger("faststream_retry.web.audit")
+    if not audit.handlers:  # one line per action on stderr, unless logging says otherwise
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s audit %(message)s"))
+        audit.addHandler(handler)
+    audit.setLevel(logging.INFO)
     uvicorn.run(page, host=host, port=port, log_level="warning")

@@ -33,8 +33,11 @@ from faststream_retry.ops.status import status as gather
 from faststream_retry.web.groups import group
 from faststream_retry.web.guard import AUDIT, CSRF_FIELD, CSRF_HEADER, TOKEN_COOKIE, Guard
 from faststream_retry.web.history import EVERY_S, History, sparkline
+from faststream_retry.web.jobs import Job, Jobs
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from starlette.requests import Request
 
     from faststream_retry.middleware.app import LoadedApp
@@ -47,6 +50,8 @@ BODY_SHOWN = 64 * 1024
 """Characters of a body a page shows; the export has every byte."""
 LIST_LIMIT = 1000
 """Dead letters a queue's page reads (and groups), head first."""
+_SHORT_S = 2.0
+"""How long an action's request waits for its job before showing the job's page."""
 RATE = 200.0
 """Moves a second at most, for every action (the command's ``--rate``)."""
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -101,6 +106,10 @@ def create_app(
         Route("/api/queues/{queue}/messages/{key:path}", pages.api_letter),
         Route("/api/queues/{queue}/replay", pages.replay, methods=["POST"]),
         Route("/api/queues/{queue}/purge", pages.purge, methods=["POST"]),
+        Route("/jobs/{job}", pages.job),
+        Route("/jobs/{job}/stop", pages.stop_job, methods=["POST"]),
+        Route("/api/jobs/{job}", pages.api_job),
+        Route("/api/jobs/{job}/stop", pages.stop_job, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes)
@@ -141,6 +150,7 @@ class _Pages:
         self.env.filters["duration"] = format_ms
         self.env.filters["json"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
         self.history = History()
+        self.jobs = Jobs()
         self._sampler: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ helpers
@@ -273,7 +283,6 @@ class _Pages:
             groups=group(letters),
             total=len(letters),
             limit=LIST_LIMIT,
-            done=request.query_params.get("done"),
         )
 
     async def api_letters(self, request: Request) -> Response:
@@ -430,42 +439,40 @@ class _Pages:
             return self._refused(
                 request, "name the dead letters to replay (id)", api=api, status_code=400
             )
-        to = data.get("to") or None
+        to = str(data["to"]) if data.get("to") else None
         dry_run = bool(data.get("dry_run"))
-        try:
+        who = self.s.guard.who(request)
+
+        async def run(job: Job | None) -> dict[str, Any]:
             async with connect(self.s.url) as connection:
                 outcome = await ops.replay_dead_letters(
                     connection,
                     queue,
                     selection=Selection(ids=ids),
-                    to=str(to) if to else None,
+                    to=to,
                     dry_run=dry_run,
                     rate=RATE,
+                    progress=None if job is None else job.progress,
                 )
-        except OperationError as exc:
-            return self._refused(request, str(exc), api=api, status_code=409)
-        moved = 0 if dry_run else len(outcome.taken)
-        AUDIT.info(
-            "%s replay %s -> %s: %d of %d named%s",
-            self.s.guard.who(request),
-            dlq_of(queue),
-            outcome.target,
-            moved,
-            len(ids),
-            " (dry run)" if dry_run else "",
-        )
-        result = {
-            "queue": queue,
-            "target": outcome.target,
-            "dry_run": dry_run,
-            "selected": [letter.key for letter in outcome.taken],
-            "moved": moved,
-        }
-        if api:
-            return JSONResponse(result)
-        return self._render(
-            request, "done.html", queue=queue, dlq=dlq_of(queue), what="replay", result=result
-        )
+            moved = 0 if dry_run else len(outcome.taken)
+            AUDIT.info(
+                "%s replay %s -> %s: %d of %d named%s",
+                who,
+                dlq_of(queue),
+                outcome.target,
+                moved,
+                len(ids),
+                " (dry run)" if dry_run else "",
+            )
+            return {
+                "queue": queue,
+                "target": outcome.target,
+                "dry_run": dry_run,
+                "selected": [letter.key for letter in outcome.taken],
+                "moved": moved,
+            }
+
+        return await self._act(request, api, "replay", queue, run)
 
     async def purge(self, request: Request) -> Response:
         """Remove the dead letters named, or all; ``confirm`` must be the DLQ's name."""
@@ -477,27 +484,83 @@ class _Pages:
             why = f"type the queue's name, {dlq_of(queue)}, to confirm the purge"
             return self._refused(request, why, api=api, status_code=400)
         ids = self._ids(data)
-        try:
+        who = self.s.guard.who(request)
+
+        async def run(job: Job | None) -> dict[str, Any]:
             async with connect(self.s.url) as connection:
                 outcome = await ops.purge_dead_letters(
-                    connection, queue, selection=Selection(ids=ids) if ids else None
+                    connection,
+                    queue,
+                    selection=Selection(ids=ids) if ids else None,
+                    progress=None if job is None else job.progress,
                 )
-        except OperationError as exc:
-            return self._refused(request, str(exc), api=api, status_code=409)
-        AUDIT.info(
-            "%s purge %s: %d removed (%s)",
-            self.s.guard.who(request),
-            dlq_of(queue),
-            len(outcome.taken),
-            f"{len(ids)} named" if ids else "all",
-        )
-        result = {
-            "queue": queue,
-            "removed": len(outcome.taken),
-            "selected": [x.key for x in outcome.taken],
-        }
+            AUDIT.info(
+                "%s purge %s: %d removed (%s)",
+                who,
+                dlq_of(queue),
+                len(outcome.taken),
+                f"{len(ids)} named" if ids else "all",
+            )
+            return {
+                "queue": queue,
+                "removed": len(outcome.taken),
+                "selected": [x.key for x in outcome.taken],
+            }
+
+        return await self._act(request, api, "purge", queue, run)
+
+    async def _act(
+        self,
+        request: Request,
+        api: bool,
+        what: str,
+        queue: str,
+        run: Callable[[Job | None], Awaitable[dict[str, Any]]],
+    ) -> Response:
+        """Run an action: inline for the JSON API, else as a job the page follows."""
         if api:
-            return JSONResponse(result)
+            try:
+                return JSONResponse(await run(None))
+            except OperationError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=409)
+        job = self.jobs.start(what, queue, run, who=self.s.guard.who(request))
+        if job.task is not None:
+            # A short one is over before the page would first look: show its end at once.
+            await asyncio.wait({job.task}, timeout=_SHORT_S)
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(f"{root}/jobs/{job.id}", status_code=303)
+
+    async def job(self, request: Request) -> Response:
+        """A job's progress (the page reloads itself while it runs), or how it ended."""
+        if (refused := self._gate(request, api=False)) is not None:
+            return refused
+        found = self.jobs.get(request.path_params["job"])
+        if found is None:
+            return self._refused(request, "no such job (any more)", api=False, status_code=404)
         return self._render(
-            request, "done.html", queue=queue, dlq=dlq_of(queue), what="purge", result=result
+            request, "job.html", job=found, queue=found.queue, dlq=dlq_of(found.queue)
         )
+
+    async def api_job(self, request: Request) -> Response:
+        """A job as JSON."""
+        if (refused := self._gate(request, api=True)) is not None:
+            return refused
+        found = self.jobs.get(request.path_params["job"])
+        if found is None:
+            return JSONResponse({"error": "no such job"}, status_code=404)
+        return JSONResponse(found.to_json())
+
+    async def stop_job(self, request: Request) -> Response:
+        """Ask a job to stop after the message it is at."""
+        _, api, refused = await self._check_action(request)
+        if refused is not None:
+            return refused
+        found = self.jobs.get(request.path_params["job"])
+        if found is None:
+            return self._refused(request, "no such job (any more)", api=api, status_code=404)
+        found.stop_asked = True
+        AUDIT.info("%s stop %s of %s", self.s.guard.who(request), found.what, found.queue)
+        if api:
+            return JSONResponse(found.to_json())
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(f"{root}/jobs/{found.id}", status_code=303)

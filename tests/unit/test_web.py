@@ -3,15 +3,20 @@ hostile text is shown. (The page on a real broker, in Chromium: tests/integratio
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from starlette.testclient import TestClient
 
+from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.records import DeadLetter
+from faststream_retry.ops.walk import Pass
 from faststream_retry.web import create_app
 from faststream_retry.web.app import BODY_SHOWN, _Pages, _Settings, _shown
 from faststream_retry.web.groups import group, normalise
 from faststream_retry.web.guard import CSRF_COOKIE, Guard, is_loopback
 from faststream_retry.web.history import History, sparkline
+from faststream_retry.web.jobs import Job, Jobs
 
 # Nothing listens there: a test that reached the broker would fail loudly.
 NOWHERE = "amqp://guest:guest@127.0.0.1:1/"
@@ -252,3 +257,42 @@ def test_a_chart_is_numbers_only() -> None:
     assert "<b>" not in svg
     assert 'aria-label="dlq: 1 now, at most 3 in the hour"' in svg
     assert sparkline(history.of("<b>q</b>")[:1], "dlq") == ""  # one point draws nothing
+
+
+async def test_a_job_reports_its_progress_and_stops_when_asked() -> None:
+    """The pass is stopped by its own progress hook, after the message it is at."""
+    jobs = Jobs()
+    steps = asyncio.Event()
+    visited: list[int] = []
+
+    async def run(job: Job) -> dict[str, object]:
+        for n in range(1, 1001):
+            visited.append(n)
+            job.progress(Pass("orders.dlq", 1000, visited=n))
+            if n == 3:
+                steps.set()
+            await asyncio.sleep(0)
+        return {"moved": 1000}
+
+    job = jobs.start("replay", "orders", run, who="tester")
+    await asyncio.wait_for(steps.wait(), 5)
+    job.stop_asked = True
+    assert job.task is not None
+    await asyncio.wait_for(job.task, 5)
+    assert job.state == "stopped"
+    assert job.visited == len(visited) < 1000
+    assert job.error is not None
+    assert f"after {job.visited} of 1000" in job.error
+    assert jobs.get(job.id) is job
+    done = jobs.start("purge", "orders", lambda _job: asyncio.sleep(0, {"removed": 2}))
+    assert done.task is not None
+    await done.task
+    assert (done.state, done.result) == ("done", {"removed": 2})
+    failed = jobs.start("purge", "orders", lambda _job: _raise(OperationError("gone")))
+    assert failed.task is not None
+    await failed.task
+    assert (failed.state, failed.error) == ("failed", "gone")
+
+
+async def _raise(exc: Exception) -> dict[str, object]:
+    raise exc
