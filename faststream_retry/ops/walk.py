@@ -515,10 +515,10 @@ async def _walk(
     if found is None:
         raise OperationError(f"queue {queue!r} does not exist")
     in_place = await plain_classic(connection, queue)
+    done = Pass(queue, found.messages, in_place=in_place, consumers=found.consumers)
     channel = await connection.channel(publisher_confirms=True)
     try:
         underlay = await channel.get_underlay_channel()
-        done = Pass(queue, found.messages, in_place=in_place, consumers=found.consumers)
         user = getattr(getattr(connection, "url", None), "user", None)
         walker = _Walker(underlay, done, user=user, visit=visit, enough=enough, rate=rate)
         try:
@@ -541,3 +541,25 @@ async def _walk(
     finally:
         if not channel.is_closed:
             await channel.close()
+        if in_place and done.kept:
+            # Best effort, and never in the way of what the pass raises.
+            with contextlib.suppress(Exception):
+                await _back_in_place(connection, queue, done.total - done.moved - done.dropped)
+
+
+_BACK_S = 2.0
+
+
+async def _back_in_place(connection: AbstractConnection, queue: str, expected: int) -> None:
+    """Wait (a little) until the messages a pass held are ready in the queue again.
+
+    A classic queue requeues what a closed channel held after the close is answered:
+    a pass right after this one (a second ``dlq list``, the page's next view) would
+    count, and see, fewer. Not for ever: a consumer of the queue may take some meanwhile.
+    """
+    deadline = asyncio.get_running_loop().time() + _BACK_S
+    while asyncio.get_running_loop().time() < deadline:
+        found = await depth(connection, queue)
+        if found is None or found.messages >= expected:
+            return
+        await asyncio.sleep(0.02)

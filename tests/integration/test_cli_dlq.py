@@ -193,6 +193,25 @@ async def test_a_decoder_hook_renders_what_the_built_in_ways_cannot(
     assert "cannot import decoder module 'nothere'" in bad.stderr
 
 
+async def test_a_list_right_after_a_list_sees_every_dead_letter(
+    amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
+) -> None:
+    """A classic DLQ takes back what a pass held a moment after it ends: the next pass waits.
+
+    Before, the second of two lists in a row counted the queue while some of the
+    first's messages were not back yet, and showed (and replayed) fewer.
+    """
+    from faststream_retry.ops.common import connect  # noqa: PLC0415
+    from faststream_retry.ops.dlq import list_dead_letters  # noqa: PLC0415
+
+    sent = [f"m{i}" for i in range(900)]
+    await seed(amqp, work_queue, [(i, "exhausted", b"{}", "application/json") for i in sent])
+    async with connect(rabbit_url) as connection:
+        for _ in range(3):
+            found = await list_dead_letters(connection, work_queue, limit=None)
+            assert [letter.key for letter in found.taken] == sent
+
+
 async def test_dry_run_moves_nothing(
     amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
 ) -> None:
