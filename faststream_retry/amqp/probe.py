@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from aiormq.exceptions import AMQPError, ChannelNotFoundEntity
@@ -9,9 +10,9 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractConnection
+    from aio_pika.abc import AbstractChannel, AbstractConnection
 
-__all__ = ["QueueDepth", "depth", "plain_classic"]
+__all__ = ["Probe", "QueueDepth", "depth", "plain_classic"]
 
 
 class QueueDepth:
@@ -58,3 +59,37 @@ async def plain_classic(connection: AbstractConnection, queue: str) -> bool:
     finally:
         await close_quietly(channel)
     return True
+
+
+class Probe:
+    """Passive declares on one channel, kept between looks (a sampler looks every scrape).
+
+    The declares go through the channel's aiormq underlay: a robust channel would keep
+    each queue it declared, to declare it again after a reconnect. A missing queue
+    closes the channel; the next look opens another.
+    """
+
+    def __init__(self, connection: AbstractConnection) -> None:
+        """Look at queues on ``connection``."""
+        self._connection = connection
+        self._channel: AbstractChannel | None = None
+
+    async def depth(self, queue: str) -> QueueDepth | None:
+        """Return the ready messages and consumers of ``queue``; ``None`` if it does not exist."""
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await self._connection.channel()
+        underlay = await self._channel.get_underlay_channel()
+        try:
+            result = await asyncio.wait_for(
+                underlay.queue_declare(queue, passive=True), RPC_TIMEOUT_S
+            )
+        except ChannelNotFoundEntity:
+            await self.close()
+            return None
+        return QueueDepth(queue, result.message_count or 0, result.consumer_count or 0)
+
+    async def close(self) -> None:
+        """Close the channel, if one is open."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await close_quietly(channel)

@@ -1,10 +1,12 @@
 """The depth of each covered queue's ``.dlq``, sampled for the metrics when they are read.
 
-A passive declare per ``.dlq``: it counts the ready messages without consuming any (a
-quorum queue's delivery count is never spent), creates nothing and changes nothing.
-Sampling follows the readers: each read of the metrics (a Prometheus scrape, an OTLP
-export) shows the depths measured after the read before it and asks for new ones. With
-no metrics SDK nothing reads them, and nothing is ever sampled.
+A passive declare per ``.dlq``, on one channel kept for it: it counts the ready
+messages without consuming any (a quorum queue's delivery count is never spent),
+creates nothing and changes nothing. Sampling follows the readers: each read of the
+metrics (a Prometheus scrape, an OTLP export) shows the depths measured after the read
+before it and asks for new ones; one sample is taken at the start, so the first read
+has them too. With no metrics SDK nothing reads them, and after that first sample
+nothing more is sampled.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
-from faststream_retry.amqp.probe import depth
+from faststream_retry.amqp.probe import Probe
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ class DeadLetterDepths:
         self, connection: AbstractConnection, telemetry: Telemetry, plan: Callable[[], Plan]
     ) -> None:
         """Sample on ``connection`` the ``.dlq`` of each route of ``plan()`` (read each time)."""
-        self._connection = connection
+        self._probe = Probe(connection)
         self._telemetry = telemetry
         self._plan = plan
         self._mine: set[str] = set()
@@ -55,6 +57,9 @@ class DeadLetterDepths:
         self._task = asyncio.create_task(
             self._run(self._wanted), name="faststream-retry dlq depths"
         )
+        # The first read shows depths already: a restarted app's first scrape would
+        # otherwise have none, and an alert's `for:` would start again.
+        self._wanted.set()
 
     def _wake(self) -> None:
         # The reader's thread, or the loop's own: either way the loop sets the event.
@@ -80,7 +85,7 @@ class DeadLetterDepths:
         self._mine = set(routes)
         for queue, route in routes.items():
             try:
-                found = await depth(self._connection, route.dlq)
+                found = await self._probe.depth(route.dlq)
             except Exception as exc:  # the broker is away: show no stale figure
                 log.debug("faststream-retry: could not measure %r: %r", route.dlq, exc)
                 found = None
@@ -101,3 +106,4 @@ class DeadLetterDepths:
         for queue in self._mine:
             self._telemetry.dlq_depths.pop(queue, None)
         self._mine = set()
+        await self._probe.close()

@@ -282,6 +282,10 @@ class _Pages:
             dlq=dlq_of(queue),
             groups=group(letters),
             total=len(letters),
+            oldest=min(
+                (t for x in letters if (t := x.last_failed_ms or x.first_failed_ms) is not None),
+                default=None,
+            ),
             limit=LIST_LIMIT,
         )
 
