@@ -296,3 +296,15 @@ async def test_a_job_reports_its_progress_and_stops_when_asked() -> None:
 
 async def _raise(exc: Exception) -> dict[str, object]:
     raise exc
+
+
+def test_pages_forbid_inline_scripts_framing_and_referrers() -> None:
+    """Under the escaping, the browser is told to run no inline script and frame nothing."""
+    page = client(at=REMOTE).get("/")  # an error page: rendered like every other
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy
+    assert "frame-ancestors 'none'" in policy
+    assert page.headers["x-frame-options"] == "DENY"
+    assert client().get("/login", follow_redirects=False).headers["referrer-policy"] == (
+        "no-referrer"
+    )
