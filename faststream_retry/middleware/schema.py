@@ -194,14 +194,16 @@ def _add_dead_letter_channel(
     work = _work_channel(channels, broker, route.queue)
     if work is None:
         return False
-    dead_letters = _publisher_document(route, _vhost(work), version)
+    dead_letters = _publisher_document(route, version)
     message = _message_of(document, work)
     payload = copy.deepcopy(message.get("payload", {})) if message is not None else {}
     for key, channel in dead_letters.get("channels", {}).items():
+        # On the work queue's broker: its servers, its virtual host.
         if "servers" in work:
             channel["servers"] = copy.deepcopy(work["servers"])
         else:
             channel.pop("servers", None)
+        _set_vhost(channel, _vhost(work))
         channels.setdefault(key, channel)
     for key, operation in dead_letters.get("operations", {}).items():
         document.setdefault("operations", {}).setdefault(key, operation)
@@ -226,13 +228,13 @@ def _work_channel(channels: dict[str, Any], broker: RabbitBroker, queue: str) ->
     return None
 
 
-def _publisher_document(route: Route, vhost: str, version: str) -> dict[str, Any]:
+def _publisher_document(route: Route, version: str) -> dict[str, Any]:
     """Return the document FastStream writes for a publisher to ``route.dlq``, alone.
 
     On a broker of its own that never connects, so the app's broker gets no publisher:
     see the module's docstring. Persistent and mandatory, as the plugin publishes.
     """
-    broker = RabbitBroker(virtualhost=vhost)
+    broker = RabbitBroker()
     broker.publisher(
         RabbitQueue(route.dlq, durable=True),
         title=f"{route.dlq}:_:DeadLetter",
@@ -250,14 +252,25 @@ def _publisher_document(route: Route, vhost: str, version: str) -> dict[str, Any
     return document
 
 
-def _vhost(channel: dict[str, Any]) -> str:
-    """Return the virtual host a channel's AMQP binding names ("/" if none)."""
+def _vhost(channel: dict[str, Any]) -> str | None:
+    """Return the virtual host a channel's AMQP binding names, as the document writes it."""
     amqp = channel.get("bindings", {}).get("amqp", {})
     for part in ("queue", "exchange"):
         vhost = amqp.get(part, {}).get("vhost")
         if isinstance(vhost, str):
             return vhost
-    return "/"
+    return None
+
+
+def _set_vhost(channel: dict[str, Any], vhost: str | None) -> None:
+    # Copied as written: FastStream writes a broker's URL path there ("/tenant").
+    if vhost is None:
+        return
+    amqp = channel.get("bindings", {}).get("amqp", {})
+    for part in ("queue", "exchange"):
+        binding = amqp.get(part)
+        if isinstance(binding, dict) and "vhost" in binding:
+            binding["vhost"] = vhost
 
 
 def _message_of(document: dict[str, Any], channel: dict[str, Any]) -> dict[str, Any] | None:
