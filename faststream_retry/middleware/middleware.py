@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from faststream import BaseMiddleware, SourceType
 from faststream.exceptions import IgnoredException
+from faststream.specification import AsyncAPI
 
 from faststream_retry.core import defaults
 from faststream_retry.core import headers as h
@@ -30,6 +31,7 @@ from faststream_retry.middleware import _internals
 from faststream_retry.middleware.delivery import Delivery
 from faststream_retry.middleware.gate import gate_of
 from faststream_retry.middleware.runtime import Plugin, Runtime, cover_failed
+from faststream_retry.middleware.schema import RetrySpecification
 from faststream_retry.middleware.sink import requeue_after_pause
 from faststream_retry.middleware.testing import RetryRecorder, Testing
 from faststream_retry.reporting.log import log
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from faststream._internal.context import ContextRepo
     from faststream.message import StreamMessage
     from faststream.rabbit import RabbitBroker
+    from faststream.specification.base import SpecificationFactory
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
@@ -190,6 +193,25 @@ class RetryMiddleware:
                 or the installed FastStream lacks an internal the plugin needs.
         """
         return self._plugin.install(broker, self)
+
+    def asyncapi(self, specification: SpecificationFactory | None = None) -> SpecificationFactory:
+        """Return the app's AsyncAPI factory, whose document also shows where failed messages go.
+
+        Pass it to the app: ``FastStream(broker, specification=retry.asyncapi())``, or
+        ``retry.asyncapi(AsyncAPI(title=...))`` to keep your own. The document
+        ``faststream docs gen`` writes then has, for each queue the plugin covers on a
+        broker this middleware is on, a ``<queue>.dlq`` channel (router prefix included)
+        that the service sends to, whose message is the work queue's with the
+        ``retry-*`` headers of a dead letter. Subscribers with retries off, and those
+        left out of the document, get none. Works with or without ``install()``:
+        nothing is registered on the broker, and the broker is never started.
+
+        Args:
+            specification: the factory to extend; ``None``: FastStream's default,
+                ``AsyncAPI()``.
+        """
+        inner = specification if specification is not None else AsyncAPI()
+        return RetrySpecification(inner, self._plugin.config, self)
 
     def runtime(self, broker: RabbitBroker) -> Runtime:
         """Return this middleware's state for ``broker`` (plan, channels, consumers)."""

@@ -177,3 +177,17 @@ def test_the_quorum_work_queue_example_draws_no_warning_at_start() -> None:
     route = Route("orders", (Handler(HandlerPolicy({})),), arguments)
     for version in [(3, 13), (4, 0), (4, 3)]:
         assert work_queue_findings([route], RetryPolicy(), version) == []
+
+
+def test_the_asyncapi_example_documents_each_covered_dlq() -> None:
+    """The page's app: orders.dlq and billing.invoices.dlq with the headers, no audit.dlq."""
+    from examples.docs import asyncapi  # noqa: PLC0415 - one test's example
+
+    doc = asyncapi.app.schema.to_specification().to_jsonable()
+
+    addresses = {channel.get("address") for channel in doc["channels"].values()}
+    assert {"orders.dlq", "billing.invoices.dlq"} <= addresses
+    assert "audit.dlq" not in addresses
+    headers = doc["components"]["schemas"]["FastStreamRetryDeadLetterHeaders"]
+    assert "retry-reason" in headers["properties"]
+    assert doc["info"]["title"] == "Orders"
