@@ -163,3 +163,17 @@ ensure_promtool() {
   log "promtool: $("$dir/promtool" --version 2>&1 | head -1)"
   echo "$dir/promtool"
 }
+
+# ensure_chromium: Debian's chromium, which the dead-letter page's browser tests drive
+# (Playwright's own browser download is not used). Installed as root with apt-get.
+ensure_chromium() {
+  [[ -x "${CHROMIUM:-/usr/bin/chromium}" ]] && return 0
+  if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    log "no chromium: apt-get install chromium (as root) for the browser tests"
+    return 1
+  fi
+  # apt_install serialises with the brokers' installs (one dpkg at a time).
+  source "$ROOT/scripts/rabbitmq/series.sh"
+  log "installing Debian's chromium for the browser tests"
+  apt_install chromium
+}

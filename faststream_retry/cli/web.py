@@ -9,11 +9,12 @@ from typing import Annotated
 
 import typer
 
-from faststream_retry.cli._common import DEFAULT_URL, Factory, Url, err, fail
+from faststream_retry.cli._common import DEFAULT_URL, Factory, Prefix, Url, err, fail
 from faststream_retry.cli.status import (  # noqa: TC001 - typer reads them at runtime
     AppOption,
     ManagementUrl,
 )
+from faststream_retry.core.defaults import PREFIX
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError
 
@@ -35,6 +36,7 @@ def web(
     factory: Factory = False,
     management_url: ManagementUrl = None,
     url: Url = DEFAULT_URL,
+    prefix: Prefix = PREFIX,
     host: Annotated[
         str,
         typer.Option("--host", help="Address to listen on; anything but loopback needs a token."),
@@ -85,6 +87,7 @@ def web(
         allow_actions=allow_actions,
         token=token,
         jaeger_url=jaeger_url,
+        prefix=prefix,
     )
     shown = f"[{host}]" if ":" in host else host
     login = f"/login?token={token}" if token else "/"

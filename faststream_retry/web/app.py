@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import dlq_of, dlq_owner
 from faststream_retry.ops import dlq as ops
@@ -75,6 +76,7 @@ class _Settings:
     management_url: str | None
     jaeger_url: str | None
     guard: Guard
+    prefix: str = PREFIX
 
 
 def create_app(
@@ -85,6 +87,7 @@ def create_app(
     allow_actions: bool = False,
     token: str | None = None,
     jaeger_url: str | None = None,
+    prefix: str = PREFIX,
 ) -> Starlette:
     """Return the dead-letter page as an ASGI app, to serve or mount in your own.
 
@@ -97,9 +100,10 @@ def create_app(
         token: required of every request (``/login?token=...`` sets a cookie); without
             one, only clients on this machine are served.
         jaeger_url: a Jaeger UI (``http://localhost:16686``): trace ids become links.
+        prefix: the plugin's prefix, whose registry names the queues (without ``app``).
     """
     settings = _Settings(
-        url, app, management_url, jaeger_url, Guard(token=token, actions=allow_actions)
+        url, app, management_url, jaeger_url, Guard(token=token, actions=allow_actions), prefix
     )
     pages = _Pages(settings)
     routes = [
@@ -218,6 +222,7 @@ class _Pages:
                 app=self.s.app,
                 management_url=self.s.management_url,
                 vhost=vhost_of(self.s.url),
+                prefix=self.s.prefix,
             )
         data = found.to_json()
         self.history.record(data)

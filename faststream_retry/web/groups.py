@@ -71,6 +71,11 @@ class Group:
         return max(times) if times else None
 
     @property
+    def example(self) -> str:
+        """The error text of the group's first dead letter, as it was written."""
+        return self.letters[0].error if self.letters else ""
+
+    @property
     def ids(self) -> list[str]:
         """The names the operations select them by (message id, or ``#position``)."""
         return [letter.key for letter in self.letters]
@@ -82,6 +87,7 @@ class Group:
             "exception": self.exception,
             "reason": self.reason,
             "error": self.error,
+            "example": self.example,
             "count": self.count,
             "first_failed_ms": self.first_ms,
             "last_failed_ms": self.last_ms,

@@ -60,8 +60,10 @@ def _count(depth: Any) -> int:  # noqa: ANN401 - a Depth's JSON
 
 def sparkline(samples: list[Sample], field: str, width: int = 120, height: int = 24) -> str:
     """Return an inline SVG of ``field`` (``retry`` or ``dlq``) over the samples' hour."""
-    if len(samples) < 2:
+    if not samples:
         return ""
+    if len(samples) == 1:  # the first sample: a flat line until the next one
+        samples = [samples[0], Sample(samples[0].at + 1, samples[0].retry, samples[0].dlq)]
     values = [int(getattr(s, field)) for s in samples]
     start, end = samples[0].at, samples[-1].at
     span = max(end - start, 1e-9)

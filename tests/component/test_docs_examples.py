@@ -191,3 +191,21 @@ def test_the_asyncapi_example_documents_each_covered_dlq() -> None:
     headers = doc["components"]["schemas"]["FastStreamRetryDeadLetterHeaders"]
     assert "retry-reason" in headers["properties"]
     assert doc["info"]["title"] == "Orders"
+
+
+@pytest.mark.fastapi
+def test_the_mounted_page_answers_under_its_prefix_and_asks_for_its_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No broker needed: the token is asked for before the broker is."""
+    from starlette.testclient import TestClient  # noqa: PLC0415
+
+    monkeypatch.setenv("DEAD_LETTERS_TOKEN", "s3cret")
+    example = importlib.reload(importlib.import_module("examples.docs.web_mount"))
+    client = TestClient(example.api, client=("203.0.113.7", 50000))
+    assert client.get("/dead-letters/static/style.css").status_code == 200
+    refused = client.get("/dead-letters/api/status")
+    assert refused.status_code == 401
+    assert "token" in refused.json()["error"]
+    login = client.get("/dead-letters/login?token=s3cret", follow_redirects=False)
+    assert login.headers["location"] == "/dead-letters/"

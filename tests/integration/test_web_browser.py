@@ -1,0 +1,304 @@
+"""The dead-letter page in a real browser (Debian's chromium, driven by Playwright), on a
+real broker: groups appear, a message opens, a group is replayed and its handler runs,
+a purge asks for its confirmation, a read-only page cannot act, an action without its
+token is refused, and hostile bodies and headers stay text.
+
+The screenshots of each page go to ``$FASTSTREAM_RETRY_SCREENSHOTS`` when it is set (the
+docs' images: ``docs/assets/web``), else to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aio_pika
+import pytest
+
+from faststream_retry import PermanentError
+from faststream_retry.core import headers as h
+from faststream_retry.web import create_app
+from tests.integration.test_cli_dlq import declare, delete, ids_in
+from tests.rabbit import App, eventually, eventually_async, queue_depth, unique
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from aio_pika.abc import AbstractRobustConnection
+    from playwright.async_api import Browser, Page
+
+playwright = pytest.importorskip("playwright.async_api")
+uvicorn = pytest.importorskip("uvicorn")
+
+pytestmark = [pytest.mark.rabbit, pytest.mark.browser]
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 15_000
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no chromium at {CHROMIUM}: scripts/test installs Debian's package")
+        pytest.skip(f"no chromium at {CHROMIUM}")
+    async with playwright.async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Callable[[Page, str], Any]:
+    where = Path(os.environ.get("FASTSTREAM_RETRY_SCREENSHOTS") or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+
+    async def shot(page: Page, name: str) -> None:
+        await page.screenshot(path=str(where / f"{name}.png"))
+
+    return shot
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def serving(rabbit_url: str, **options: Any) -> AsyncIterator[str]:
+    """Serve the page (uvicorn, in this loop) and yield its base URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(rabbit_url, **options), host="127.0.0.1", port=port, log_level="warning"
+        )
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the page's server to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+async def new_page(browser: Browser) -> Page:
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_MS)
+    return page
+
+
+async def test_a_group_appears_opens_and_is_replayed_until_its_handler_runs(
+    make_app: Callable[..., App],
+    amqp: AbstractRobustConnection,
+    rabbit_url: str,
+    browser: Browser,
+    shots: Callable[[Page, str], Any],
+) -> None:
+    """Two causes, two groups; one replayed from the page: each message handled once more."""
+    app = make_app()
+    queue = unique("orders")
+    fixed = {"on": False}
+    handled: list[str] = []
+
+    @app.broker.subscriber(queue)
+    async def take(body: dict[str, int]) -> None:
+        if body["kind"] == 1 and fixed["on"]:
+            handled.append(str(body["n"]))
+            return
+        if body["kind"] == 1:
+            raise PermanentError(f"order {body['n']} not found")
+        raise PermanentError(f"card {body['n']} refused for 'user{body['n']}'")
+
+    await app.start()
+    for n in range(5):
+        await app.broker.publish({"kind": 1 if n < 3 else 2, "n": n}, queue=queue)
+    await eventually_async(
+        lambda: _depth_is(amqp, f"{queue}.dlq", 5), what="5 dead letters", timeout=20
+    )
+    async with serving(rabbit_url, allow_actions=True, prefix=app.prefix) as base:
+        page = await new_page(browser)
+        await page.goto(f"{base}/")
+        await page.locator(f'#queues tr[data-queue="{queue}"]').wait_for()
+        assert (
+            await page.locator(f'tr[data-queue="{queue}"] [data-field="dlq"]').inner_text() == "5"
+        )
+        await shots(page, "overview")
+        await page.click(f'a[href="/queues/{queue}"]')
+        rows = page.locator("#groups tbody tr")
+        assert await rows.count() == 2
+        counts = sorted([await rows.nth(i).locator("td").first.inner_text() for i in range(2)])
+        assert counts == ["2", "3"]
+        assert "order <n> not found" in await page.locator("#groups").inner_text()
+        await shots(page, "queue")
+        await page.locator("#groups tr", has_text="order <n> not found").locator("a").click()
+        await page.locator("#letters").wait_for()
+        assert await page.locator('#letters input[name="id"]').count() == 3
+        await shots(page, "group")
+        await page.locator("#letters tbody a").first.click()
+        await page.locator("pre.traceback").wait_for()
+        assert "PermanentError" in await page.locator("h1").inner_text()
+        assert "retry-reason" in await page.locator("pre.headers").first.inner_text()
+        await shots(page, "message")
+        await page.go_back()
+        fixed["on"] = True
+        await page.click("text=Replay selected")
+        await page.locator("h1", has_text="Replayed 3 to").wait_for()
+        await shots(page, "replayed")
+    await eventually(lambda: len(handled) == 3, what="the 3 replayed handled", timeout=20)
+    assert sorted(handled) == ["0", "1", "2"]
+    await eventually_async(
+        lambda: _depth_is(amqp, f"{queue}.dlq", 2), what="the other group left", timeout=20
+    )
+
+
+async def _depth_is(amqp: AbstractRobustConnection, queue: str, count: int) -> bool:
+    return await queue_depth(amqp, queue) == count
+
+
+async def seeded(
+    amqp: AbstractRobustConnection, *letters: tuple[str, bytes, dict[str, Any]]
+) -> str:
+    """A work queue and its quorum .dlq holding ``(id, body, extra headers)`` dead letters."""
+    queue = unique("web")
+    await declare(amqp, queue, "classic")
+    await declare(amqp, f"{queue}.dlq", "quorum")
+    channel = await amqp.channel()
+    for message_id, body, extra in letters:
+        record = h.FailureRecord.of(PermanentError("refused"), attempt=1, at_ms=h.now_ms())
+        headers = h.dead_letter_headers(extra, record, reason="permanent", origin_queue=queue)
+        await channel.default_exchange.publish(
+            aio_pika.Message(body, message_id=message_id, headers=headers),
+            routing_key=f"{queue}.dlq",
+        )
+    await channel.close()
+    return queue
+
+
+async def test_a_purge_needs_the_queues_name_typed(
+    amqp: AbstractRobustConnection, rabbit_url: str, browser: Browser
+) -> None:
+    queue = await seeded(amqp, ("p1", b"{}", {}), ("p2", b"{}", {}))
+    try:
+        async with serving(rabbit_url, allow_actions=True) as base:
+            page = await new_page(browser)
+            await page.goto(f"{base}/queues/{queue}")
+            purge = page.locator("section.danger form")
+            await purge.locator('input[name="confirm"]').fill(queue)  # not the .dlq's name
+            await purge.locator("button").click()
+            await page.locator(".error", has_text=f"type the queue's name, {queue}.dlq").wait_for()
+            assert await queue_depth(amqp, f"{queue}.dlq") == 2
+            await page.goto(f"{base}/queues/{queue}")
+            await purge.locator('input[name="confirm"]').fill(f"{queue}.dlq")
+            await purge.locator("button").click()
+            await page.locator("h1", has_text="Purged 2 from").wait_for()
+        assert await queue_depth(amqp, f"{queue}.dlq") == 0
+    finally:
+        await delete(amqp, queue, f"{queue}.dlq")
+
+
+async def test_a_read_only_page_has_no_working_action(
+    amqp: AbstractRobustConnection,
+    rabbit_url: str,
+    browser: Browser,
+    shots: Callable[[Page, str], Any],
+) -> None:
+    queue = await seeded(amqp, ("r1", b"{}", {}))
+    try:
+        async with serving(rabbit_url) as base:
+            page = await new_page(browser)
+            await page.goto(f"{base}/queues/{queue}")
+            await page.locator("#groups a").first.click()
+            await page.locator("#letters").wait_for()
+            assert await page.locator("form button, section.danger").count() == 0
+            assert await page.locator(".mode").inner_text() == "read-only"
+            await shots(page, "read-only")
+            # Posted anyway, with the page's own cookie: refused, and nothing moves.
+            refused = await page.request.post(
+                f"{base}/queues/{queue}/replay", form={"id": "r1", "csrf": "x"}
+            )
+            assert refused.status == 403
+            assert "read-only" in await refused.text()
+        assert await ids_in(amqp, f"{queue}.dlq") == ["r1"]
+    finally:
+        await delete(amqp, queue, f"{queue}.dlq")
+
+
+async def test_an_action_without_its_tokens_is_refused(
+    amqp: AbstractRobustConnection, rabbit_url: str, browser: Browser
+) -> None:
+    """No CSRF token: refused. With a page token set, nothing shows until it is given."""
+    queue = await seeded(amqp, ("c1", b"{}", {}))
+    try:
+        async with serving(rabbit_url, allow_actions=True, token="s3cret") as base:
+            page = await new_page(browser)
+            await page.goto(f"{base}/queues/{queue}")
+            assert "a token is needed" in await page.locator(".error").inner_text()
+            await page.goto(f"{base}/login?token=s3cret")
+            await page.goto(f"{base}/queues/{queue}")
+            await page.locator("#groups a").first.click()
+            await page.locator("#letters").wait_for()
+            # The page's form with its CSRF field emptied, as another site's form would be.
+            await page.locator('#replay input[name="csrf"]').evaluate("e => e.value = ''")
+            await page.click("text=Replay selected")
+            await page.locator(".error", has_text="CSRF").wait_for()
+        assert await ids_in(amqp, f"{queue}.dlq") == ["c1"]
+    finally:
+        await delete(amqp, queue, f"{queue}.dlq")
+
+
+async def test_hostile_bodies_and_headers_render_as_text(
+    amqp: AbstractRobustConnection,
+    rabbit_url: str,
+    browser: Browser,
+    shots: Callable[[Page, str], Any],
+) -> None:
+    script = b"<script>window.__pwned=1</script>"
+    queue = await seeded(
+        amqp,
+        ("h1", script, {"x-note": "<img src=x onerror=window.__pwned=2>"}),
+        ("h2", b"\xff\xfe\x00\x1b[31mred", {}),
+        ("h3", b"A" * (1024 * 1024), {}),
+    )
+    try:
+        async with serving(rabbit_url) as base:
+            page = await new_page(browser)
+            await page.goto(f"{base}/queues/{queue}/messages/h1")
+            body = await page.locator("pre.body").inner_text()
+            assert body == script.decode()
+            assert "<img src=x onerror" in await page.locator("pre.headers").first.inner_text()
+            assert await page.evaluate("typeof window.__pwned") == "undefined"
+            await shots(page, "hostile")
+            await page.goto(f"{base}/queues/{queue}/messages/h2")
+            assert (await page.locator("pre.body").inner_text()).startswith("ff fe 00 1b")
+            await page.goto(f"{base}/queues/{queue}/messages/h3")
+            cut = await page.locator("pre.body").inner_text()
+            assert cut.endswith("more characters (the export has every byte)")
+            assert await page.evaluate("typeof window.__pwned") == "undefined"
+        assert sorted(await ids_in(amqp, f"{queue}.dlq")) == ["h1", "h2", "h3"]
+    finally:
+        await delete(amqp, queue, f"{queue}.dlq")
+
+
+def test_chromium_is_debians() -> None:
+    """The tests use the distribution's browser: Playwright's own download is not used."""
+    if not Path(CHROMIUM).exists() and os.environ.get("CI") != "true":
+        pytest.skip("no chromium")
+    assert shutil.which(CHROMIUM) or Path(CHROMIUM).exists()
