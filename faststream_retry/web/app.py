@@ -276,23 +276,26 @@ class _Pages:
         except OperationError as exc:
             return JSONResponse({"error": str(exc)}, status_code=502)
 
-    async def _letters(self, queue: str, selection: Selection | None = None) -> list[DeadLetter]:
-        decoder = None
-        async with connect(self.s.url) as connection:
-            found = await ops.list_dead_letters(
-                connection, queue, selection=selection, limit=LIST_LIMIT, decoder=decoder
-            )
-        return found.taken
-
-    async def queue(self, request: Request) -> Response:
-        """A queue's dead letters, grouped by cause."""
-        if (refused := self._gate(request, api=False)) is not None:
+    async def _letters(
+        self, request: Request, *, api: bool
+    ) -> tuple[str, list[DeadLetter]] | Response:
+        """The work queue a request names and its first dead letters, or a refusal."""
+        if (refused := self._gate(request, api=api)) is not None:
             return refused
         queue = dlq_owner(dlq_of(request.path_params["queue"]))
         try:
-            letters = await self._letters(queue)
+            async with connect(self.s.url) as connection:
+                found = await ops.list_dead_letters(connection, queue, limit=LIST_LIMIT)
         except OperationError as exc:
-            return self._refused(request, str(exc), api=False, status_code=404)
+            return self._refused(request, str(exc), api=api, status_code=404)
+        return queue, found.taken
+
+    async def queue(self, request: Request) -> Response:
+        """A queue's dead letters, grouped by cause."""
+        read = await self._letters(request, api=False)
+        if isinstance(read, Response):
+            return read
+        queue, letters = read
         return self._render(
             request,
             "queue.html",
@@ -309,33 +312,24 @@ class _Pages:
 
     async def api_letters(self, request: Request) -> Response:
         """A queue's dead letters as ``dlq list --json`` rows."""
-        if (refused := self._gate(request, api=True)) is not None:
-            return refused
-        try:
-            letters = await self._letters(request.path_params["queue"])
-        except OperationError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
-        return JSONResponse([letter.summary() for letter in letters])
+        read = await self._letters(request, api=True)
+        if isinstance(read, Response):
+            return read
+        return JSONResponse([letter.summary() for letter in read[1]])
 
     async def api_groups(self, request: Request) -> Response:
         """A queue's dead letters grouped by cause, as JSON."""
-        if (refused := self._gate(request, api=True)) is not None:
-            return refused
-        try:
-            letters = await self._letters(request.path_params["queue"])
-        except OperationError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
-        return JSONResponse([g.to_json() for g in group(letters)])
+        read = await self._letters(request, api=True)
+        if isinstance(read, Response):
+            return read
+        return JSONResponse([g.to_json() for g in group(read[1])])
 
     async def group(self, request: Request) -> Response:
         """One group: its dead letters, to open, replay or purge."""
-        if (refused := self._gate(request, api=False)) is not None:
-            return refused
-        queue = dlq_owner(dlq_of(request.path_params["queue"]))
-        try:
-            letters = await self._letters(queue)
-        except OperationError as exc:
-            return self._refused(request, str(exc), api=False, status_code=404)
+        read = await self._letters(request, api=False)
+        if isinstance(read, Response):
+            return read
+        queue, letters = read
         found = next((g for g in group(letters) if g.key == request.path_params["key"]), None)
         if found is None:
             return self._refused(
