@@ -60,9 +60,14 @@ def resolve(doc: dict[str, Any], ref: dict[str, str]) -> dict[str, Any]:
 
 
 def channel_of(doc: dict[str, Any], queue: str) -> dict[str, Any] | None:
-    """Return the channel that carries ``queue``'s messages (3.0: address; 2.6: the queue binding)."""
-    for channel in doc["channels"].values():
+    """Return the channel that carries ``queue``'s messages (3.0: address; 2.6: the queue binding).
+
+    FastStream 0.7.5 writes a 3.0 channel's name as its address, ``<queue>:_:<Name>``.
+    """
+    for key, channel in doc["channels"].items():
         if channel.get("address") == queue:
+            return dict(channel)
+        if channel.get("address") == key and key.split(":_:")[0] == queue:
             return dict(channel)
         if (
             doc["asyncapi"].startswith("2.6")
