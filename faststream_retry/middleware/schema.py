@@ -12,7 +12,7 @@ the public protocol ``specification=`` takes): it writes the document as before,
 each broker the middleware is on, adds per queue the plugin covers what FastStream itself
 writes for a publisher to ``<queue>.dlq`` (generated on a throwaway broker that never
 connects, in the document's own AsyncAPI version), on the work queue's servers, with the work
-queue's payload and the ``retry-*`` headers (``core.header_schema``). Covered means what the
+queue's payload and the ``retry-*`` headers (``header_schema``). Covered means what the
 plugin plans at start: every subscriber of the broker whose handlers have retries on,
 router prefix included; one left out of the document (``include_in_schema=False``) has its
 ``.dlq`` left out too. The edit is made on the JSON form of the document (the AsyncAPI
@@ -41,9 +41,12 @@ from faststream.specification import AsyncAPI
 from faststream.specification.asyncapi.utils import clear_key
 from pydantic import BaseModel
 
-from faststream_retry.core.header_schema import HEADERS_SCHEMA_NAME, dead_letter_headers_schema
 from faststream_retry.core.topology import plan
 from faststream_retry.middleware import _internals
+from faststream_retry.middleware.header_schema import (
+    HEADERS_SCHEMA_NAME,
+    dead_letter_headers_schema,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

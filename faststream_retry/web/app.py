@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -149,6 +150,11 @@ def _shown(text: str) -> str:
     return visible
 
 
+def _dotted(name: str) -> Markup:
+    """A dotted name that may wrap after its dots, not inside a word (``a.<wbr>b``)."""
+    return Markup(".<wbr>").join(escape(part) for part in name.split("."))
+
+
 class _Pages:
     """The endpoints; each checks the guard first."""
 
@@ -162,6 +168,7 @@ class _Pages:
         )
         self.env.filters["when"] = _ms_text
         self.env.filters["shown"] = _shown
+        self.env.filters["dotted"] = _dotted
         self.env.filters["duration"] = format_ms
         self.env.filters["json"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
         self.history = History()

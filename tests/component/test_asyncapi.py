@@ -18,7 +18,7 @@ from faststream_retry import RetryMiddleware, retry_policy
 from faststream_retry.core import headers as h
 
 HEADERS = (*h.RETRY_STATE, h.REPLAYED)
-"""Every header the plugin writes; ``retry-due`` among them (see core.header_schema)."""
+"""Every header the plugin writes; ``retry-due`` among them (see middleware.header_schema)."""
 
 
 class Order(BaseModel):

@@ -1,10 +1,13 @@
-"""The JSON Schema of a dead letter's headers (core.header_schema) keeps step with the wire format."""
+"""The JSON Schema of a dead letter's headers (middleware.header_schema) keeps step with the wire format."""
 
 from __future__ import annotations
 
 from faststream_retry.core import headers as h
 from faststream_retry.core.events import Reason
-from faststream_retry.core.header_schema import HEADERS_SCHEMA_NAME, dead_letter_headers_schema
+from faststream_retry.middleware.header_schema import (
+    HEADERS_SCHEMA_NAME,
+    dead_letter_headers_schema,
+)
 
 
 def test_every_header_the_plugin_writes_is_described() -> None:

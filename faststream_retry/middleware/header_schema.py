@@ -1,4 +1,4 @@
-"""The JSON Schema of the headers a dead letter in ``<queue>.dlq`` carries (pure).
+"""The JSON Schema of the headers a dead letter in ``<queue>.dlq`` carries, for AsyncAPI.
 
 The AsyncAPI document of an app (``middleware.schema``) gives it as the ``headers`` of
 each ``.dlq`` channel's message, so the team that reads a service's contract sees what
