@@ -185,7 +185,8 @@ def test_the_asyncapi_example_documents_each_covered_dlq() -> None:
 
     doc = asyncapi.app.schema.to_specification().to_jsonable()
 
-    addresses = {channel.get("address") for channel in doc["channels"].values()}
+    # FastStream 0.7.5 writes a channel's name (<queue>:_:<Name>) as its address.
+    addresses = {str(c.get("address")).split(":_:")[0] for c in doc["channels"].values()}
     assert {"orders.dlq", "billing.invoices.dlq"} <= addresses
     assert "audit.dlq" not in addresses
     headers = doc["components"]["schemas"]["FastStreamRetryDeadLetterHeaders"]
