@@ -26,10 +26,6 @@ def register(app: typer.Typer) -> None:
     app.command("web")(web)
 
 
-def _loopback(host: str) -> bool:
-    return host in {"127.0.0.1", "::1", "localhost"}
-
-
 def web(
     *,
     app: AppOption = None,
@@ -69,6 +65,7 @@ def web(
         import uvicorn  # noqa: PLC0415 - the web extra's
 
         from faststream_retry.web import create_app  # noqa: PLC0415
+        from faststream_retry.web.guard import is_loopback  # noqa: PLC0415
     except ImportError as exc:
         fail(f"the page needs the web extra: pip install 'faststream-retry[web]' ({exc})")
     loaded = None
@@ -77,7 +74,7 @@ def web(
             loaded = load_app(app, cwd=Path.cwd(), factory=factory)
         except OperationError as exc:
             fail(str(exc))
-    if token is None and not _loopback(host):
+    if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
         err.print(f"a token for this page (not on loopback): {token}")
     page = create_app(

@@ -413,9 +413,14 @@ class _Pages:
         )
 
     # ------------------------------------------------------------------ actions
-    async def _action_input(self, request: Request) -> tuple[dict[str, Any], str | None, bool]:
-        """The action's fields, the CSRF token it sent, and whether it is the JSON API."""
-        api = request.url.path.startswith(f"{request.scope.get('root_path', '')}/api/")
+    @staticmethod
+    def _is_api(request: Request) -> bool:
+        """Whether ``request`` came to the JSON API (its answers are JSON, not pages)."""
+        return request.url.path.startswith(f"{request.scope.get('root_path', '')}/api/")
+
+    @staticmethod
+    async def _action_input(request: Request, *, api: bool) -> tuple[dict[str, Any], str | None]:
+        """The action's fields, and the CSRF token it sent."""
         if api:
             try:
                 data = await request.json()
@@ -423,25 +428,24 @@ class _Pages:
                 data = None
             if not isinstance(data, dict):
                 data = {}
-            return data, request.headers.get(CSRF_HEADER), True
+            return data, request.headers.get(CSRF_HEADER)
         form = await request.form()
         data = {
             "ids": [str(v) for v in form.getlist("id")],
             "to": str(form.get("to") or "") or None,
             "dry_run": form.get("dry_run") == "1",
             "confirm": str(form.get("confirm") or ""),
-            "back": str(form.get("back") or ""),
         }
-        return data, str(form.get(CSRF_FIELD) or "") or None, False
+        return data, str(form.get(CSRF_FIELD) or "") or None
 
     async def _check_action(self, request: Request) -> tuple[dict[str, Any], bool, Response | None]:
-        api = request.url.path.startswith(f"{request.scope.get('root_path', '')}/api/")
+        api = self._is_api(request)
         if (refused := self._gate(request, api=api)) is not None:
             return {}, api, refused
         if not self.s.guard.actions:
             read_only = "this page is read-only: start it with actions allowed (--allow-actions)"
             return {}, api, self._refused(request, read_only, api=api)
-        data, sent, api = await self._action_input(request)
+        data, sent = await self._action_input(request, api=api)
         if (forged := self.s.guard.csrf_refusal(request, sent)) is not None:
             return {}, api, self._refused(request, forged, api=api)
         return data, api, None

@@ -66,28 +66,22 @@ class Guard:
                 "this page serves clients on this machine only; start it with a token "
                 "(faststream-retry web --token ..., or create_app(token=...)) to serve others"
             )
-        if self._token_of(request) is None:
+        if not (self._is_token(request.cookies.get(TOKEN_COOKIE, "")) or self.by_header(request)):
             return "a token is needed: open /login?token=<token>, or send Authorization: Bearer"
         return None
 
-    def _token_of(self, request: Request) -> str | None:
-        """The request's token when it is the right one."""
-        assert self.token is not None  # noqa: S101 - only called with a token
-        header = request.headers.get("authorization", "")
-        candidates = [request.cookies.get(TOKEN_COOKIE, "")]
-        if header.lower().startswith("bearer "):
-            candidates.append(header[7:].strip())
-        for candidate in candidates:
-            if candidate and hmac.compare_digest(candidate.encode(), self.token.encode()):
-                return candidate
-        return None
+    def _is_token(self, sent: str) -> bool:
+        """Whether ``sent`` is the page's token (compared in constant time)."""
+        return (
+            self.token is not None
+            and bool(sent)
+            and hmac.compare_digest(sent.encode(), self.token.encode())
+        )
 
     def by_header(self, request: Request) -> bool:
         """Return whether ``request`` proved itself by its ``Authorization`` header."""
         header = request.headers.get("authorization", "")
-        if self.token is None or not header.lower().startswith("bearer "):
-            return False
-        return hmac.compare_digest(header[7:].strip().encode(), self.token.encode())
+        return header.lower().startswith("bearer ") and self._is_token(header[7:].strip())
 
     def who(self, request: Request) -> str:
         """Name the requester for the audit line: address, and which token (a hash)."""
