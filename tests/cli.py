@@ -41,6 +41,13 @@ class Result:
         """Return stdout parsed as JSON (the command ran with ``--json``)."""
         return json.loads(self.stdout)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """Return the rows of a ``dlq list --json``, which must be whole."""
+        listing = self.json()
+        assert listing["complete"], listing
+        rows: list[dict[str, Any]] = listing["dead_letters"]
+        return rows
+
 
 async def run_cli(
     *args: str,

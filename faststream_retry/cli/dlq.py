@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TextIO
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 from rich import box
@@ -27,6 +27,7 @@ from faststream_retry.cli._common import (
     print_json,
     run,
 )
+from faststream_retry.cli._files import STDOUT, FileRefusedError, check_target, written
 from faststream_retry.core import headers as h
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import dlq_of, looks_like_intake
@@ -37,7 +38,7 @@ from faststream_retry.ops.records import DeadLetter, Decoder, Selection, load_de
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from faststream_retry.ops.walk import Pass, TooLarge
+    from faststream_retry.ops.walk import Pass
 
 __all__ = ["register"]
 
@@ -228,30 +229,6 @@ def _short(text: str, chars: int) -> str:
     return line if len(line) <= chars else line[: chars - 1] + "…"
 
 
-def _counts(done: Pass | None) -> dict[str, Any]:
-    if done is None:
-        return {}
-    return {
-        "in_queue_before": done.total,
-        "visited": done.visited,
-        "kept": done.kept,
-        "moved": done.moved,
-        "removed": done.dropped,
-        "kept_in_place": done.in_place,
-        "consumers": done.consumers,
-        "too_large": [_too_large_json(item) for item in done.too_large],
-    }
-
-
-def _too_large_json(item: TooLarge) -> dict[str, Any]:
-    return {
-        "position": item.position,
-        "message_id": item.message_id,
-        "size": item.size,
-        "limit": item.limit,
-    }
-
-
 @dlq.command("list")
 def list_(
     queue: Queue,
@@ -292,14 +269,20 @@ def list_(
 
     found = run(go())
     _note_consumers(found.done)
+    if not found.complete:
+        # On stderr too under --json: a script that reads only the rows still hears it.
+        _note(
+            f"only the first {limit} are listed: there may be more (--limit N to see more; "
+            '--json says "complete": false)'
+        )
     if as_json:
-        print_json([letter.summary() for letter in found.taken])
+        print_json(found.listing())
         return
     total = found.done.total if found.done else 0
     title = f"{found.queue}: {total} dead letter{'s' if total != 1 else ''} (times in UTC)"
     if not chosen.everything:
         title += f", {len(found.taken)} selected"
-    if len(found.taken) >= limit:
+    if not found.complete:
         title += f" (first {limit}; --limit to see more)"
     out.print(_letters_table(found.taken, title))
 
@@ -460,15 +443,7 @@ def replay(
     _note_consumers(done.done, moving="replayed")
     verb = "would replay" if dry_run else "replayed"
     if as_json:
-        print_json(
-            {
-                "queue": done.queue,
-                "to": done.target,
-                "dry_run": dry_run,
-                "selected": [letter.key for letter in done.taken],
-                **_counts(done.done),
-            }
-        )
+        print_json(done.replayed(dry_run=dry_run))
     else:
         _print_replayed(done, verb, dry_run=dry_run)
     if done.done is not None and done.done.too_large and not dry_run:
@@ -549,14 +524,7 @@ def purge(
     done = run(go())
     _note_consumers(done.done)
     if as_json:
-        print_json(
-            {
-                "queue": done.queue,
-                "selected": [letter.key for letter in done.taken],
-                **({"not_found": done.not_found} if from_export is not None else {}),
-                **_counts(done.done),
-            }
-        )
+        print_json(done.purged(from_export=from_export is not None))
         return
     out.print(f"removed {len(done.taken)} dead letters from {done.queue}")
     if from_export is not None and done.not_found:
@@ -571,8 +539,10 @@ def purge(
 def export(
     queue: Queue,
     file: Annotated[
-        typer.FileTextWrite,
-        typer.Argument(help="JSON Lines file to write; - for stdout.", show_default=False),
+        str,
+        typer.Argument(
+            metavar="FILE", help="JSON Lines file to write; - for stdout.", show_default=False
+        ),
     ],
     ids: Ids = None,
     reasons: Reasons = None,
@@ -580,44 +550,55 @@ def export(
     since: Since = None,
     until: Until = None,
     limit: Limit = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace FILE if it exists (once the export is complete)."),
+    ] = False,
     as_json: Json = False,
     url: Url = DEFAULT_URL,
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
 
-    It reads the queue as dlq list does (see its help, and what a kill -9 can do).
-    purge --from-export FILE then removes exactly what FILE holds.
+    FILE appears only once the export is complete: a failure or an interruption leaves
+    no file, and never touches one that exists (an existing FILE is replaced only with
+    --force). It reads the queue as dlq list does (see its help, and what a kill -9 can
+    do). purge --from-export FILE then removes exactly what FILE holds.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
-    if as_json and file.name == "<stdout>":
+    if as_json and file == STDOUT:
         fail("--json prints a summary on stdout, which carries the export: give a file")
+    try:
+        check_target(file, force=force)
+    except FileRefusedError as exc:
+        fail(str(exc))
 
-    async def go(stream: TextIO) -> ops.Outcome:
-        async with connect(url) as connection:
-            with _progress("exporting") as progress:
-                return await ops.export_dead_letters(
-                    connection,
-                    queue,
-                    stream.write,
-                    selection=chosen,
-                    limit=limit,
-                    progress=progress,
-                )
+    async def go() -> ops.Outcome:
+        with written(file, force=force) as stream:
+            async with connect(url) as connection:
+                with _progress("exporting") as progress:
+                    return await ops.export_dead_letters(
+                        connection,
+                        queue,
+                        stream.write,
+                        selection=chosen,
+                        limit=limit,
+                        progress=progress,
+                    )
 
-    done = run(go(file))
+    try:
+        done = run(go())
+    except FileRefusedError as exc:
+        fail(str(exc))
     _note_consumers(done.done)
-    file.flush()
     if as_json:
-        print_json(
-            {
-                "queue": done.queue,
-                "file": file.name,
-                "exported": [letter.key for letter in done.taken],
-                **_counts(done.done),
-            }
-        )
-    err.print(f"exported {len(done.taken)} dead letters from {done.queue} to {file.name}")
-    saved = "that file" if file.name == "<stdout>" else shlex.quote(file.name)
+        print_json(done.exported(file))
+    shown = "stdout" if file == STDOUT else file
+    err.print(
+        f"exported {len(done.taken)} dead letters from {done.queue} to {shown}",
+        markup=False,
+        highlight=False,
+    )
+    saved = "that file" if file == STDOUT else shlex.quote(file)
     err.print(
         f"to remove exactly these from the queue: faststream-retry dlq purge "
         f"{shlex.quote(queue)} --from-export {saved}",
@@ -651,7 +632,7 @@ def import_(
             {
                 "file": file.name,
                 "published": done.published,
-                "too_large": [_too_large_json(item) for item in done.too_large],
+                "too_large": [item.to_json() for item in done.too_large],
             }
         )
     for item in done.too_large:

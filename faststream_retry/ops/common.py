@@ -10,7 +10,7 @@ import aio_pika
 from aiormq.exceptions import AMQPError, ChannelAccessRefused, ChannelLockedResource
 
 from faststream_retry.amqp.connection import connect_failure, safe_url
-from faststream_retry.core.topology import lock_name
+from faststream_retry.core.topology import MAX_NAME_BYTES, lock_name
 from faststream_retry.errors import FastStreamRetryError
 
 if TYPE_CHECKING:
@@ -18,14 +18,66 @@ if TYPE_CHECKING:
 
     from aio_pika.abc import AbstractConnection
 
-__all__ = ["DEFAULT_URL", "OperationError", "amqp_of", "connect", "exclusive"]
+__all__ = [
+    "DEFAULT_URL",
+    "OperationError",
+    "amqp_of",
+    "check_name",
+    "connect",
+    "exclusive",
+    "name_problem",
+    "shown_name",
+]
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 CONNECT_TIMEOUT_S = 10.0
+_SHOWN_CHARS = 80
 
 
 class OperationError(FastStreamRetryError):
     """An operation could not be done as asked; the text says why and what to do."""
+
+
+def shown_name(name: str) -> str:
+    """Return ``name`` quoted for an error or a log line: control characters escaped, cut.
+
+    A name comes from an operator's typing, a URL or a form: a newline in it must not
+    start a new line of a log, and a 200,000-character one must not fill the screen.
+    """
+    text = repr(name[:_SHOWN_CHARS])
+    if len(name) > _SHOWN_CHARS:
+        text = f"{text[:-1]}…{text[-1]} ({len(name):,} characters)"
+    return text
+
+
+def name_problem(name: str) -> str | None:
+    """Return why the broker cannot take ``name`` as a queue name, or ``None`` if it can.
+
+    pamqp cannot encode a name over 255 bytes (the command would crash), and an empty
+    name means "the last queue declared on this channel" to RabbitMQ.
+    """
+    if not name:
+        return "the name is empty"
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        return "the name is not valid Unicode text"
+    if size > MAX_NAME_BYTES:
+        return f"the name takes {size:,} bytes and AMQP allows {MAX_NAME_BYTES}"
+    return None
+
+
+def check_name(name: str, what: str = "queue") -> str:
+    """Return ``name`` if the broker can take it as a queue name (``name_problem``).
+
+    Checked before anything is asked of the broker.
+
+    Raises:
+        OperationError: the name is empty or longer than AMQP allows.
+    """
+    if (problem := name_problem(name)) is not None:
+        raise OperationError(f"no {what} {shown_name(name)} can exist: {problem}")
+    return name
 
 
 @asynccontextmanager

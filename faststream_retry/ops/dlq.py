@@ -9,11 +9,12 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from faststream_retry.amqp.probe import depth
 from faststream_retry.core import headers as h
 from faststream_retry.core.topology import dlq_of, dlq_owner
-from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.common import OperationError, check_name, name_problem, shown_name
 from faststream_retry.ops.records import DeadLetter, Decoder, Selection
 from faststream_retry.ops.walk import (
     DROP,
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
     from faststream_retry.ops.walk import Step
 
 __all__ = [
+    "JSON_FORMAT",
     "Imported",
     "Outcome",
+    "check_target",
     "export_dead_letters",
     "import_messages",
     "list_dead_letters",
@@ -48,6 +51,8 @@ __all__ = [
 ]
 
 LIST_LIMIT = 100
+JSON_FORMAT = 1
+"""The ``format`` of the JSON answers below; within one format keys are only ever added."""
 
 
 @dataclass(slots=True)
@@ -61,6 +66,67 @@ class Outcome:
     target: str | None = None
     not_found: int = 0
     """(``purge_exported``) messages of the export that the queue no longer holds as they were."""
+    limit: int | None = None
+    examined: int = 0
+    """Messages the selection was tried on; the others were passed without a look."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether ``taken`` holds every selected dead letter the queue held at the start.
+
+        Not when the limit was reached before the pass looked at every message: some of
+        those it did not look at may have been selected too.
+        """
+        cut = self.limit is not None and len(self.taken) >= self.limit
+        return not cut or self.done is None or self.examined >= self.done.total
+
+    def counts(self) -> dict[str, Any]:
+        """Return the pass's counts, as every ``--json`` answer of a ``dlq`` command has them."""
+        done = self.done
+        if done is None:
+            return {}
+        return {
+            "in_queue_before": done.total,
+            "visited": done.visited,
+            "kept": done.kept,
+            "moved": done.moved,
+            "removed": done.dropped,
+            "kept_in_place": done.in_place,
+            "consumers": done.consumers,
+            "too_large": [item.to_json() for item in done.too_large],
+        }
+
+    def to_json(self, **fields: Any) -> dict[str, Any]:  # noqa: ANN401 - JSON values
+        """Return the answer of a ``dlq`` command (and of the page's API) as JSON-able data.
+
+        One shape for the command's ``--json`` and the page's API: ``format``, the
+        ``queue`` gone through (the ``.dlq``), the command's own ``fields``, then the
+        pass's counts (``counts``).
+        """
+        return {"format": JSON_FORMAT, "queue": self.queue, **fields, **self.counts()}
+
+    def listing(self) -> dict[str, Any]:
+        """Return the answer of ``dlq list --json``: the rows, and whether they are all."""
+        return self.to_json(
+            complete=self.complete,
+            limit=self.limit,
+            dead_letters=[letter.summary() for letter in self.taken],
+        )
+
+    def replayed(self, *, dry_run: bool) -> dict[str, Any]:
+        """Return the answer of ``dlq replay --json``."""
+        return self.to_json(
+            to=self.target, dry_run=dry_run, selected=[letter.key for letter in self.taken]
+        )
+
+    def purged(self, *, from_export: bool = False) -> dict[str, Any]:
+        """Return the answer of ``dlq purge --json``."""
+        extra = {"not_found": self.not_found} if from_export else {}
+        return self.to_json(selected=[letter.key for letter in self.taken], **extra)
+
+    def exported(self, file: str) -> dict[str, Any]:
+        """Return the answer of ``dlq export --json`` (``file``: where it was written)."""
+        return self.to_json(file=file, exported=[letter.key for letter in self.taken])
 
 
 @dataclass(slots=True)
@@ -99,6 +165,28 @@ def _read(seen: Seen, decoder: Decoder | None = None) -> DeadLetter:
 def _target(queue: str, to: str | None) -> str:
     """Where replayed dead letters of ``queue``'s DLQ go: ``to``, or the work queue."""
     return to or dlq_owner(dlq_of(queue))
+
+
+async def check_target(connection: AbstractConnection, target: str) -> None:
+    """Make sure a replay can reach ``target``, before anything moves (a dry run too).
+
+    A replay publishes by the default exchange, straight to the queue of that name:
+    one that does not exist would return the first copy (``NO_ROUTE``), and a name
+    AMQP cannot carry would break the connection.
+
+    Raises:
+        OperationError: the name is too long or empty, or no such queue exists; the
+            same text for a dry run and a real one.
+    """
+    problem = name_problem(target)
+    if problem is None and await depth(connection, target) is None:
+        problem = (
+            "it does not exist (declare it, start the app that consumes it, or name another queue)"
+        )
+    if problem is not None:
+        raise OperationError(
+            f"cannot replay to queue {shown_name(target)}: {problem}; nothing was replayed"
+        )
 
 
 async def list_dead_letters(
@@ -160,10 +248,13 @@ async def replay_dead_letters(
     do not fit in a frame stays (``done.too_large``); the others are replayed.
 
     Raises:
-        OperationError: the DLQ does not exist, or a publish failed (the target queue
-            does not exist, say): what moved before stays moved, the rest stays.
+        OperationError: the DLQ or the target queue does not exist (checked before
+            anything moves, for a dry run too), or a publish failed (the target was
+            deleted meanwhile, say): what moved before stays moved, the rest stays.
     """
     target = _target(queue, to)
+    check_name(dlq_of(queue))
+    await check_target(connection, target)
 
     def step(seen: Seen, _letter: DeadLetter) -> Step:
         if dry_run:
@@ -341,10 +432,11 @@ async def _pass(
     rate: float | None = None,
 ) -> Outcome:
     dlq = dlq_of(queue)
-    outcome = Outcome(dlq)
+    outcome = Outcome(dlq, limit=limit)
     chosen = selection or Selection()
 
     async def visit(seen: Seen) -> Step:
+        outcome.examined += 1
         letter = _read(seen, decoder)
         if not chosen.matches(letter):
             return KEEP

@@ -40,7 +40,7 @@ import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiormq.exceptions import (
     AMQPError,
@@ -54,7 +54,7 @@ from faststream_retry.amqp import frames
 from faststream_retry.amqp.probe import depth, plain_classic
 from faststream_retry.amqp.publisher import encodable_headers
 from faststream_retry.core import headers as h
-from faststream_retry.ops.common import OperationError, exclusive
+from faststream_retry.ops.common import OperationError, check_name, exclusive
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -129,6 +129,15 @@ class TooLarge:
     """The bytes its header frame would take."""
     limit: int
     """The bytes a frame holds on this connection (``frame_max`` less 8)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Return it as the ``too_large`` entries of a ``--json`` answer have it."""
+        return {
+            "position": self.position,
+            "message_id": self.message_id,
+            "size": self.size,
+            "limit": self.limit,
+        }
 
     @property
     def why(self) -> str:
@@ -498,6 +507,7 @@ async def walk(
             through it; or a move failed: the message it was moving is kept, and so is
             every one after it.
     """
+    check_name(queue)
     async with exclusive(connection, queue):
         return await _walk(connection, queue, visit, enough=enough, rate=rate, progress=progress)
 

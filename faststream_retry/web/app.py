@@ -198,7 +198,7 @@ class _Pages:
         return self._render(request, "error.html", status_code=status_code, error=why)
 
     def _gate(self, request: Request, *, api: bool) -> Response | None:
-        why = self.s.guard.refusal(request)
+        why = self.s.guard.refusal(request, api=api)
         return None if why is None else self._refused(request, why, api=api, status_code=401)
 
     def _trace_link(self, letter: DeadLetter) -> tuple[str | None, str | None]:
@@ -283,9 +283,7 @@ class _Pages:
         except OperationError as exc:
             return JSONResponse({"error": str(exc)}, status_code=502)
 
-    async def _letters(
-        self, request: Request, *, api: bool
-    ) -> tuple[str, list[DeadLetter]] | Response:
+    async def _letters(self, request: Request, *, api: bool) -> tuple[str, ops.Outcome] | Response:
         """The work queue a request names and its first dead letters, or a refusal."""
         if (refused := self._gate(request, api=api)) is not None:
             return refused
@@ -295,14 +293,15 @@ class _Pages:
                 found = await ops.list_dead_letters(connection, queue, limit=LIST_LIMIT)
         except OperationError as exc:
             return self._refused(request, str(exc), api=api, status_code=404)
-        return queue, found.taken
+        return queue, found
 
     async def queue(self, request: Request) -> Response:
         """A queue's dead letters, grouped by cause."""
         read = await self._letters(request, api=False)
         if isinstance(read, Response):
             return read
-        queue, letters = read
+        queue, found = read
+        letters = found.taken
         return self._render(
             request,
             "queue.html",
@@ -310,6 +309,7 @@ class _Pages:
             dlq=dlq_of(queue),
             groups=group(letters),
             total=len(letters),
+            complete=found.complete,
             oldest=min(
                 (t for x in letters if (t := x.last_failed_ms or x.first_failed_ms) is not None),
                 default=None,
@@ -318,25 +318,34 @@ class _Pages:
         )
 
     async def api_letters(self, request: Request) -> Response:
-        """A queue's dead letters as ``dlq list --json`` rows."""
+        """A queue's dead letters as ``dlq list --json`` answers them."""
         read = await self._letters(request, api=True)
         if isinstance(read, Response):
             return read
-        return JSONResponse([letter.summary() for letter in read[1]])
+        return JSONResponse(read[1].listing())
 
     async def api_groups(self, request: Request) -> Response:
         """A queue's dead letters grouped by cause, as JSON."""
         read = await self._letters(request, api=True)
         if isinstance(read, Response):
             return read
-        return JSONResponse([g.to_json() for g in group(read[1])])
+        found = read[1]
+        return JSONResponse(
+            {
+                "format": ops.JSON_FORMAT,
+                "queue": found.queue,
+                "complete": found.complete,
+                "limit": found.limit,
+                "groups": [g.to_json() for g in group(found.taken)],
+            }
+        )
 
     async def group(self, request: Request) -> Response:
         """One group: its dead letters, to open, replay or purge."""
         read = await self._letters(request, api=False)
         if isinstance(read, Response):
             return read
-        queue, letters = read
+        queue, letters = read[0], read[1].taken
         found = next((g for g in group(letters) if g.key == request.path_params["key"]), None)
         if found is None:
             return self._refused(
@@ -443,10 +452,15 @@ class _Pages:
         if (refused := self._gate(request, api=api)) is not None:
             return {}, api, refused
         if not self.s.guard.actions:
-            read_only = "this page is read-only: start it with actions allowed (--allow-actions)"
+            read_only = (
+                "forbidden: the page is read-only (start it with --allow-actions, or "
+                "create_app(allow_actions=True))"
+                if api
+                else "this page is read-only: start it with actions allowed (--allow-actions)"
+            )
             return {}, api, self._refused(request, read_only, api=api)
         data, sent = await self._action_input(request, api=api)
-        if (forged := self.s.guard.csrf_refusal(request, sent)) is not None:
+        if (forged := self.s.guard.csrf_refusal(request, sent, api=api)) is not None:
             return {}, api, self._refused(request, forged, api=api)
         return data, api, None
 
@@ -464,7 +478,12 @@ class _Pages:
         ids = self._ids(data)
         if not ids:
             return self._refused(
-                request, "name the dead letters to replay (id)", api=api, status_code=400
+                request,
+                'bad request: give "ids", a list of message ids (or #positions)'
+                if api
+                else "name the dead letters to replay (id)",
+                api=api,
+                status_code=400,
             )
         to = str(data["to"]) if data.get("to") else None
         dry_run = bool(data.get("dry_run"))
@@ -481,7 +500,7 @@ class _Pages:
                     rate=RATE,
                     progress=None if job is None else job.progress,
                 )
-            moved = 0 if dry_run else len(outcome.taken)
+            moved = outcome.done.moved if outcome.done is not None else 0
             AUDIT.info(
                 "%s replay %s -> %s: %d of %d named%s",
                 who,
@@ -491,13 +510,7 @@ class _Pages:
                 len(ids),
                 " (dry run)" if dry_run else "",
             )
-            return {
-                "queue": queue,
-                "target": outcome.target,
-                "dry_run": dry_run,
-                "selected": [letter.key for letter in outcome.taken],
-                "moved": moved,
-            }
+            return outcome.replayed(dry_run=dry_run)
 
         return await self._act(request, api, "replay", queue, run)
 
@@ -508,7 +521,11 @@ class _Pages:
             return refused
         queue = dlq_owner(dlq_of(request.path_params["queue"]))
         if data.get("confirm") != dlq_of(queue):
-            why = f"type the queue's name, {dlq_of(queue)}, to confirm the purge"
+            why = (
+                f'bad request: "confirm" must be the queue\'s name, {dlq_of(queue)}'
+                if api
+                else f"type the queue's name, {dlq_of(queue)}, to confirm the purge"
+            )
             return self._refused(request, why, api=api, status_code=400)
         ids = self._ids(data)
         who = self.s.guard.who(request)
@@ -528,11 +545,7 @@ class _Pages:
                 len(outcome.taken),
                 f"{len(ids)} named" if ids else "all",
             )
-            return {
-                "queue": queue,
-                "removed": len(outcome.taken),
-                "selected": [x.key for x in outcome.taken],
-            }
+            return outcome.purged()
 
         return await self._act(request, api, "purge", queue, run)
 
@@ -549,6 +562,7 @@ class _Pages:
             try:
                 return JSONResponse(await run(None))
             except OperationError as exc:
+                AUDIT.info("%s %s %s failed: %s", self.s.guard.who(request), what, queue, exc)
                 return JSONResponse({"error": str(exc)}, status_code=409)
         job = self.jobs.start(what, queue, run, who=self.s.guard.who(request))
         if job.task is not None:

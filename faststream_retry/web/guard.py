@@ -56,8 +56,11 @@ class Guard:
     token: str | None
     actions: bool
 
-    def refusal(self, request: Request) -> str | None:
-        """Return why ``request`` may not see anything, or ``None`` when it may."""
+    def refusal(self, request: Request, *, api: bool = False) -> str | None:
+        """Return why ``request`` may not see anything, or ``None`` when it may.
+
+        ``api``: the answer is for a script (the JSON API), not a person at a page.
+        """
         if self.token is None:
             client = request.client.host if request.client else None
             if is_loopback(client):
@@ -67,6 +70,8 @@ class Guard:
                 "(faststream-retry web --token ..., or create_app(token=...)) to serve others"
             )
         if not (self._is_token(request.cookies.get(TOKEN_COOKIE, "")) or self.by_header(request)):
+            if api:
+                return "unauthorized: send the page's token as 'Authorization: Bearer <token>'"
             return "a token is needed: open /login?token=<token>, or send Authorization: Bearer"
         return None
 
@@ -104,8 +109,11 @@ class Guard:
                 CSRF_COOKIE, csrf, httponly=True, samesite="strict", path="/", secure=False
             )
 
-    def csrf_refusal(self, request: Request, sent: str | None) -> str | None:
-        """Return why an action's CSRF check fails, or ``None`` when it passes."""
+    def csrf_refusal(self, request: Request, sent: str | None, *, api: bool = False) -> str | None:
+        """Return why an action's CSRF check fails, or ``None`` when it passes.
+
+        ``api``: the answer is for a script (the JSON API), not a person at a form.
+        """
         if self.by_header(request):
             return None
         origin = request.headers.get("origin")
@@ -117,5 +125,10 @@ class Guard:
             return "an action from another site is refused"
         cookie = request.cookies.get(CSRF_COOKIE, "")
         if not cookie or not sent or not hmac.compare_digest(cookie.encode(), sent.encode()):
+            if api:
+                return (
+                    "forbidden: authenticate with 'Authorization: Bearer <token>', or send "
+                    f"the {CSRF_COOKIE} cookie's value in an X-CSRF-Token header"
+                )
             return "the form's CSRF token is missing or stale: reload the page and try again"
         return None

@@ -124,7 +124,7 @@ async def test_list_and_show_read_json_and_binary_dead_letters_and_leave_them_in
     for _ in range(2):
         listed = await run_cli("dlq", "list", work_queue, "--json", url=rabbit_url)
         assert listed.status == 0, listed.stderr
-        rows = listed.json()
+        rows = listed.rows()
         assert [r["message_id"] for r in rows] == ["j1", "b1", "t1"]
     json_row, binary_row, text_row = rows
     assert json_row["reason"] == "permanent"
@@ -186,8 +186,8 @@ async def test_a_decoder_hook_renders_what_the_built_in_ways_cannot(
         cwd=tmp_path,
     )
     assert listed.status == 0, listed.stderr
-    assert listed.json()[0]["body_kind"] == "decoder"
-    assert '"length": 256' in listed.json()[0]["body_preview"]
+    assert listed.rows()[0]["body_kind"] == "decoder"
+    assert '"length": 256' in listed.rows()[0]["body_preview"]
     bad = await run_cli("dlq", "list", work_queue, "--decoder", "nothere:x", url=rabbit_url)
     assert bad.status == 3
     assert "cannot import decoder module 'nothere'" in bad.stderr
@@ -501,19 +501,30 @@ async def test_replay_to_a_missing_queue_moves_nothing_and_says_why(
     amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
 ) -> None:
     await seed(amqp, work_queue, [("m1", "exhausted", b"x", None), ("m2", "exhausted", b"y", None)])
-    replay = await run_cli("dlq", "replay", work_queue, "--to", unique("gone"), url=rabbit_url)
+    gone = unique("gone")
+    replay = await run_cli("dlq", "replay", work_queue, "--to", gone, url=rabbit_url)
     assert replay.status == 3
-    assert "does it exist?" in replay.stderr
+    assert f"cannot replay to queue '{gone}': it does not exist" in replay.stderr
     assert await ids_in(amqp, f"{work_queue}.dlq") == ["m1", "m2"]
 
 
 async def test_a_failed_replay_leaves_each_dead_letter_as_it_was(
     amqp: AbstractRobustConnection, rabbit_url: str, work_queue: str
 ) -> None:
-    """The dead letter a failed move keeps still says why it died, and claims no replay."""
+    """The dead letter a failed move keeps still says why it died, and claims no replay.
+
+    The target exists but refuses every message (full: ``x-max-length`` 0 with
+    ``reject-publish``), so the first move fails mid-pass.
+    """
     await seed(amqp, work_queue, [("m1", "exhausted", b"x", None), ("m2", "exhausted", b"y", None)])
-    replay = await run_cli("dlq", "replay", work_queue, "--to", unique("gone"), url=rabbit_url)
+    full = unique("full")
+    channel = await amqp.channel()
+    await channel.declare_queue(full, arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    replay = await run_cli("dlq", "replay", work_queue, "--to", full, url=rabbit_url)
+    await channel.queue_delete(full)
+    await channel.close()
     assert replay.status == 3
+    assert "refused the message" in replay.stderr
     kept = await take_all(amqp, f"{work_queue}.dlq")
     assert [m.message_id for m in kept] == ["m1", "m2"]
     for message in kept:
@@ -758,7 +769,7 @@ async def test_purge_from_an_export_removes_exactly_what_it_holds_while_letters_
     old_advice = await run_cli(
         "dlq", "list", work_queue, "--until", exported_at, "--json", url=rabbit_url
     )
-    assert set(late) <= {row["message_id"] for row in old_advice.json()}
+    assert set(late) <= {row["message_id"] for row in old_advice.rows()}
 
     refused = await run_cli(
         "dlq",

@@ -280,7 +280,7 @@ async def test_the_dlq_commands_report_a_dead_letter_no_publish_can_carry_and_go
     for _ in range(2):  # a second pass finds the same, whatever the first put back
         listed = await run_cli("dlq", "list", queue, "--json", url=rabbit_url)
         assert listed.status == 0, listed.stderr
-        assert sorted(r["message_id"] for r in listed.json()) == ["a", "b", "big", "c"]
+        assert sorted(r["message_id"] for r in listed.rows()) == ["a", "b", "big", "c"]
         assert "(message id 'big')" in listed.stderr
         assert "a frame holds" in listed.stderr
     shown = await run_cli("dlq", "show", queue, "big", "--json", url=rabbit_url)

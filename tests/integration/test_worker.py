@@ -230,7 +230,7 @@ async def test_a_message_rejected_every_time_ends_in_its_dlq_with_the_dlq_header
             await eventually_async(lambda: _has(amqp, dlq, 1), 20, "the dead letter")
             listed = await run_cli("dlq", "list", setup.queue, "--json", url=rabbit_url)
             assert listed.status == 0, listed.stderr
-            assert [(r["message_id"], r["reason"], r["attempts"]) for r in listed.json()] == [
+            assert [(r["message_id"], r["reason"], r["attempts"]) for r in listed.rows()] == [
                 ("doomed", "exhausted", 3)
             ]
             dead = await drain(amqp, dlq, 1)

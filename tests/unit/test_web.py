@@ -124,6 +124,29 @@ def test_the_json_api_takes_the_csrf_header_or_a_bearer_token() -> None:
     assert answer.status_code == 400
 
 
+def test_the_json_apis_refusals_are_worded_for_scripts() -> None:
+    """A script is told which header to send, never to reload a page or type into a form."""
+    app = client(allow_actions=True)
+    no_csrf = app.post("/api/queues/orders/replay", json={"ids": ["m-1"]})
+    assert no_csrf.status_code == 403
+    assert "X-CSRF-Token" in no_csrf.json()["error"]
+    assert "reload" not in no_csrf.json()["error"]
+    token = _csrf(app)
+    headers = {"X-CSRF-Token": token}
+    no_ids = app.post("/api/queues/orders/replay", json={}, headers=headers)
+    assert no_ids.status_code == 400
+    assert '"ids"' in no_ids.json()["error"]
+    no_confirm = app.post("/api/queues/orders/purge", json={}, headers=headers)
+    assert no_confirm.status_code == 400
+    assert '"confirm"' in no_confirm.json()["error"]
+    read_only = client().post("/api/queues/orders/replay", json={"ids": ["m-1"]})
+    assert read_only.json()["error"].startswith("forbidden: the page is read-only")
+    remote = client(token="s3cret", at=REMOTE).get("/api/status")
+    assert remote.status_code == 401
+    assert "Authorization: Bearer" in remote.json()["error"]
+    assert "/login" not in remote.json()["error"]
+
+
 def test_a_purge_needs_the_dlqs_name_typed() -> None:
     app = client(allow_actions=True)
     token = _csrf(app)

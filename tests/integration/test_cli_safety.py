@@ -1,0 +1,230 @@
+"""Nothing an operator types destroys data, and every answer is whole or says it is not.
+
+The console script against a real broker: an export that fails in any way (a wrong
+queue name, the broker gone mid-way, a ``kill -9``) leaves an existing file byte for byte
+as it was and no new one; ``dlq list --json`` marks a cut list; a replay's target is
+checked before anything moves, for a dry run as for a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from faststream_retry.web import create_app
+from tests.cli import environment, run_cli, script
+from tests.faults.proxy import CuttingProxy
+from tests.integration.test_cli_dlq import declare, delete, ids_in, seed
+from tests.rabbit import unique
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from aio_pika.abc import AbstractRobustConnection
+
+pytestmark = pytest.mark.rabbit
+
+OLD = b'{"an": "earlier export", "the only copy": true}\n' * 1000
+
+
+@pytest.fixture
+async def dead(amqp: AbstractRobustConnection) -> Any:
+    """A work queue with a quorum ``.dlq`` (a pass republishes every message: the slow kind)."""
+    name = unique("safe")
+    await declare(amqp, name, "classic")
+    await declare(amqp, f"{name}.dlq", "quorum")
+    yield name
+    await delete(amqp, name, f"{name}.dlq")
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name)
+
+
+async def test_a_failed_export_leaves_an_existing_file_as_it_was_and_makes_no_new_one(
+    rabbit_url: str, tmp_path: Path
+) -> None:
+    """The issue's repro: a mistyped queue used to truncate the file before anything was checked."""
+    keep = tmp_path / "keep.jsonl"
+    keep.write_bytes(OLD)
+    for force in ([], ["--force"]):
+        wrong = await run_cli(
+            "dlq", "export", unique("invoicez"), str(keep), *force, url=rabbit_url
+        )
+        assert wrong.status == 3, wrong.stderr
+        assert keep.read_bytes() == OLD
+    new = tmp_path / "new.jsonl"
+    wrong = await run_cli("dlq", "export", unique("invoicez"), str(new), url=rabbit_url)
+    assert wrong.status == 3
+    assert "does not exist" in wrong.stderr
+    assert not new.exists()
+    assert leftovers(tmp_path) == []
+
+
+async def test_an_existing_file_is_replaced_only_when_asked(
+    amqp: AbstractRobustConnection, rabbit_url: str, dead: str, tmp_path: Path
+) -> None:
+    """Refused before the broker is asked anything; with --force, replaced once complete."""
+    await seed(amqp, dead, [("m1", "exhausted", b"x", None)])
+    keep = tmp_path / "keep.jsonl"
+    keep.write_bytes(OLD)
+    refused = await run_cli("dlq", "export", dead, str(keep), url="amqp://guest:guest@127.0.0.1:1/")
+    assert refused.status == 3
+    assert "exists" in refused.stderr
+    assert "--force" in refused.stderr
+    assert "cannot connect" not in refused.stderr  # refused before connecting
+    assert keep.read_bytes() == OLD
+    replaced = await run_cli("dlq", "export", dead, str(keep), "--force", url=rabbit_url)
+    assert replaced.status == 0, replaced.stderr
+    assert [line for line in keep.read_text().splitlines() if '"m1"' in line]
+    assert len(keep.read_text().splitlines()) == 1
+    assert await ids_in(amqp, f"{dead}.dlq") == ["m1"]  # an export moves nothing
+
+
+async def _export_in_background(url: str, queue: str, target: Path) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *script(),
+        "dlq",
+        "export",
+        queue,
+        str(target),
+        "--force",
+        env=environment(url),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def _partial_has_data(folder: Path, process: asyncio.subprocess.Process) -> None:
+    """Wait until the export has written a first part of its temporary file."""
+    deadline = time.monotonic() + 60
+    while not any((folder / name).stat().st_size > 0 for name in leftovers(folder)):
+        assert process.returncode is None, "the export ended before it was interrupted"
+        assert time.monotonic() < deadline, "the export never started writing"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_broker_gone_mid_export_leaves_the_old_file(
+    amqp: AbstractRobustConnection, rabbit_url: str, dead: str, tmp_path: Path
+) -> None:
+    ids = [f"m{i:04}" for i in range(3000)]
+    await seed(amqp, dead, [(i, "exhausted", i.encode() * 40, None) for i in ids])
+    keep = tmp_path / "keep.jsonl"
+    keep.write_bytes(OLD)
+    parts = urlsplit(rabbit_url)
+    assert parts.port is not None
+    proxy = CuttingProxy(parts.port)
+    await proxy.start()
+    try:
+        via_proxy = urlunsplit(
+            parts._replace(netloc=f"{parts.netloc.rsplit(':', 1)[0]}:{proxy.port}")
+        )
+        process = await _export_in_background(via_proxy, dead, keep)
+        await _partial_has_data(tmp_path, process)
+        proxy.cut_all()
+        _, err = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        await proxy.close()
+    assert process.returncode == 3, err.decode()
+    assert "connection to the broker broke" in err.decode()
+    assert keep.read_bytes() == OLD
+    assert leftovers(tmp_path) == []
+    # What the pass had in flight may now be there twice; nothing is lost.
+    assert set(await ids_in(amqp, f"{dead}.dlq")) == set(ids)
+
+
+async def test_a_kill_9_mid_export_leaves_the_old_file(
+    amqp: AbstractRobustConnection, rabbit_url: str, dead: str, tmp_path: Path
+) -> None:
+    ids = [f"m{i:04}" for i in range(3000)]
+    await seed(amqp, dead, [(i, "exhausted", i.encode() * 40, None) for i in ids])
+    keep = tmp_path / "keep.jsonl"
+    keep.write_bytes(OLD)
+    process = await _export_in_background(rabbit_url, dead, keep)
+    await _partial_has_data(tmp_path, process)
+    os.kill(process.pid, signal.SIGKILL)
+    await process.wait()
+    assert keep.read_bytes() == OLD
+    # The half-written file keeps a name of its own, never the target's.
+    assert [name.startswith(".keep.jsonl.partial-") for name in leftovers(tmp_path)] == [True]
+
+
+async def test_list_json_says_whether_it_is_whole(
+    amqp: AbstractRobustConnection, rabbit_url: str, dead: str
+) -> None:
+    """250 dead letters: the default 100 are marked as cut; a limit above them is whole."""
+    ids = [f"m{i:03}" for i in range(250)]
+    await seed(amqp, dead, [(i, "exhausted", b"x", None) for i in ids])
+    cut = await run_cli("dlq", "list", dead, "--json", url=rabbit_url)
+    assert cut.status == 0, cut.stderr
+    assert cut.json()["complete"] is False
+    assert cut.json()["limit"] == 100
+    assert cut.json()["in_queue_before"] == 250
+    assert [r["message_id"] for r in cut.json()["dead_letters"]] == ids[:100]
+    assert "only the first 100" in cut.stderr
+    for limit in ("250", "1000"):
+        whole = await run_cli("dlq", "list", dead, "--json", "--limit", limit, url=rabbit_url)
+        assert whole.status == 0, whole.stderr
+        assert [r["message_id"] for r in whole.rows()] == ids
+        assert "only the first" not in whole.stderr
+    none = await run_cli("dlq", "list", dead, "--json", "--reason", "permanent", url=rabbit_url)
+    assert none.rows() == []
+    assert await ids_in(amqp, f"{dead}.dlq") == ids
+
+
+async def test_a_dry_run_to_a_missing_queue_fails_as_the_real_run_does(
+    amqp: AbstractRobustConnection, rabbit_url: str, dead: str
+) -> None:
+    await seed(amqp, dead, [("m1", "exhausted", b"x", None), ("m2", "exhausted", b"y", None)])
+    answers = {}
+    for target in (unique("no-such-queue"), "q" * 300):
+        for dry in ([], ["--dry-run"]):
+            run = await run_cli(
+                "dlq", "replay", dead, "--id", "m1", "--to", target, *dry, url=rabbit_url
+            )
+            answers[target, bool(dry)] = (run.status, run.stderr)
+            assert run.status == 3, run.stderr
+            assert "nothing was replayed" in run.stderr or "bytes" in run.stderr
+            assert len(run.stderr) < 400  # a 300-character name is not printed whole
+        assert answers[target, True] == answers[target, False]
+    # The work queue itself gone: its dead letters have nowhere to go back to.
+    await delete(amqp, dead)
+    for dry in ([], ["--dry-run"]):
+        run = await run_cli("dlq", "replay", dead, *dry, url=rabbit_url)
+        assert run.status == 3
+        assert f"cannot replay to queue '{dead}': it does not exist" in run.stderr
+    assert await ids_in(amqp, f"{dead}.dlq") == ["m1", "m2"]
+
+
+async def test_the_page_checks_a_replays_target_as_the_command_does(
+    amqp: AbstractRobustConnection, rabbit_url: str, dead: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 200,000-character ``to`` fails at once, its answer and audit line bounded."""
+    import httpx  # noqa: PLC0415 - the web extra's
+
+    await seed(amqp, dead, [("m1", "exhausted", b"x", None)])
+    app = create_app(rabbit_url, allow_actions=True)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://page", timeout=60) as client:
+        client.cookies.set("fsr_csrf", "k" * 43)
+        for to, dry in (("t" * 200_000, True), ("t" * 200_000, False), (unique("gone"), True)):
+            with caplog.at_level("INFO", logger="faststream_retry.web.audit"):
+                answer = await client.post(
+                    f"/api/queues/{dead}/replay",
+                    json={"ids": ["m1"], "to": to, "dry_run": dry},
+                    headers={"X-CSRF-Token": "k" * 43},
+                )
+            assert answer.status_code == 409, answer.text
+            assert len(answer.text) < 400
+            assert (
+                "nothing was replayed" in answer.json()["error"]
+                or "bytes" in answer.json()["error"]
+            )
+    assert all(len(record.getMessage()) < 400 for record in caplog.records)
+    assert await ids_in(amqp, f"{dead}.dlq") == ["m1"]
