@@ -16,22 +16,28 @@ from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 from rich.console import Console
 from rich.markup import escape
 
+from faststream_retry.amqp.connection import safe_url
 from faststream_retry.ops.common import DEFAULT_URL, OperationError
 from faststream_retry.ops.walk import PassStoppedError, stop_all
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
+    from faststream_retry.middleware.app import LoadedApp
+
 __all__ = [
     "DEFAULT_URL",
     "EXIT_ACTION",
     "EXIT_ERROR",
     "EXIT_USAGE",
+    "AppUrl",
     "Factory",
     "Json",
     "Prefix",
     "Url",
+    "broker_of",
     "err",
+    "examined",
     "fail",
     "out",
     "print_json",
@@ -71,6 +77,19 @@ Url = Annotated[
         help="The broker's AMQP URL (or the RABBITMQ_URL environment variable).",
     ),
 ]
+AppUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="RABBITMQ_URL",
+        show_default=False,
+        help=(
+            "The broker's AMQP URL (or the RABBITMQ_URL environment variable); default: "
+            "the app's broker, else amqp://guest:guest@localhost:5672/."
+        ),
+    ),
+]
+"""``--url`` of a command that takes an app: unset, the app's own broker is examined."""
 Prefix = Annotated[
     str,
     typer.Option("--prefix", help="The prefix given to RetryMiddleware (its tiers' names)."),
@@ -95,6 +114,25 @@ Json = Annotated[
     bool,
     typer.Option("--json", help="Print JSON, for scripts.", callback=_remember_json),
 ]
+
+
+def broker_of(url: str | None, app: LoadedApp | None) -> tuple[str, str]:
+    """Return the broker a command examines, and where that choice came from.
+
+    ``--url`` (or ``RABBITMQ_URL``) when given; else the app's broker, as its
+    ``RabbitBroker(...)`` was built; else the default, ``localhost:5672``. A check of
+    another broker than the app's could pass an app that will fail.
+    """
+    if url:
+        return url, "RABBITMQ_URL" if os.environ.get("RABBITMQ_URL") == url else "--url"
+    if app is not None and app.url:
+        return app.url, f"the broker of {app.spec}"
+    return DEFAULT_URL, "the default"
+
+
+def examined(url: str, origin: str) -> str:
+    """Say which broker a command examined, without its password."""
+    return f"broker {safe_url(url)} ({origin})"
 
 
 def fail(message: str, status: int = EXIT_ERROR) -> NoReturn:

@@ -8,8 +8,20 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from faststream_retry.cli._common import EXIT_ACTION, Factory, Json, Url, out, print_json, run
-from faststream_retry.ops import connect, doctor, load_app
+from faststream_retry.amqp.connection import safe_url
+from faststream_retry.cli._common import (
+    EXIT_ACTION,
+    AppUrl,
+    Factory,
+    Json,
+    broker_of,
+    examined,
+    fail,
+    out,
+    print_json,
+    run,
+)
+from faststream_retry.ops import OperationError, connect, doctor, load_app
 
 if TYPE_CHECKING:
     from faststream_retry.ops.diagnosis import Report
@@ -28,7 +40,7 @@ def doctor_command(
     app: Annotated[
         str, typer.Argument(help="The app, as `faststream run` takes it: module:attribute.")
     ],
-    url: Url = "amqp://guest:guest@localhost:5672/",
+    url: AppUrl = None,
     json: Json = False,
     factory: Factory = False,
 ) -> None:
@@ -40,31 +52,42 @@ def doctor_command(
     they need, stranded .retry queues, dead letters, tiers of an earlier
     tick, migrations cut short.
 
+    The app's own broker is examined unless --url (or RABBITMQ_URL) says otherwise.
+
     Exit status 0: healthy, or warnings only; 1: something needs action;
     3: the check could not run.
     """
+    try:
+        loaded = load_app(app, cwd=Path.cwd(), factory=factory)
+    except OperationError as exc:
+        fail(str(exc))
+    url, origin = broker_of(url, loaded)
 
     async def check() -> Report:
-        loaded = load_app(app, cwd=Path.cwd(), factory=factory)
         async with connect(url) as connection:
             return await doctor(connection, loaded)
 
     report = run(check())
     if json:
-        print_json(report.as_dict())
+        print_json({**report.as_dict(), "broker": safe_url(url)})
     else:
-        render(report)
+        render(report, examined(url, origin))
     if report.status == "action":
         raise typer.Exit(EXIT_ACTION)
 
 
-def render(report: Report) -> None:
-    """Print ``report`` for a person: most urgent first, each with why and the fix."""
+def render(report: Report, broker: str = "") -> None:
+    """Print ``report`` for a person: most urgent first, each with why and the fix.
+
+    ``broker`` says which broker was examined.
+    """
     out.print(
         f"[bold]faststream-retry doctor[/bold] {escape(report.app)}: prefix "
         f"{escape(report.prefix)!r}, queue_type {report.queue_type!r}, "
         f"RabbitMQ {escape(str(report.server_version))}"
     )
+    if broker:
+        out.print(escape(broker), style="dim")
     order = {"action": 0, "warning": 1, "ok": 2}
     for finding in sorted(report.findings, key=lambda f: order[f.severity]):
         style = _STYLE[finding.severity]

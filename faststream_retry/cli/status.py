@@ -15,10 +15,22 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from faststream_retry.cli._common import Factory, Json, Prefix, Url, fail, out, print_json, run
+from faststream_retry.amqp.connection import safe_url
+from faststream_retry.cli._common import (
+    AppUrl,
+    Factory,
+    Json,
+    Prefix,
+    broker_of,
+    examined,
+    fail,
+    out,
+    print_json,
+    run,
+)
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.ops.app import load_app
-from faststream_retry.ops.common import DEFAULT_URL, OperationError, connect
+from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.explanation import format_ms
 from faststream_retry.ops.management import vhost_of
 from faststream_retry.ops.status import status as gather
@@ -76,12 +88,14 @@ def status(
     management_url: ManagementUrl = None,
     watch: Watch = False,
     json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: AppUrl = None,
     prefix: Prefix = PREFIX,
 ) -> None:
     """Show ready messages, consumers, re-checks waiting and dead letters per queue, and tiers.
 
     Changes nothing on the broker. Exits 0 unless the broker or the app cannot be read.
+    With --app, the app's own broker is read unless --url (or RABBITMQ_URL) says
+    otherwise.
     """
     loaded: LoadedApp | None = None
     if app is not None:
@@ -89,6 +103,7 @@ def status(
             loaded = load_app(app, cwd=Path.cwd(), factory=factory)
         except OperationError as exc:
             fail(str(exc))
+    url, origin = broker_of(url, loaded)
 
     ask = functools.partial(
         gather,
@@ -106,21 +121,23 @@ def status(
     if not watch:
         found = run(once())
         if json:
-            print_json(found.to_json())
+            print_json({**found.to_json(), "broker": safe_url(url)})
         else:
-            out.print(_render(found))
+            out.print(_render(found, header=examined(url, origin)))
         return
     if json:
         fail("--watch shows a live table; leave out --json")
     try:
-        asyncio.run(_watch(url, ask))
+        asyncio.run(_watch(url, ask, examined(url, origin)))
     except KeyboardInterrupt:
         return  # Ctrl-C is how a watch ends: a success, and nothing was changed
     except OperationError as exc:
         fail(str(exc))
 
 
-async def _watch(url: str, ask: Callable[[AbstractConnection], Awaitable[Status]]) -> None:
+async def _watch(
+    url: str, ask: Callable[[AbstractConnection], Awaitable[Status]], header: str
+) -> None:
     footer = f"refreshing every {REFRESH_S:g} s; Ctrl-C ends"
     async with connect(url) as connection:
         if not out.is_terminal:
@@ -129,13 +146,13 @@ async def _watch(url: str, ask: Callable[[AbstractConnection], Awaitable[Status]
             while True:
                 found = await ask(connection)
                 out.rule(time.strftime("%H:%M:%S"), align="left")
-                out.print(_render(found))
+                out.print(_render(found, header=header))
                 out.file.flush()
                 await asyncio.sleep(REFRESH_S)
         with Live(console=out, auto_refresh=False) as live:
             while True:
                 found = await ask(connection)
-                live.update(_render(found, footer=footer), refresh=True)
+                live.update(_render(found, header=header, footer=footer), refresh=True)
                 await asyncio.sleep(REFRESH_S)
 
 
@@ -143,8 +160,8 @@ def _count(found: Depth) -> str:
     return "missing" if found.messages is None else str(found.messages)
 
 
-def _render(found: Status, footer: str | None = None) -> RenderableType:
-    parts: list[RenderableType] = []
+def _render(found: Status, header: str = "", footer: str | None = None) -> RenderableType:
+    parts: list[RenderableType] = [Text(header, style="dim")] if header else []
     queues = Table(
         title=f"work queues (from {' and '.join(found.queues_from)})", title_justify="left"
     )

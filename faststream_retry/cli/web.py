@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from faststream_retry.cli._common import DEFAULT_URL, Factory, Prefix, Url, err, fail
+from faststream_retry.cli._common import AppUrl, Factory, Prefix, broker_of, err, examined, fail
 from faststream_retry.cli.status import (  # noqa: TC001 - typer reads them at runtime
     AppOption,
     ManagementUrl,
@@ -31,7 +31,7 @@ def web(
     app: AppOption = None,
     factory: Factory = False,
     management_url: ManagementUrl = None,
-    url: Url = DEFAULT_URL,
+    url: AppUrl = None,
     prefix: Prefix = PREFIX,
     host: Annotated[
         str,
@@ -74,6 +74,7 @@ def web(
             loaded = load_app(app, cwd=Path.cwd(), factory=factory)
         except OperationError as exc:
             fail(str(exc))
+    url, origin = broker_of(url, loaded)
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
         err.print(f"a token for this page (not on loopback): {token}")
@@ -91,6 +92,9 @@ def web(
     err.print(
         f"serving http://{shown}:{port}{login}"
         + (" (actions allowed)" if allow_actions else " (read-only)")
+        + f" for the {examined(url, origin)}",
+        markup=False,
+        highlight=False,
     )
     audit = logging.getLogger("faststream_retry.web.audit")
     if not audit.handlers:  # one line per action on stderr, unless logging says otherwise

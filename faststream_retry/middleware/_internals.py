@@ -28,6 +28,10 @@ in ``RealLoggerObject``)                                  follow (``--log-level 
                                                           without it, INFO and up (not checked
                                                           at start: only DEBUG lines depend on
                                                           it, and a unit test pins it)
+``BrokerUsecase._connection_kwargs["url"]``               the broker's URL, which the
+                                                          operator's commands use for an
+                                                          app (not checked at start: a
+                                                          unit test pins it)
 ``BrokerUsecase.config.producer``                         whether TestRabbitBroker is active
 ``faststream.rabbit.testing.FakeProducer``                (test mode)
 context key ``"handler_"``                                the subscriber a message came to
@@ -234,6 +238,17 @@ def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - RabbitBroker
     from faststream.rabbit.testing import FakeProducer  # noqa: PLC0415 - test-only module
 
     return isinstance(getattr(broker.config, "producer", None), FakeProducer)
+
+
+def broker_url(broker: Any) -> str | None:  # noqa: ANN401 - a RabbitBroker
+    """Return the URL ``broker`` connects to, as ``RabbitBroker(url, host=..., ...)`` built it.
+
+    ``None`` when FastStream keeps it elsewhere: the operator's command then needs
+    ``--url``.
+    """
+    kwargs = getattr(broker, "_connection_kwargs", None)
+    url = kwargs.get("url") if isinstance(kwargs, dict) else None
+    return str(url) if url else None
 
 
 def broker_outlet(broker: Any) -> Outlet:  # noqa: ANN401 - a RabbitBroker

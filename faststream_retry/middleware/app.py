@@ -35,6 +35,8 @@ class LoadedApp:
     """Every Rabbit subscriber's route, covered by the plan or not (retries off)."""
     handler_names: tuple[tuple[str, ...], ...] = ()
     """The names of each route's handlers: ``handler_names[i]`` are ``routes[i]``'s."""
+    url: str | None = None
+    """The URL the app's broker connects to (``None``: not known)."""
 
 
 def planned(spec: str, broker: RabbitBroker) -> LoadedApp | None:
@@ -56,6 +58,7 @@ def planned(spec: str, broker: RabbitBroker) -> LoadedApp | None:
         plan=runtime.replan(),
         routes=tuple(route for route, _ in subscribers),
         handler_names=tuple(names for _, names in subscribers),
+        url=_internals.broker_url(broker),
     )
 
 

@@ -93,7 +93,8 @@ class RetryMiddleware:
         log_retry_traceback: which retry log lines carry the failure's traceback:
             ``"first"`` (a message's first failure only: it says what went wrong,
             and the next failures of an outage repeat it), ``"every"`` or ``"never"``.
-            A dead letter is always logged at ERROR with its traceback.
+            A dead letter is always logged at ERROR with its traceback; a
+            ``RetryLater`` (the handler saying when, not a failure) never is.
         outage_after: consecutive transient failures on one work queue that switch it
             into outage mode: its messages are held (unacked, as many as the
             subscriber's prefetch lets in) and one per ``outage_probe`` goes on as a

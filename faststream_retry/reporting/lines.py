@@ -15,6 +15,7 @@ from faststream_retry.core.config import traceback_on_retry
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.events import EventKind, RetryEvent
 from faststream_retry.core.topology import dlq_name, retry_queue_name
+from faststream_retry.errors import RetryLater
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -53,7 +54,11 @@ def _scheduled(
         event.rule,
         event.exception,
         event.error,
-        exc_info=exception if traceback_on_retry(retry_traceback, event.attempt) else None,
+        # A RetryLater is the handler saying when, not a failure: its line is enough.
+        exc_info=exception
+        if traceback_on_retry(retry_traceback, event.attempt)
+        and not isinstance(exception, RetryLater)
+        else None,
         extra=_fields(event),
     )
 

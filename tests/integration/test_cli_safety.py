@@ -15,12 +15,14 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import pytest
 
 from faststream_retry.web import create_app
 from tests.cli import environment, run_cli, script
 from tests.faults.proxy import CuttingProxy
 from tests.integration.test_cli_dlq import declare, delete, ids_in, seed
+from tests.integration.test_cli_web import serving
 from tests.rabbit import unique
 
 if TYPE_CHECKING:
@@ -206,8 +208,6 @@ async def test_the_page_checks_a_replays_target_as_the_command_does(
     amqp: AbstractRobustConnection, rabbit_url: str, dead: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A 200,000-character ``to`` fails at once, its answer and audit line bounded."""
-    import httpx  # noqa: PLC0415 - the web extra's
-
     await seed(amqp, dead, [("m1", "exhausted", b"x", None)])
     app = create_app(rabbit_url, allow_actions=True)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
@@ -228,3 +228,51 @@ async def test_the_page_checks_a_replays_target_as_the_command_does(
             )
     assert all(len(record.getMessage()) < 400 for record in caplog.records)
     assert await ids_in(amqp, f"{dead}.dlq") == ["m1"]
+
+
+APP = """
+from faststream import FastStream
+from faststream.rabbit import RabbitBroker
+from faststream_retry import RetryMiddleware
+
+broker = RabbitBroker({url!r}, middlewares=[RetryMiddleware(prefix={prefix!r})], logger=None)
+app = FastStream(broker)
+
+
+@broker.subscriber({queue!r})
+async def handle(body: str) -> None:
+    pass
+"""
+
+
+async def test_app_commands_examine_the_apps_own_broker(rabbit_url: str, tmp_path: Path) -> None:
+    """With no --url and no RABBITMQ_URL, doctor, status --app and web --app use the app's broker.
+
+    The issue's repro: the app on another port than 5672, and doctor checked localhost:5672.
+    Each says which broker it examined; --url still wins.
+    """
+    queue, prefix = unique("invoicing"), unique("p")
+    (tmp_path / "invoicing.py").write_text(APP.format(url=rabbit_url, prefix=prefix, queue=queue))
+    shown = rabbit_url.replace("guest:guest@", "guest:***@")
+    doctor = await run_cli("doctor", "invoicing:app", url=None, cwd=tmp_path)
+    assert doctor.status in {0, 1}, doctor.stderr
+    assert f"broker {shown} (the broker of invoicing:app)" in doctor.stdout
+    status = await run_cli("status", "--app", "invoicing:app", url=None, cwd=tmp_path)
+    assert status.status == 0, status.stderr
+    assert f"broker {shown} (the broker of invoicing:app)" in status.stdout
+    as_json = await run_cli("status", "--app", "invoicing:app", "--json", url=None, cwd=tmp_path)
+    assert as_json.json()["broker"] == shown
+    elsewhere = "amqp://guest:guest@127.0.0.1:1/"
+    for command in (["doctor", "invoicing:app"], ["status", "--app", "invoicing:app"]):
+        flag = await run_cli(*command, "--url", elsewhere, url=None, cwd=tmp_path)
+        assert flag.status == 3
+        assert "cannot connect to amqp://guest:***@127.0.0.1:1/" in flag.stderr
+        env = await run_cli(*command, url=elsewhere, cwd=tmp_path)  # RABBITMQ_URL
+        assert env.status == 3
+        assert "127.0.0.1:1" in env.stderr
+    async with serving(None, "--app", "invoicing:app", cwd=tmp_path) as (port, lines):
+        assert any(f"for the broker {shown} (the broker of invoicing:app)" in x for x in lines)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            answer = await client.get("/api/status")
+            assert answer.status_code == 200, answer.text
+            assert [row["queue"] for row in answer.json()["queues"]] == [queue]

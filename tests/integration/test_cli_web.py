@@ -16,6 +16,7 @@ from tests.cli import environment, script
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from pathlib import Path
 
 pytestmark = pytest.mark.rabbit
 
@@ -27,12 +28,15 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def serving(url: str, *args: str) -> AsyncIterator[tuple[int, list[str]]]:
-    """Run the command; yield its port and the lines it printed once it answers."""
+async def serving(
+    url: str | None, *args: str, cwd: Path | None = None
+) -> AsyncIterator[tuple[int, list[str]]]:
+    """Run the command (without --url for ``None``); yield its port and lines once it answers."""
     port = free_port()
     process = subprocess.Popen(
-        [*script(), "web", "--url", url, "--port", str(port), *args],
+        [*script(), "web", *(["--url", url] if url else []), "--port", str(port), *args],
         env=environment(None),
+        cwd=cwd,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,

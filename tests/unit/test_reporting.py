@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from faststream_retry import EventKind, Reason, RetryEvent, Rule, Verdict
+from faststream_retry import EventKind, Reason, RetryEvent, RetryLater, Rule, Verdict
 from faststream_retry.core import headers as h
 from faststream_retry.core.steps import Copy
 from faststream_retry.reporting import lines, metrics, spans
@@ -282,6 +282,28 @@ def test_retry_lines_carry_the_traceback_as_configured(
     assert (line.exc_text is not None) is with_traceback
     # FastStream's message id column wants a str, never None.
     assert line.message_id == ""  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("choice", ["first", "every"])
+def test_a_retry_later_is_one_line_without_a_traceback(
+    caplog: pytest.LogCaptureFixture, choice: str
+) -> None:
+    """RetryLater is the handler's own instruction, not a failure: no traceback under its line."""
+
+    class RateLimited(RetryLater):
+        pass
+
+    reporter = Reporter(Telemetry(None, None), [], log_retry_traceback=choice)
+    caplog.set_level(logging.INFO, logger="faststream_retry")
+    for error in (RetryLater(30, "429 from the API"), RateLimited(5)):
+        try:
+            raise error
+        except RetryLater as raised:  # noqa: PERF203 - two cases, each with its raise
+            reporter.report(
+                scheduled(attempt=1, max_attempts=5, delay_ms=30_000, due_ms=30_100), raised
+            )
+    lines = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert [(r.levelname, r.exc_text) for r in lines] == [("INFO", None), ("INFO", None)]
 
 
 def test_the_stock_reporter_logs_the_first_failures_traceback() -> None:
