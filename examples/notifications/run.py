@@ -33,7 +33,12 @@ from rich.table import Table
 from examples.notifications import app
 from faststream_retry import EventKind, RetryEvent
 
-console = Console(highlight=False)
+# Piped (`./scripts/demo | tee demo.log`), lines keep their length: rich would wrap at 80.
+console = Console(
+    highlight=False,
+    soft_wrap=True,
+    width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1_000,
+)
 START = time.monotonic()
 
 NOTIFICATIONS = [
@@ -170,17 +175,19 @@ def list_dead_letters() -> None:
     """End as an operator would start: the dead letters, listed by the operator command."""
     for queue in QUEUES:
         console.print(f"\n[bold]$ faststream-retry dlq list {queue}[/]")
+        # On a terminal the table fits it; piped, it keeps its full width (the command's
+        # own rule), and is written as it came: this console would wrap it at 80.
+        width = {"COLUMNS": str(console.width)} if console.is_terminal else {}
         listed = subprocess.run(
             [sys.executable, "-m", "faststream_retry", "dlq", "list", queue],
-            env={**os.environ, "RABBITMQ_URL": app.RABBITMQ_URL},
+            env={**os.environ, "RABBITMQ_URL": app.RABBITMQ_URL, **width},
             capture_output=True,
             text=True,
             check=False,
         )
+        console.file.flush()
+        sys.stdout.write((listed.stdout.rstrip() or listed.stderr.rstrip()) + "\n")
         sys.stdout.flush()
-        console.print(
-            listed.stdout.rstrip() or listed.stderr.rstrip(), markup=False, highlight=False
-        )
 
 
 async def main(timeout: float = 60.0) -> int:

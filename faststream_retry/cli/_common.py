@@ -15,6 +15,7 @@ import typer
 from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 from rich.console import Console
 from rich.markup import escape
+from rich.rule import Rule
 
 from faststream_retry.amqp.connection import safe_url
 from faststream_retry.ops.common import DEFAULT_URL, OperationError
@@ -41,6 +42,7 @@ __all__ = [
     "fail",
     "out",
     "print_json",
+    "rule",
     "run",
 ]
 
@@ -62,6 +64,8 @@ out = Console(
     width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1_000,
 )
 """Results: tables, records. JSON goes to stdout unformatted (``print_json``)."""
+RULE_WIDTH = 100
+"""How wide a rule is drawn when stdout is no terminal (its width is then 1,000)."""
 err = Console(stderr=True, highlight=False)
 """Progress, notes and errors, kept off stdout so ``--json`` output stays parseable."""
 
@@ -133,6 +137,13 @@ def broker_of(url: str | None, app: LoadedApp | None) -> tuple[str, str]:
 def examined(url: str, origin: str) -> str:
     """Say which broker a command examined, without its password."""
     return f"broker {safe_url(url)} ({origin})"
+
+
+def rule(title: str) -> None:
+    """Draw a rule with ``title`` across the terminal, or ``RULE_WIDTH`` wide when piped."""
+    out.print(
+        Rule(title, align="left"), width=min(out.width, RULE_WIDTH) if not out.is_terminal else None
+    )
 
 
 def fail(message: str, status: int = EXIT_ERROR) -> NoReturn:

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from faststream_retry.cli._common import Factory, Json, fail, out, print_json
+from faststream_retry.cli._common import Factory, Json, fail, out, print_json, rule
 from faststream_retry.core.topology import retry_queue_name, tier_name
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError
@@ -89,7 +89,7 @@ def _render(explanation: Explanation) -> None:
 
 def _render_queue(queue: QueueExplanation) -> None:
     out.print()
-    out.rule(f"[bold]{escape(queue.queue)}[/bold]", align="left")
+    rule(f"[bold]{escape(queue.queue)}[/bold]")
     if not queue.covered:
         out.print(
             "retries off for every handler: failures go to FastStream and nothing is declared "

@@ -26,9 +26,11 @@ from faststream_retry.cli._common import (
     fail,
     out,
     print_json,
+    rule,
     run,
 )
 from faststream_retry.core.defaults import PREFIX
+from faststream_retry.core.topology import looks_like_intake
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.explanation import format_ms
@@ -145,7 +147,7 @@ async def _watch(
             # makes a readable log instead.
             while True:
                 found = await ask(connection)
-                out.rule(time.strftime("%H:%M:%S"), align="left")
+                rule(time.strftime("%H:%M:%S"))
                 out.print(_render(found, header=header))
                 out.file.flush()
                 await asyncio.sleep(REFRESH_S)
@@ -168,11 +170,13 @@ def _render(found: Status, header: str = "", footer: str | None = None) -> Rende
     for column in ("queue", "ready", "consumers", ".retry", "re-checkers", ".dlq"):
         queues.add_column(column, justify="left" if column == "queue" else "right")
     for row in found.queues:
+        # The worker's intake has no .retry by design: "missing" would read as a fault.
+        intake = looks_like_intake(row.queue) and not row.retry.exists
         queues.add_row(
             escape(row.queue),
             _count(row.work),
             "" if row.work.consumers is None else str(row.work.consumers),
-            _count(row.retry),
+            "-" if intake else _count(row.retry),
             "" if row.retry.consumers is None else str(row.retry.consumers),
             _count(row.dlq),
         )

@@ -18,6 +18,7 @@ from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.topology import (
     dlq_name,
     is_retry_or_dlq,
+    looks_like_intake,
     retry_queue_name,
     tier_name,
     tier_ttl,
@@ -210,6 +211,12 @@ async def status(
     )
     ttls, tiers_from = _tiers(app, listed, prefix, notes)
     notes.append("counts are ready messages: those a consumer holds unacked are not counted")
+    notes.extend(
+        f"{name} is the retry worker's intake: it has no .retry of its own (its "
+        "messages' retries wait in the tiers, then go back to each one's work queue)"
+        for name in dict.fromkeys(names)
+        if looks_like_intake(name)
+    )
     rows = [
         QueueStatus(
             name,

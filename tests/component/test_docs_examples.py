@@ -7,15 +7,16 @@ checks that every page takes its Python from these files.
 from __future__ import annotations
 
 import importlib
+from email.message import Message
 from pathlib import Path
 from smtplib import SMTPException
 from typing import Any
+from urllib.error import HTTPError
 
 import pytest
 from faststream.rabbit import TestRabbitBroker
 
 from examples.docs import outage, publishers, service
-from examples.docs.clients import Response
 
 # The tests the testing page shows are collected here too. The dead letter's one pins the
 # fix of a `body: bytes` parameter, which pydantic refused for a JSON dead letter: the
@@ -44,10 +45,11 @@ async def test_quickstart_waits_as_long_as_retry_after_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 429 with Retry-After: 30 is retried in 30 s, whatever the backoff; a 200 ends it."""
-    answers = [Response(200), Response(429, {"Retry-After": "30"})]
+    answers = [None, HTTPError("https://example.com/hook", 429, "Too Many", _retry_after(30), None)]
 
-    async def post(url: str, body: object) -> Response:
-        return answers.pop()
+    async def post(url: str, body: object) -> None:
+        if (answer := answers.pop()) is not None:
+            raise answer
 
     monkeypatch.setattr(service, "post", post)
     async with TestRabbitBroker(service.broker) as br:
@@ -55,6 +57,12 @@ async def test_quickstart_waits_as_long_as_retry_after_says(
             await br.publish({"url": "https://example.com/hook"}, queue="webhook-queue")
     assert [e.delay_ms for e in recorder.scheduled] == [30_000]
     assert recorder.dead_letters == []
+
+
+def _retry_after(seconds: int) -> Message:
+    headers = Message()
+    headers["Retry-After"] = str(seconds)
+    return headers
 
 
 async def test_quickstart_dead_letters_an_smtp_outage_after_eight_attempts(

@@ -7,12 +7,13 @@ and the command is run as an operator runs it (a subprocess): nothing connects.
 from __future__ import annotations
 
 import socket
+import subprocess
 import textwrap
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.cli import run_cli
+from tests.cli import environment, run_cli, script
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -224,6 +225,24 @@ async def test_explain_prints_the_schedule_table_for_people(tmp_path: Path) -> N
     assert "retries off for every handler" in text
     assert "emails.retry" in text
     assert "x-dead-letter-routing-key=emails.dlq" in text
+
+
+def test_piped_without_columns_its_rules_stay_short(tmp_path: Path) -> None:
+    """Piped, tables keep their width (1,000 columns), and a queue's rule is 100 wide, not 3,000."""
+    url = write_app(tmp_path, "shop_piped")
+    env = {k: v for k, v in environment(url).items() if k != "COLUMNS"}
+    done = subprocess.run(
+        [*script(), "explain", "shop_piped:app"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rules = [line for line in done.stdout.splitlines() if line.startswith("emails ─")]
+    assert rules
+    assert all(len(line) == 100 for line in rules), [len(line) for line in rules]
 
 
 async def test_a_bad_app_spec_exits_2_naming_the_problem(tmp_path: Path) -> None:

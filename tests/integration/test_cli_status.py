@@ -288,3 +288,26 @@ async def test_status_exits_2_when_the_broker_the_app_or_the_management_api_cann
     )
     assert no_api.status == 3
     assert "cannot read the management API at http://127.0.0.1:1" in no_api.stderr
+
+
+async def test_the_workers_intake_has_no_retry_queue_and_is_not_shown_missing_one(
+    amqp: AbstractRobustConnection, rabbit_url: str
+) -> None:
+    """The retry worker's intake has no .retry by design: '-', and a note saying why."""
+    intake = f"{unique('w')}.intake"
+    channel = await amqp.channel()
+    for name in (intake, f"{intake}.dlq"):
+        await channel.declare_queue(name, durable=True)
+    try:
+        table = await run_cli("status", intake, url=rabbit_url)
+        assert table.status == 0, table.stderr
+        (row,) = [line for line in table.stdout.splitlines() if f"│ {intake} " in line]
+        assert [cell.strip() for cell in row.split("│")[1:-1]] == [intake, "0", "0", "-", "", "0"]
+        assert "missing" not in row
+        assert f"{intake} is the retry worker's intake" in table.stdout
+        as_json = await run_cli("status", intake, "--json", url=rabbit_url)
+        assert any("the retry worker's intake" in note for note in as_json.json()["notes"])
+    finally:
+        for name in (intake, f"{intake}.dlq"):
+            await channel.queue_delete(name)
+        await channel.close()

@@ -18,7 +18,8 @@ def test_demo_settles_every_message_and_draws_the_trace(rabbit_url: str) -> None
     result = subprocess.run(
         [sys.executable, "-m", "examples.notifications.run"],
         cwd=ROOT,
-        env={**os.environ, "RABBITMQ_URL": rabbit_url, "COLUMNS": "200"},
+        # Piped, as `./scripts/demo | tee demo.log` runs it: no terminal, no COLUMNS.
+        env={k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"RABBITMQ_URL": rabbit_url},
         capture_output=True,
         text=True,
         timeout=90,
@@ -35,3 +36,6 @@ def test_demo_settles_every_message_and_draws_the_trace(rabbit_url: str) -> None
     assert "email-queue.dlq: 1 dead letter (times in UTC)" in out
     assert "webhook-queue.dlq: 4 dead letters" in out
     assert "InvalidAddressError" in out
+    # Each dead letter's row is one line, as the command printed it, not wrapped at 80.
+    (row,) = [line for line in out.splitlines() if {"n5", "exhausted"} <= set(line.split())]
+    assert "eve@example.com" in row

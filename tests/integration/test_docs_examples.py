@@ -4,19 +4,40 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+import aio_pika
 import pytest
 from aiormq.exceptions import ChannelNotFoundEntity
 
 from faststream_retry import load_worker_config
 from faststream_retry.core.topology import intake_dlq_name, intake_name, registry_name
+from tests.conftest import ROOT
 from tests.integration.test_cli_dlq import declare, delete, ids_in, seed
-from tests.rabbit import consumers, eventually, eventually_async, queue_depth, unique
+from tests.rabbit import (
+    consumers,
+    eventually,
+    eventually_async,
+    queue_depth,
+    script_broker_ctl,
+    unique,
+)
+from tests.unit.test_docs import fences
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractRobustConnection
+    from collections.abc import Iterator
+
+    from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 
 pytestmark = pytest.mark.rabbit
 
@@ -115,3 +136,119 @@ async def test_the_worker_example_runs_the_example_config(
         for name in [intake_name(prefix)] + [f"{prefix}.delay.{ttl}" for ttl in ttls]:
             await channel.exchange_delete(name)
         await channel.close()
+
+
+@pytest.fixture
+def vhost_url(rabbit_url: str) -> Iterator[str]:
+    """A vhost of the test's own, for an example whose queue names are fixed ("email-queue")."""
+    ctl = script_broker_ctl(rabbit_url)
+    if ctl is None:
+        pytest.skip("needs the broker of scripts/rabbitmq/start.sh to add a vhost")
+    vhost = unique("quickstart")
+
+    def run(*args: str) -> None:
+        done = subprocess.run([str(ctl), "-q", *args], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+
+    run("add_vhost", vhost)
+    run("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    try:
+        yield f"{rabbit_url.rstrip('/')}/{vhost}"
+    finally:
+        run("delete_vhost", vhost)
+
+
+class _RateLimited(BaseHTTPRequestHandler):
+    """A webhook that answers 429 with Retry-After: 1 the first time, then 200."""
+
+    hits: ClassVar[list[float]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.hits.append(time.monotonic())
+        if len(self.hits) == 1:
+            self.send_response(429)
+            self.send_header("Retry-After", "1")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+async def test_the_readme_quickstart_runs_as_written_from_an_empty_folder(
+    vhost_url: str, tmp_path: Path
+) -> None:
+    """The issue's repro: `from .clients import ...` failed under `faststream run quickstart:app`.
+
+    The README's block, saved in an empty folder and started as the README says, on a
+    real broker: an invalid address is dead-lettered at once, a mail with no mail server
+    is retried, a 429 waits its Retry-After and then succeeds, a non-web address is a
+    permanent failure.
+    """
+    (source,) = fences((ROOT / "README.md").read_text(), "python")
+    (tmp_path / "quickstart.py").write_text(source)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        smtp = f"127.0.0.1:{closed.getsockname()[1]}"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RateLimited)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _RateLimited.hits.clear()
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "RABBITMQ_URL"}}
+    log = tmp_path / "app.log"
+    with log.open("w") as output:
+        app = subprocess.Popen(
+            [str(Path(sys.executable).with_name("faststream")), "run", "quickstart:app"],
+            cwd=tmp_path,
+            env={**env, "RABBITMQ_URL": vhost_url, "SMTP_HOST": smtp},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        await eventually(
+            lambda: "started successfully" in log.read_text() or app.poll() is not None,
+            timeout=30,
+            what="the app's start",
+        )
+        assert app.poll() is None, log.read_text()
+        connection = await aio_pika.connect(vhost_url)
+        async with connection:
+            channel = await connection.channel()
+            for queue, body in [
+                ("email-queue", {"to": "nope", "text": "hi"}),
+                ("email-queue", {"to": "ada@example.com", "text": "hi"}),
+                ("webhook-queue", {"url": f"http://127.0.0.1:{server.server_port}/hook"}),
+                ("webhook-queue", {"url": "file:///etc/passwd"}),
+            ]:
+                await channel.default_exchange.publish(
+                    aio_pika.Message(json.dumps(body).encode(), content_type="application/json"),
+                    routing_key=queue,
+                )
+            await eventually(lambda: len(_RateLimited.hits) == 2, timeout=30, what="two calls")
+            await eventually_async(
+                lambda: _depths(connection, {"email-queue.dlq": 1, "webhook-queue.dlq": 1}),
+                timeout=30,
+                what="one dead letter in each .dlq",
+            )
+        assert _RateLimited.hits[1] - _RateLimited.hits[0] >= 1.0  # Retry-After: 1
+        text = log.read_text()
+        assert "retry scheduled" in text  # the mail, with no mail server
+        assert "ConnectionRefusedError" in text
+    finally:
+        app.send_signal(signal.SIGINT)
+        app.wait(30)
+        server.shutdown()
+
+
+async def _depths(connection: AbstractConnection, wanted: dict[str, int]) -> bool:
+    channel = await connection.channel()
+    try:
+        for name, depth in wanted.items():
+            queue = await channel.declare_queue(name, passive=True)
+            if queue.declaration_result.message_count != depth:
+                return False
+    finally:
+        await channel.close()
+    return True
