@@ -21,7 +21,9 @@ from faststream_retry.cli._common import (
     print_json,
     run,
 )
+from faststream_retry.cli.status import ManagementUrl  # noqa: TC001 - typer reads it
 from faststream_retry.ops import OperationError, connect, doctor, load_app
+from faststream_retry.ops.management import vhost_of
 
 if TYPE_CHECKING:
     from faststream_retry.ops.diagnosis import Report
@@ -41,6 +43,7 @@ def doctor_command(
         str, typer.Argument(help="The app, as `faststream run` takes it: module:attribute.")
     ],
     url: AppUrl = None,
+    management_url: ManagementUrl = None,
     json: Json = False,
     factory: Factory = False,
 ) -> None:
@@ -50,7 +53,8 @@ def doctor_command(
     queue and exchange it declares, permissions, quorum delivery limits) and
     finds what a start only logs or cannot see: queues without the consumer
     they need, stranded .retry queues, dead letters, tiers of an earlier
-    tick, migrations cut short.
+    tick, migrations cut short; with --management-url, copies a tier holds
+    that their queue would not take (AMQP cannot count them).
 
     The app's own broker is examined unless --url (or RABBITMQ_URL) says otherwise.
 
@@ -65,7 +69,9 @@ def doctor_command(
 
     async def check() -> Report:
         async with connect(url) as connection:
-            return await doctor(connection, loaded)
+            return await doctor(
+                connection, loaded, management_url=management_url, vhost=vhost_of(url)
+            )
 
     report = run(check())
     if json:

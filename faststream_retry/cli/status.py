@@ -186,10 +186,16 @@ def _render(found: Status, header: str = "", footer: str | None = None) -> Rende
             title=f"delay tiers {found.prefix}.delay.<ms> (from {' and '.join(found.tiers_from)})",
             title_justify="left",
         )
-        for column in ("tier", "TTL", "waiting"):
+        backlog = any(tier.undeliverable is not None for tier in found.tiers)
+        for column in ("tier", "TTL", "waiting", *(["undeliverable"] if backlog else [])):
             tiers.add_column(column, justify="left" if column == "tier" else "right")
         for tier in found.tiers:
-            tiers.add_row(escape(tier.depth.name), format_ms(tier.ttl_ms), _count(tier.depth))
+            tiers.add_row(
+                escape(tier.depth.name),
+                format_ms(tier.ttl_ms),
+                _count(tier.depth),
+                *([str(tier.undeliverable or 0)] if backlog else []),
+            )
         parts.append(tiers)
     parts.extend(Text(f"note: {note}", style="dim") for note in found.notes)
     if footer:

@@ -18,7 +18,7 @@ from faststream_retry.core.topology import is_retry_queue, migrating_name, tier_
 from faststream_retry.core.versions import MIN_VERSION, parse_version, too_old
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
 
     from faststream_retry.core.advice import Advice, Mismatch, Refusal
     from faststream_retry.core.topology import TopologyOptions
@@ -73,7 +73,7 @@ class Finding:
     severity: Severity
     check: str
     """Which check found it: version, arguments, permissions, missing, delivery-limit,
-    consumers, dead-letters, stranded, old-tier, rabbitmq-4."""
+    consumers, dead-letters, stranded, old-tier, rabbitmq-4, undeliverable."""
     subject: str
     """The object it is about (a queue, an exchange), or ``""`` for the broker as a whole."""
     what: str
@@ -351,6 +351,33 @@ def stranded_findings(stranded: Iterable[tuple[str, int]]) -> list[Finding]:
             "either releases them), or move the messages by hand",
         )
         for queue, messages in stranded
+    ]
+
+
+def backlog_findings(backlog: Mapping[str, int] | None, tiers: Iterable[str]) -> list[Finding]:
+    """Name the tiers holding copies their queue would not take (``None``: not asked).
+
+    Such copies sit in the quorum tier's at-least-once dead-letter backlog, which a
+    passive declare does not count: only the management API (``messages_dlx``) does.
+    """
+    if backlog is None:
+        return []
+    return [
+        Finding(
+            "action",
+            "undeliverable",
+            name,
+            f"tier {name!r} holds {stuck} cop{'y' if stuck == 1 else 'ies'} that its queue "
+            "would not take",
+            "each copy's queue was deleted, or refuses it (full by a policy): RabbitMQ tries "
+            "again every 180 s, and while 32 wait the tier releases nothing, for any queue of "
+            "the prefix",
+            "declare the queue again (start the service that owns it) and they go home; a "
+            "service being retired is stopped and its retries drained before its queues are "
+            "deleted",
+        )
+        for name in tiers
+        if (stuck := backlog.get(name, 0))
     ]
 
 

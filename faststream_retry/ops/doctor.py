@@ -8,16 +8,18 @@ findings mean is decided in ``faststream_retry.ops.diagnosis``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.amqp.checks import check_objects
 from faststream_retry.amqp.probe import depth
 from faststream_retry.amqp.registry import retry_queues_in_use, stranded_queues
 from faststream_retry.core.advice import series_advice, work_queue_findings
-from faststream_retry.core.topology import merge_routes, migrating_name
+from faststream_retry.core.topology import merge_routes, migrating_name, tier_ttl
 from faststream_retry.core.versions import parse_version
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import amqp_of
+from faststream_retry.ops.management import list_queues
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -28,14 +30,25 @@ if TYPE_CHECKING:
 __all__ = ["doctor"]
 
 
-async def doctor(connection: AbstractConnection, app: LoadedApp) -> diagnosis.Report:
+async def doctor(
+    connection: AbstractConnection,
+    app: LoadedApp,
+    *,
+    management_url: str | None = None,
+    vhost: str = "/",
+) -> diagnosis.Report:
     """Check ``app``'s topology on the broker as its start would, and report, never raise.
 
     Covers: the server version for the app's ``queue_type``; every planned object that
     exists, declared with its planned arguments (406 mismatches, 403 refusals); the
     quorum work queues' delivery limits; the consumers of the app's queues; ``.retry``
     queues in the registry that no subscriber of the app owns; and tiers of other ticks
-    (probed by name: see ``diagnosis.PROBED_TICKS_MS``).
+    (probed by name: see ``diagnosis.PROBED_TICKS_MS``). Given ``management_url``
+    (RabbitMQ's management API, for ``vhost``), also the copies a tier holds that their
+    queue would not take, which AMQP cannot count.
+
+    Raises:
+        OperationError: the management API could not be read.
     """
     amqp = amqp_of(connection)
     raw = amqp.server_properties.get("version")
@@ -71,6 +84,12 @@ async def doctor(connection: AbstractConnection, app: LoadedApp) -> diagnosis.Re
     stranded = await stranded_queues(connection, options.prefix, owned)
     findings += diagnosis.stranded_findings((s.queue, s.messages) for s in stranded)
     findings += diagnosis.old_tier_findings(await _old_tiers(connection, topology))
+    if management_url is not None:
+        listed = await asyncio.to_thread(list_queues, management_url, vhost)
+        findings += diagnosis.backlog_findings(
+            {row.name: row.undeliverable for row in listed},
+            [row.name for row in listed if tier_ttl(row.name, options.prefix) is not None],
+        )
     return diagnosis.Report(
         app=app.spec,
         prefix=options.prefix,

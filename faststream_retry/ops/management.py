@@ -10,11 +10,12 @@ import base64
 import json
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from faststream_retry.ops.common import OperationError
 
-__all__ = ["list_queues", "vhost_of"]
+__all__ = ["Listed", "list_queues", "vhost_of"]
 
 TIMEOUT_S = 10.0
 
@@ -25,8 +26,18 @@ def vhost_of(amqp_url: str) -> str:
     return unquote(path[1:]) if len(path) > 1 else "/"
 
 
-def list_queues(management_url: str, vhost: str, timeout: float = TIMEOUT_S) -> list[str]:
-    """Return the names of every queue in ``vhost`` (blocking: run it in a thread).
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A queue as the management API lists it."""
+
+    name: str
+    undeliverable: int = 0
+    """Messages a quorum queue dead-lettered at least once and could not deliver yet
+    (``messages_dlx``): their target is gone or refuses them. AMQP does not count them."""
+
+
+def list_queues(management_url: str, vhost: str, timeout: float = TIMEOUT_S) -> list[Listed]:
+    """Return every queue in ``vhost`` (blocking: run it in a thread).
 
     Raises:
         OperationError: the URL is not http(s), or the API cannot be reached, refuses
@@ -39,7 +50,7 @@ def list_queues(management_url: str, vhost: str, timeout: float = TIMEOUT_S) -> 
         )
     netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
     base = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
-    url = f"{base}/api/queues/{quote(vhost, safe='')}?columns=name"
+    url = f"{base}/api/queues/{quote(vhost, safe='')}?columns=name,messages_dlx"
     request = urllib.request.Request(url)  # noqa: S310 - the scheme is checked above
     user, password = unquote(parts.username or "guest"), unquote(parts.password or "guest")
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
@@ -56,5 +67,12 @@ def list_queues(management_url: str, vhost: str, timeout: float = TIMEOUT_S) -> 
     if not isinstance(rows, list):
         raise OperationError(f"the management API at {base} did not answer a list of queues")
     return [
-        row["name"] for row in rows if isinstance(row, dict) and isinstance(row.get("name"), str)
+        Listed(row["name"], _count(row.get("messages_dlx")))
+        for row in rows
+        if isinstance(row, dict) and isinstance(row.get("name"), str)
     ]
+
+
+def _count(value: object) -> int:
+    """A count the API gave, or 0 (a classic queue has none; an old broker omits it)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

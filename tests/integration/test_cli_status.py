@@ -9,6 +9,7 @@ as an operator does.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import textwrap
@@ -22,6 +23,7 @@ from faststream_retry.middleware.app import LoadedApp
 from faststream_retry.ops.app import load_app
 from tests.cli import environment, run_cli, script
 from tests.rabbit import delete_declared, queue_depth, unique
+from tests.unit.test_management import Recorder, server  # noqa: F401 - a fixture
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -311,3 +313,35 @@ async def test_the_workers_intake_has_no_retry_queue_and_is_not_shown_missing_on
         for name in (intake, f"{intake}.dlq"):
             await channel.queue_delete(name)
         await channel.close()
+
+
+async def test_copies_a_tier_cannot_hand_back_are_counted_through_the_management_api(
+    started: Started,
+    rabbit_url: str,
+    server: str,  # noqa: F811 - the fixture, imported above
+) -> None:
+    """AMQP does not count a quorum tier's dead-letter backlog; status and doctor say it.
+
+    The management API's answer is stood in for (the test broker runs without the
+    plugin): ``messages_dlx`` is the field RabbitMQ 3.10 and 4.3 give for it, measured
+    by hand (copies addressed to a deleted queue: 0 by a passive declare, 5 there).
+    """
+    tier = f"{started.prefix}.delay.400"
+    Recorder.answer = (200, json.dumps([{"name": tier, "messages_dlx": 5}]).encode())
+    spec = f"{started.module}:broker"
+    management = f"http://guest:guest@{server}"
+    shown = await run_cli(
+        "status", "--app", spec, "--management-url", management, url=rabbit_url, cwd=started.folder
+    )
+    assert shown.status == 0, shown.stderr
+    (row,) = [line for line in shown.stdout.splitlines() if f"│ {tier} " in line]
+    assert [cell.strip() for cell in row.split("│")[1:-1]] == [tier, "400 ms", "0", "5"]
+    assert f"{tier} holds 5 copies whose queue would not take them" in shown.stdout
+    without = await run_cli("status", "--app", spec, url=rabbit_url, cwd=started.folder)
+    assert "give --management-url to see them" in without.stdout
+    doctor = await run_cli(
+        "doctor", spec, "--management-url", management, "--json", url=rabbit_url, cwd=started.folder
+    )
+    assert doctor.status == 1, doctor.stderr
+    (finding,) = [f for f in doctor.json()["findings"] if f["check"] == "undeliverable"]
+    assert (finding["severity"], finding["subject"]) == ("action", tier)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pytest
 
 from faststream_retry.ops.common import OperationError
-from faststream_retry.ops.management import list_queues
+from faststream_retry.ops.management import Listed, list_queues
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -56,12 +56,22 @@ def server() -> Iterator[str]:
 
 
 def test_it_asks_for_the_queue_names_of_the_vhost_with_the_urls_credentials(server: str) -> None:
-    rows = [{"name": "retry.delay.100"}, {"name": "orders.dlq"}, {"other": 1}, "junk"]
+    rows = [
+        {"name": "retry.delay.100", "messages_dlx": 32},
+        {"name": "orders.dlq"},
+        {"name": "odd", "messages_dlx": "7"},
+        {"other": 1},
+        "junk",
+    ]
     Recorder.answer = (200, json.dumps(rows).encode())
-    names = list_queues(f"http://ops:s%3Acret@{server}/", "prod/eu")
-    assert names == ["retry.delay.100", "orders.dlq"]
+    listed = list_queues(f"http://ops:s%3Acret@{server}/", "prod/eu")
+    assert listed == [
+        Listed("retry.delay.100", undeliverable=32),
+        Listed("orders.dlq"),
+        Listed("odd"),
+    ]
     (request,) = Recorder.seen
-    assert request["path"] == "/api/queues/prod%2Feu?columns=name"
+    assert request["path"] == "/api/queues/prod%2Feu?columns=name,messages_dlx"
     assert request["auth"] == "Basic " + base64.b64encode(b"ops:s:cret").decode()
 
 
