@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 from typing import TYPE_CHECKING
 
+import aio_pika
 from aiormq.exceptions import AMQPError, ChannelNotFoundEntity
 
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
@@ -12,7 +15,7 @@ from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
 
-__all__ = ["Probe", "QueueDepth", "depth", "plain_classic"]
+__all__ = ["Probe", "QueueDepth", "depth", "plain_classic", "refuses_transient_queues"]
 
 
 class QueueDepth:
@@ -59,6 +62,36 @@ async def plain_classic(connection: AbstractConnection, queue: str) -> bool:
     finally:
         await close_quietly(channel)
     return True
+
+
+_DEPRECATED = "transient_nonexcl_queues"
+
+
+async def refuses_transient_queues(url: str) -> bool | None:
+    """Return whether the broker at ``url`` refuses a transient queue that is not exclusive.
+
+    RabbitMQ 4.x deprecates such queues, and refuses them where an operator set
+    ``deprecated_features.permit.transient_nonexcl_queues = false``: it then closes the
+    whole connection (541), so the probe runs on a connection of its own. The probe
+    queue, ``faststream-retry.probe.<random>``, expires a second after it is made.
+    ``None``: the probe itself failed (no connection, no permission), so nothing is known.
+    """
+    name = f"faststream-retry.probe.{secrets.token_hex(8)}"
+    try:
+        connection = await aio_pika.connect(url, timeout=RPC_TIMEOUT_S)
+    except Exception:
+        return None
+    try:
+        channel = await connection.channel()
+        await channel.declare_queue(
+            name, durable=False, exclusive=False, arguments={"x-expires": 1000}
+        )
+    except AMQPError as exc:
+        return _DEPRECATED in str(exc) or None
+    finally:
+        with contextlib.suppress(Exception):
+            await connection.close()
+    return False
 
 
 class Probe:

@@ -347,6 +347,19 @@ def work_queue_findings(
     return findings
 
 
+def transient_queue_advice(name: str) -> Advice:
+    """Return the advice on work queue ``name``, declared transient and not exclusive."""
+    return Advice(
+        f"queue {name!r} is declared transient (durable=False) and not exclusive",
+        "a broker restart deletes it with every message in it, and the "
+        "retry copies on their way back to it find no queue; RabbitMQ 4.x "
+        "deprecates such queues and refuses them where "
+        "deprecated_features.permit.transient_nonexcl_queues = false",
+        f"declare it RabbitQueue({name!r}, durable=True) (a new name, or "
+        "delete the queue first: RabbitMQ refuses to redeclare it durable)",
+    )
+
+
 def series_advice(
     routes: Iterable[Route], version: tuple[int, int] | None
 ) -> list[tuple[str, Advice]]:
@@ -364,20 +377,7 @@ def series_advice(
     for route in routes:
         name = route.queue
         if route.transient:
-            found.append(
-                (
-                    name,
-                    Advice(
-                        f"queue {name!r} is declared transient (durable=False) and not exclusive",
-                        "a broker restart deletes it with every message in it, and the "
-                        "retry copies on their way back to it find no queue; RabbitMQ 4.x "
-                        "deprecates such queues and refuses them where "
-                        "deprecated_features.permit.transient_nonexcl_queues = false",
-                        f"declare it RabbitQueue({name!r}, durable=True) (a new name, or "
-                        "delete the queue first: RabbitMQ refuses to redeclare it durable)",
-                    ),
-                )
-            )
+            found.append((name, transient_queue_advice(name)))
         if str(route.arguments.get("x-queue-version")) == "1":
             found.append(
                 (

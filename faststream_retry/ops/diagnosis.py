@@ -13,7 +13,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from faststream_retry.core.advice import migrate_command, mismatch_advice, refusal_advice
+from faststream_retry.core.advice import (
+    migrate_command,
+    mismatch_advice,
+    refusal_advice,
+    transient_queue_advice,
+)
 from faststream_retry.core.topology import is_retry_queue, migrating_name, tier_name
 from faststream_retry.core.versions import MIN_VERSION, parse_version, too_old
 
@@ -197,9 +202,33 @@ def missing_findings(missing: Iterable[tuple[str, str]]) -> list[Finding]:
     ]
 
 
-def series_findings(found: Iterable[tuple[str, Advice]]) -> list[Finding]:
-    """Turn the advice on work queues RabbitMQ 4.x deprecates or refuses into warnings."""
-    return [Finding.of("warning", "rabbitmq-4", queue, advice) for queue, advice in found]
+def series_findings(
+    found: Iterable[tuple[str, Advice]], *, transient_refused: bool = False
+) -> list[Finding]:
+    """Turn the advice on work queues RabbitMQ 4.x deprecates or refuses into warnings.
+
+    ``transient_refused``: this broker refuses transient queues that are not exclusive
+    (``amqp.probe.refuses_transient_queues``), so a work queue declared so stops the
+    app's start: that needs action, not a warning.
+    """
+    findings = []
+    for queue, advice in found:
+        if transient_refused and advice == transient_queue_advice(queue):
+            findings.append(
+                Finding(
+                    "action",
+                    "rabbitmq-4",
+                    queue,
+                    advice.what,
+                    "this broker refuses such queues "
+                    "(deprecated_features.permit.transient_nonexcl_queues = false): it closes "
+                    "the app's connection at the declaration, so the app cannot start",
+                    advice.fix,
+                )
+            )
+        else:
+            findings.append(Finding.of("warning", "rabbitmq-4", queue, advice))
+    return findings
 
 
 def limit_findings(found: Iterable[tuple[int, str]]) -> list[Finding]:

@@ -2,8 +2,10 @@
 
 Everything here only looks: passive declares, and a declaration with the planned
 arguments only of an object that already exists (equal, it is a no-op; different, a
-406 that closes a throwaway channel). The registry is read without acking. What the
-findings mean is decided in ``faststream_retry.ops.diagnosis``.
+406 that closes a throwaway channel). The registry is read without acking. For an app
+with a transient work queue, a probe queue that expires after a second asks, on a
+connection of its own, whether the broker refuses such queues. What the findings mean is
+decided in ``faststream_retry.ops.diagnosis``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.amqp.checks import check_objects
-from faststream_retry.amqp.probe import depth
+from faststream_retry.amqp.probe import depth, refuses_transient_queues
 from faststream_retry.amqp.registry import retry_queues_in_use, stranded_queues
 from faststream_retry.core.advice import series_advice, work_queue_findings
 from faststream_retry.core.topology import merge_routes, migrating_name, tier_ttl
@@ -77,7 +79,12 @@ async def doctor(
     findings += diagnosis.limit_findings(
         work_queue_findings(topology.routes.values(), app.config.default, version)
     )
-    findings += diagnosis.series_findings(series_advice(topology.routes.values(), version))
+    refused = any(route.transient for route in topology.routes.values()) and bool(
+        await _refuses_transient(connection)
+    )
+    findings += diagnosis.series_findings(
+        series_advice(topology.routes.values(), version), transient_refused=refused
+    )
     findings += diagnosis.queue_findings(await _states(connection, topology))
     findings += diagnosis.cut_short_findings(await _cut_short(connection, topology), options)
     owned = {route.queue for route in app.routes}
@@ -97,6 +104,15 @@ async def doctor(
         server_version=version_text,
         findings=tuple(findings),
     )
+
+
+async def _refuses_transient(connection: AbstractConnection) -> bool | None:
+    """Probe, on a connection of its own to the same broker, whether it refuses transient queues.
+
+    ``None`` when the connection does not say its URL (nothing is known then).
+    """
+    url = getattr(connection, "url", None)
+    return None if url is None else await refuses_transient_queues(str(url))
 
 
 async def _as_started(connection: AbstractConnection, app: LoadedApp) -> Plan:

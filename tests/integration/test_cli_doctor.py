@@ -14,6 +14,7 @@ import aio_pika
 import pytest
 from aiormq.exceptions import ChannelNotFoundEntity
 
+from faststream_retry.amqp.probe import refuses_transient_queues
 from faststream_retry.core.topology import (
     Route,
     TopologyOptions,
@@ -22,7 +23,7 @@ from faststream_retry.core.topology import (
     tier_name,
 )
 from tests.cli import run_cli
-from tests.rabbit import App, consumers, unique
+from tests.rabbit import App, consumers, script_broker_ctl, series_of, unique
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -190,16 +191,22 @@ async def test_doctor_warns_of_a_work_queue_rabbitmq_4_deprecates(
     rabbit_url: str, amqp: AbstractRobustConnection, tmp_path: Path
 ) -> None:
     """A work queue declared transient and not exclusive: a broker restart deletes it with
-    its messages, and RabbitMQ 4.x deprecates it. A warning names it, with the fix."""
+    its messages, and RabbitMQ 4.x deprecates it. A warning names it, with the fix; on a
+    broker that refuses such queues (the suite's 4.3 does), the app cannot start: an action.
+    """
     prefix, queue = unique("doc-transient"), unique("orders")
     declared = f"RabbitQueue({queue!r}, durable=False)"
     spec = write_app(tmp_path, rabbit_url, prefix, queue, declared=declared)
+    refused = await refuses_transient_queues(rabbit_url)
+    assert refused is not None
+    if series_of(amqp) >= (4, 3) and script_broker_ctl(rabbit_url) is not None:
+        assert refused  # scripts/rabbitmq/start.sh denies them on 4.3
 
     result = await run_cli("doctor", spec, "--json", url=rabbit_url, cwd=tmp_path)
 
-    assert result.status == 0, result.stderr  # a warning, not an action
+    assert result.status == (1 if refused else 0), result.stderr
     (found,) = by_check(result.json(), "rabbitmq-4")
-    assert (found["severity"], found["subject"]) == ("warning", queue)
+    assert (found["severity"], found["subject"]) == ("action" if refused else "warning", queue)
     assert "declared transient (durable=False) and not exclusive" in found["what"]
     assert "transient_nonexcl_queues" in found["why"]
     assert f"RabbitQueue({queue!r}, durable=True)" in found["fix"]
