@@ -9,6 +9,7 @@ samples its ``.dlq`` depths for the metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING
 
 from aiormq.exceptions import ChannelAccessRefused
@@ -68,6 +69,7 @@ class Live:
         """Samples each route's ``.dlq`` depth when the metrics are read."""
         self._wait_s = config.publish_timeout_s
         self._consuming = False
+        self._stopping = asyncio.Event()
         self._adopting = asyncio.Lock()
 
     async def open(self) -> None:
@@ -110,6 +112,7 @@ class Live:
     async def start_consumers(self) -> None:
         """Start the re-check consumers (and again after each reopen)."""
         self._consuming = True
+        self._stopping.clear()
         channel = self.channels.consume_channel
         # A channel being reopened right now may be past its on_open: start on it
         # here too (once per channel); a closed one is replaced, and its
@@ -126,8 +129,22 @@ class Live:
         if self.outages is not None:
             self.outages.close()
         self._consuming = False
+        self._stopping.set()
         self.channels.forget_consumers()
         await self.recheck.stop(self._wait_s)
+
+    async def hold(self, seconds: float) -> bool:
+        """Wait ``seconds`` while holding a message; ``False`` if the plugin stops meanwhile.
+
+        A message held so its copy can be placed again must go back at a stop: the
+        broker's graceful stop would otherwise wait for it.
+        """
+        if not self._consuming:
+            return False
+        # asyncio's own: TimeoutError is an alias of it only from Python 3.11 on.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._consuming
 
     async def cover(
         self, route: Route, why: str = "its subscriber joined the running broker"

@@ -76,13 +76,15 @@ async def give_up(
     outcomes: list[Outcome],
     requeues: Requeues,
     exception: BaseException | None = None,
+    held: int = 0,
 ) -> bool:
     """Dead-letter ``message``, whose copy ``tried`` was not confirmed, if it has tried enough.
 
     ``core.steps.stuck`` says when: the delivery came back ``delivery_limit`` times (by
-    the broker's count or by ``requeues``, this process's), or a release is
-    ``max_delay`` late. ``True`` once that dead letter is confirmed (ack the original);
-    ``False``: the caller requeues it after the pause, and ``requeues`` counts that.
+    the broker's count or by ``requeues``, this process's, plus ``held``: the times its
+    copy was placed again while the message was held), or a release is ``max_delay``
+    late. ``True`` once that dead letter is confirmed (ack the original); ``False``: the
+    caller holds or requeues it, and ``requeues`` counts that.
     """
     if not outcomes or Outcome.CONFIRMED in outcomes:
         return False
@@ -94,12 +96,13 @@ async def give_up(
         limit=plan.options.delivery_limit,
         max_delay_ms=plan.tiers.max_delay_ms,
         outcome=outcomes[-1].value,
-        requeued=requeues.seen(route.queue, message),
+        requeued=requeues.seen(route.queue, message) + held,
     )
     if letter is not None and await publish_step(
         reporter, publisher, message, letter, exception=exception, outcomes=outcomes
     ):
         requeues.settled(route.queue, message)
         return True
-    requeues.requeued(route.queue, message)
+    if not held:
+        requeues.requeued(route.queue, message)
     return False

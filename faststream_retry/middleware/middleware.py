@@ -87,7 +87,8 @@ class RetryMiddleware:
             limit RabbitMQ moves the message to ``<queue>.dlq``.
         prefetch: unacked messages per re-check consumer channel.
         publish_failure_pause: how long a message whose copy could not be confirmed
-            is held before it is requeued (no hot loop while the broker is sick).
+            is held before its copy is placed again (no hot loop while the broker is
+            sick; the handler is not run again), up to ``delivery_limit`` times.
         publish_timeout: how long to wait for a broker confirm; at least 1 s (a copy
             whose confirm comes later is published again: a duplicate).
         log_retry_traceback: which retry log lines carry the failure's traceback:

@@ -83,7 +83,11 @@ class LiveSink:
     ) -> None:
         """Publish the copy the decision calls for, report it once confirmed, and settle.
 
-        Acked after a confirmed copy; otherwise requeued after a pause.
+        Acked after a confirmed copy. A copy the broker would not take (a full tier, a
+        queue refusing it) is placed again after a pause while the message is held:
+        the handler ran once and is not run again for it. Once the delivery limit is
+        reached it is dead-lettered (``stuck``); a message whose channel closed
+        meanwhile is the broker's to redeliver.
         """
         live = self._live
         raw = msg.raw_message
@@ -96,24 +100,43 @@ class LiveSink:
             incoming=raw.headers,
             now_ms=h.now_ms(),
         )
-        outcomes: list[Outcome] = []
-        ok = await publish_step(
-            self._reporter, live.publisher, raw, step, exception=exc, outcomes=outcomes
-        ) or await give_up(
-            self._reporter,
-            live.publisher,
-            raw,
-            step,
-            plan=live.plan,
-            route=route,
-            outcomes=outcomes,
-            requeues=live.requeues,
-            exception=exc,
-        )
-        if ok:
-            await msg.ack()
-        else:
-            await requeue_after_pause(msg, self._pause_s)
+        held = 0
+        while True:
+            outcomes: list[Outcome] = []
+            if await publish_step(
+                self._reporter, live.publisher, raw, step, exception=exc, outcomes=outcomes
+            ) or await give_up(
+                self._reporter,
+                live.publisher,
+                raw,
+                step,
+                plan=live.plan,
+                route=route,
+                outcomes=outcomes,
+                requeues=live.requeues,
+                exception=exc,
+                held=held,
+            ):
+                await msg.ack()
+                return
+            # Held, the copy is placed again after the pause; at a stop, or once the
+            # channel closed, the message goes back instead.
+            if not _holdable(raw) or not await live.hold(self._pause_s):
+                await requeue_after_pause(msg, 0)
+                return
+            held += 1
+
+
+def _holdable(raw: Any) -> bool:  # noqa: ANN401 - aio-pika's incoming message
+    """Whether ``raw`` can still be acked later: its channel is open.
+
+    Once it closed, the broker has the message back already, and redelivers it.
+    """
+    try:
+        channel = raw.channel  # aio-pika raises once it closed
+    except Exception:
+        return False
+    return not getattr(channel, "is_closed", True)
 
 
 def record_in_process(

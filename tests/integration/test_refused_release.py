@@ -72,3 +72,52 @@ async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limi
     assert await drain(amqp, f"{queue}.dlq", expect=0) == []
     assert await queue_depth(amqp, queue) == 0
     assert await app.waiting(amqp, queue) == 0
+
+
+async def test_a_copy_the_tiers_refuse_is_placed_again_without_running_the_handler_again(
+    rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """Tiers that refuse every copy (full by a policy): the message is held and its copy
+    placed again after each pause, and then dead-lettered as stuck. The handler runs once
+    per message: a handler with side effects is not run again because a copy could not be
+    placed (it ran 13 times a message before, each refusal a requeue). Classic tiers: a
+    quorum queue enforces max-length 0 only roughly, and took some copies here."""
+    script_ctl = script_broker_ctl(rabbit_url)
+    if script_ctl is None:
+        pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
+
+    def ctl(*args: str) -> None:
+        subprocess.run([str(script_ctl), "-q", *args], check=True, capture_output=True)
+
+    app: App = make_app(
+        queue_type="classic",
+        delivery_limit=4,
+        publish_failure_pause=0.05,
+        default=RetryPolicy(max_attempts=3, backoff=Fixed(0.3)),
+    )
+    queue = unique("held")
+    calls: list[str] = []
+
+    @app.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        calls.append(body)
+        raise ConnectionError(body)
+
+    tiers = f"^{app.prefix}\\.delay\\."
+    policy = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    ctl("set_policy", app.prefix, tiers, policy, "--apply-to", "queues")
+    try:
+        await app.start()
+        sent = [f"m{i}" for i in range(5)]
+        channel = await amqp.channel(publisher_confirms=True)
+        for body in sent:
+            await channel.default_exchange.publish(
+                aio_pika.Message(json.dumps(body).encode(), message_id=body), routing_key=queue
+            )
+        await channel.close()
+        dead = await drain(amqp, f"{queue}.dlq", expect=len(sent), timeout=60)
+    finally:
+        ctl("clear_policy", app.prefix)
+    assert sorted(m.message_id or "" for m in dead) == sent
+    assert {dict(m.headers or {})[h.REASON] for m in dead} == {"stuck"}
+    assert sorted(calls) == sent  # once each
