@@ -112,13 +112,25 @@ async def _partial_has_data(folder: Path, process: asyncio.subprocess.Process) -
         await asyncio.sleep(0.01)
 
 
-async def test_a_broker_gone_mid_export_leaves_the_old_file(
-    amqp: AbstractRobustConnection, rabbit_url: str, dead: str, tmp_path: Path
-) -> None:
+@pytest.fixture
+async def big(amqp: AbstractRobustConnection, dead: str, tmp_path: Path) -> tuple[list[str], Path]:
+    """3,000 dead letters in ``dead``'s quorum .dlq (an export of a few seconds), and an
+    earlier export at ``keep.jsonl``."""
     ids = [f"m{i:04}" for i in range(3000)]
     await seed(amqp, dead, [(i, "exhausted", i.encode() * 40, None) for i in ids])
     keep = tmp_path / "keep.jsonl"
     keep.write_bytes(OLD)
+    return ids, keep
+
+
+async def test_a_broker_gone_mid_export_leaves_the_old_file(
+    amqp: AbstractRobustConnection,
+    rabbit_url: str,
+    dead: str,
+    tmp_path: Path,
+    big: tuple[list[str], Path],
+) -> None:
+    ids, keep = big
     parts = urlsplit(rabbit_url)
     assert parts.port is not None
     proxy = CuttingProxy(parts.port)
@@ -142,12 +154,9 @@ async def test_a_broker_gone_mid_export_leaves_the_old_file(
 
 
 async def test_a_kill_9_mid_export_leaves_the_old_file(
-    amqp: AbstractRobustConnection, rabbit_url: str, dead: str, tmp_path: Path
+    rabbit_url: str, dead: str, tmp_path: Path, big: tuple[list[str], Path]
 ) -> None:
-    ids = [f"m{i:04}" for i in range(3000)]
-    await seed(amqp, dead, [(i, "exhausted", i.encode() * 40, None) for i in ids])
-    keep = tmp_path / "keep.jsonl"
-    keep.write_bytes(OLD)
+    _, keep = big
     process = await _export_in_background(rabbit_url, dead, keep)
     await _partial_has_data(tmp_path, process)
     os.kill(process.pid, signal.SIGKILL)
