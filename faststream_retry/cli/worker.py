@@ -11,12 +11,17 @@ from urllib.parse import unquote, urlsplit
 import typer
 
 from faststream_retry.cli._common import err, fail, out, print_json
+from faststream_retry.core.durations import format_ms
+from faststream_retry.core.topology import intake_dlq_name
 from faststream_retry.core.worker_config import (
+    WorkerConfig,
     load_worker_config,
     policy_command,
     worker_config_schema,
 )
 from faststream_retry.errors import RetryConfigError, RetryWorkerError
+from faststream_retry.reporting.log import log
+from faststream_retry.worker.tracing import tracing_from_environment
 from faststream_retry.worker.worker import RetryWorker
 
 __all__ = ["register"]
@@ -64,6 +69,16 @@ def worker_command(
             help="Print the config file's JSON Schema (for editors), and exit; no --config.",
         ),
     ] = False,
+    declare: Annotated[
+        bool,
+        typer.Option(
+            "--declare",
+            help=(
+                "Declare the intake, the delay tiers and each named queue's .retry and .dlq, "
+                "and exit: run it before any consumer rejects (a deploy step). Safe to repeat."
+            ),
+        ),
+    ] = False,
 ) -> None:
     """Retry the dead letters of consumers in any language (runs until SIGTERM or Ctrl-C).
 
@@ -74,8 +89,13 @@ def worker_command(
     config's backoff, and to <queue>.dlq once its attempts are spent. Any number
     of workers may run at once.
 
+    Run it with --declare first, before any consumer rejects: until the intake
+    exists, RabbitMQ drops what a queue dead-letters into it.
+
     The broker's URL is the one setting the environment gives (RABBITMQ_URL);
-    the rest is the config file's, the same for every worker.
+    the rest is the config file's, the same for every worker. Traces: the
+    standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME,
+    ...), with the otel extra installed.
     """
     if schema:
         print_json(worker_config_schema())
@@ -100,13 +120,53 @@ def worker_command(
     if not isinstance(level, int):
         fail(f"--log-level is DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if declare:
+        _declare(settings, url)
+        return
+    _run(settings, url)
+
+
+def _run(settings: WorkerConfig, url: str | None) -> None:
+    tracing = tracing_from_environment()
+    if tracing.problem:
+        log.warning("faststream-retry worker: no traces: %s", tracing.said)
+    else:
+        log.log(
+            logging.DEBUG if tracing.provider is None else logging.INFO,
+            "faststream-retry worker: %s",
+            tracing.said,
+        )
     try:
-        worker = RetryWorker(settings, url=url)
+        worker = RetryWorker(settings, url=url, tracer_provider=tracing.provider)
         asyncio.run(worker.run())
     except (RetryConfigError, RetryWorkerError) as exc:  # each text names the fix
         fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    finally:
+        if tracing.provider is not None:
+            tracing.provider.shutdown()  # exports what is batched
+
+
+def _declare(settings: WorkerConfig, url: str | None) -> None:
+    try:
+        plan = asyncio.run(RetryWorker(settings, url=url).declare())
+    except (RetryConfigError, RetryWorkerError) as exc:  # each text names the fix
+        fail(str(exc))
+    tiers = plan.tiers
+    queues = [name for route in plan.routes.values() for name in (route.retry_queue, route.dlq)]
+    out.print(
+        f"declared {settings.intake} (exchange and queue) and "
+        f"{intake_dlq_name(settings.prefix)}, {len(tiers.ttls_ms)} delay tiers up to "
+        f"{format_ms(tiers.ttls_ms[-1])}" + (f", {', '.join(queues)}" if queues else ""),
+        markup=False,
+        soft_wrap=True,
+    )
+    out.print(
+        f"Queues that dead-letter into {settings.intake} lose nothing from now on: their "
+        "dead letters wait in it until a worker runs.",
+        markup=False,
+    )
 
 
 def _vhost(url: str | None) -> str:

@@ -229,7 +229,7 @@ def intake_step(
         if known is not None
         else f"dead-lettered from {death.queue} (reason {death.reason})"
     )
-    said_exception = h.read_text(headers, h.EXCEPTION, h.EXCEPTION_LIMIT)
+    said_exception = h.read_text(headers, h.EXCEPTION)  # FailureRecord cuts it
     said_error = h.read_text(headers, h.ERROR)
     traceback = h.read_text(headers, h.TRACEBACK, h.TRACEBACK_LIMIT)
     exception = said_exception or death.reason
@@ -251,7 +251,7 @@ def intake_step(
     reason = _dead_at_once(death.reason, queue_rules)
     if reason is not None:
         return dead(reason, record(exception, error), Verdict.PERMANENT, Rule.DEAD_LETTERING)
-    asked = _asked_delay(headers)
+    asked = _asked_delay(headers or {})
     if isinstance(asked, str):  # the consumer's bug, as an unusable RetryLater is
         failure = record(exception, f"{asked} ({error})")
         return dead(Reason.PERMANENT, failure, Verdict.PERMANENT, Rule.EXPLICIT)
@@ -275,9 +275,9 @@ def _permanent(headers: Mapping[str, Any] | None) -> str:
     return permanent
 
 
-def _asked_delay(headers: Mapping[str, Any] | None) -> int | str | None:
+def _asked_delay(headers: Mapping[str, Any]) -> int | str | None:
     """Return the delay ``retry-delay`` asks for in ms, why it is unusable, or ``None``."""
-    value = headers.get(DELAY) if headers else None
+    value = headers.get(DELAY)
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode(errors="replace")
     if value is None or value == "":

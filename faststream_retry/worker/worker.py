@@ -117,19 +117,12 @@ class RetryWorker:
             RetryTopologyError: a queue or exchange exists with other arguments, or the
                 user may not declare it (each named, with the fix).
         """
-        try:
-            connection = self.connection = await aio_pika.connect_robust(
-                self.url, timeout=RPC_TIMEOUT_S
-            )
-        except Exception as exc:  # refused, unreachable, a wrong vhost: one line says which
-            raise RetryWorkerError(connect_failure(self.url or "", exc)) from exc
+        connection = self.connection = await self._connect()
         try:
             # aio-pika reconnects by itself and says little; an operator wants both lines.
             connection.close_callbacks.add(_lost)
             connection.reconnect_callbacks.add(_back)
-            topology = await self._first_plan(connection)
-            await check_broker(connection, topology)
-            await check_intake(connection, self.config)
+            topology = await self._prepare(connection)
             live = self.live = Live(topology, connection, self.config.retry, self.reporter)
             await live.open()
             await live.start_consumers()
@@ -165,6 +158,43 @@ class RetryWorker:
             format_ms(tiers.ttls_ms[-1]),
             ", ".join(e.name or f"{e.pattern} (pattern)" for e in self.config.queues),
         )
+
+    async def declare(self) -> Plan:
+        """Declare what the worker needs, as its start does, then disconnect; consume nothing.
+
+        The intake (exchange, queue, binding) and its DLQ, the delay tiers, and the
+        ``.retry`` and ``.dlq`` of each queue the config names (and of those a pattern
+        named before), checked as at start. From then on a queue that dead-letters into
+        the intake loses nothing, whether a worker runs or not: its dead letters wait in
+        the intake queue. Safe to run again (a deploy step, an init container).
+        Returns the plan declared.
+
+        Raises:
+            RetryWorkerError: the broker cannot be reached or refused the login.
+            RetryTopologyError: as ``start``.
+        """
+        connection = await self._connect()
+        try:
+            topology = await self._prepare(connection)
+            await survey(connection, topology, topology.routes)
+            await self._warn_missing(connection, list(topology.routes))
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), RPC_TIMEOUT_S)
+        return topology
+
+    async def _connect(self) -> AbstractRobustConnection:
+        try:
+            return await aio_pika.connect_robust(self.url, timeout=RPC_TIMEOUT_S)
+        except Exception as exc:  # refused, unreachable, a wrong vhost: one line says which
+            raise RetryWorkerError(connect_failure(self.url or "", exc)) from exc
+
+    async def _prepare(self, connection: AbstractRobustConnection) -> Plan:
+        """Plan, check the broker and declare every object once (creating those missing)."""
+        topology = await self._first_plan(connection)
+        await check_broker(connection, topology)
+        await check_intake(connection, self.config)
+        return topology
 
     async def stop(self, wait_s: float = DRAIN_S) -> None:
         """Stop taking dead letters, let those in flight settle (up to ``wait_s``), disconnect."""

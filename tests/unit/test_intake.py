@@ -411,6 +411,9 @@ class TestConsumerWord:
             )
             assert result.failure.error.startswith("retry-delay "), asked
             assert result.failure.error.endswith(f"got {asked!r} (boom)"), result.failure.error
+        garbled = step(died(extra={DELAY: b"\xff3s"}))  # not UTF-8: read, refused, kept
+        assert isinstance(garbled, DeadLetter)
+        assert "'\ufffd3s'" in garbled.failure.error
         long = step(died(extra={DELAY: "x" * 1000}))
         assert isinstance(long, DeadLetter)
         assert len(long.failure.error.encode()) <= h.HISTORY_ERROR_LIMIT + len(
