@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path  # noqa: TC003 - typer reads the annotation at runtime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import unquote, urlsplit
 
 import typer
 
-from faststream_retry.cli._common import err, fail, out, print_json
+from faststream_retry.cli._common import EXIT_ACTION, Json, err, fail, out, print_json, run
+from faststream_retry.cli.doctor import render
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import intake_dlq_name
 from faststream_retry.core.worker_config import (
@@ -20,9 +21,14 @@ from faststream_retry.core.worker_config import (
     worker_config_schema,
 )
 from faststream_retry.errors import RetryConfigError, RetryWorkerError
+from faststream_retry.ops import connect
+from faststream_retry.ops.worker_doctor import worker_doctor
 from faststream_retry.reporting.log import log
 from faststream_retry.worker.tracing import tracing_from_environment
 from faststream_retry.worker.worker import RetryWorker
+
+if TYPE_CHECKING:
+    from faststream_retry.ops.diagnosis import Report
 
 __all__ = ["register"]
 
@@ -69,6 +75,18 @@ def worker_command(
             help="Print the config file's JSON Schema (for editors), and exit; no --config.",
         ),
     ] = False,
+    doctor: Annotated[
+        bool,
+        typer.Option(
+            "--doctor",
+            help=(
+                "Check the worker's topology on the live broker, changing nothing, and exit: "
+                "above all, whether each named queue dead-letters into the intake. Exit "
+                "status 1: something needs action."
+            ),
+        ),
+    ] = False,
+    json: Json = False,
     declare: Annotated[
         bool,
         typer.Option(
@@ -120,10 +138,12 @@ def worker_command(
     if not isinstance(level, int):
         fail(f"--log-level is DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if declare:
+    if doctor:
+        _doctor(settings, url, as_json=json)
+    elif declare:
         _declare(settings, url)
-        return
-    _run(settings, url)
+    else:
+        _run(settings, url)
 
 
 def _run(settings: WorkerConfig, url: str | None) -> None:
@@ -146,6 +166,24 @@ def _run(settings: WorkerConfig, url: str | None) -> None:
     finally:
         if tracing.provider is not None:
             tracing.provider.shutdown()  # exports what is batched
+
+
+def _doctor(settings: WorkerConfig, url: str | None, *, as_json: bool) -> None:
+    target = url or settings.url
+    if not target:
+        fail(f"no broker to check: give --url, set RABBITMQ_URL, or set url in {settings.source}")
+
+    async def check() -> Report:
+        async with connect(target) as connection:
+            return await worker_doctor(connection, settings)
+
+    report = run(check())
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        render(report)
+    if report.status == "action":
+        raise typer.Exit(EXIT_ACTION)
 
 
 def _declare(settings: WorkerConfig, url: str | None) -> None:

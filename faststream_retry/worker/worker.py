@@ -38,14 +38,14 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import TracebackType
 
-    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
     from faststream_retry.core.events import RetryHook
     from faststream_retry.core.worker_config import WorkerConfig
 
-__all__ = ["DRAIN_S", "RetryWorker"]
+__all__ = ["DRAIN_S", "RetryWorker", "first_plan", "route_of"]
 
 DRAIN_S = 30.0
 """How long a stopping worker waits for the copies in flight to be confirmed."""
@@ -259,20 +259,7 @@ class RetryWorker:
         await self.stop()
 
     async def _first_plan(self, connection: AbstractRobustConnection) -> Plan:
-        """Plan the named queues, and those a pattern names that the registry recorded earlier.
-
-        A queue a pattern names is covered when its first dead letter arrives; after a
-        restart its ``.retry`` may still hold waiting messages, so it is consumed from
-        the start again.
-        """
-        options = self.config.retry.topology
-        tiers = self.config.tiers
-        queues = set(self.config.names)
-        if any(e.pattern is not None for e in self.config.queues):
-            registry = await registered_queues(connection, self.config.prefix)
-            queues |= {q for q in registry.queues if self.config.rules(q) is not None}
-        routes = {q: self._route(q) for q in sorted(queues)}
-        return Plan(options, tiers, routes, queue_specs(tiers, routes.values(), options))
+        return await first_plan(connection, self.config)
 
     async def _cover(self, queue: str) -> Route:
         """Return ``queue``'s route; a new one's queues are declared and its ``.retry`` consumed."""
@@ -288,9 +275,7 @@ class RetryWorker:
             return route
 
     def _route(self, queue: str) -> Route:
-        """Return the route of an allowlisted queue, whose arguments the worker cannot see."""
-        rules = self.config.rules(queue)
-        return Route(queue, (Handler(None),), known=rules is not None and rules.direct_release)
+        return route_of(self.config, queue)
 
     async def _on_open(self, publish: AbstractChannel, consume: AbstractChannel) -> None:
         # Every (re)open: the intake may have been deleted meanwhile.
@@ -315,6 +300,29 @@ class RetryWorker:
                 log.debug("could not look at %r: %r", queue, exc)
             finally:
                 await close_quietly(channel)
+
+
+async def first_plan(connection: AbstractConnection, config: WorkerConfig) -> Plan:
+    """Plan the named queues, and those a pattern names that the registry recorded earlier.
+
+    A queue a pattern names is covered when its first dead letter arrives; after a
+    restart its ``.retry`` may still hold waiting messages, so it is consumed from
+    the start again.
+    """
+    options = config.retry.topology
+    tiers = config.tiers
+    queues = set(config.names)
+    if any(e.pattern is not None for e in config.queues):
+        registry = await registered_queues(connection, config.prefix)
+        queues |= {q for q in registry.queues if config.rules(q) is not None}
+    routes = {q: route_of(config, q) for q in sorted(queues)}
+    return Plan(options, tiers, routes, queue_specs(tiers, routes.values(), options))
+
+
+def route_of(config: WorkerConfig, queue: str) -> Route:
+    """Return the route of an allowlisted queue, whose arguments the worker cannot see."""
+    rules = config.rules(queue)
+    return Route(queue, (Handler(None),), known=rules is not None and rules.direct_release)
 
 
 def _lost(_connection: object, *args: object) -> None:
