@@ -59,13 +59,13 @@ class Tracing:
     """The environment asks for traces that cannot be sent (said is a WARNING then)."""
 
 
-def tracing_from_environment(environ: Mapping[str, str] | None = None) -> Tracing:
+def tracing_from_environment() -> Tracing:
     """Return the tracer provider the standard ``OTEL_*`` variables configure (module docstring).
 
     Never raises: an exporter that cannot be made is a ``problem`` to log, and the
-    worker retries without traces.
+    worker retries without traces. The SDK reads the process's environment itself.
     """
-    env = os.environ if environ is None else environ
+    env = os.environ
     names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
     off = _off(env, names)
     if off is not None:
