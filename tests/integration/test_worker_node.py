@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import hashlib
 import itertools
 import json
 import os
@@ -57,24 +59,34 @@ START_S = 60.0
 
 @pytest.fixture(scope="module")
 def node_example() -> Path:
-    """``examples/polyglot`` with its node_modules (``npm ci`` once, when they are missing)."""
+    """``examples/polyglot`` with the node_modules its lock file pins (``npm ci`` when they differ).
+
+    Under a lock: pytest-xdist's workers and the suites of other series run at once, and
+    ``npm ci`` starts by deleting node_modules. A stamp written after a whole install
+    (the lock file's hash) tells a finished install from a cut one or an older one.
+    """
     missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
     if missing:
         why = f"{' and '.join(missing)} not installed: the Node.js example cannot run"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{why} (CI=true requires it)")
         pytest.skip(why)
-    if not (EXAMPLE / "node_modules" / "amqplib").is_dir():
-        installed = subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=EXAMPLE,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if installed.returncode != 0:
-            pytest.fail(f"npm ci in {EXAMPLE} failed:\n{installed.stdout}{installed.stderr}")
+    wanted = hashlib.sha256((EXAMPLE / "package-lock.json").read_bytes()).hexdigest()
+    stamp = EXAMPLE / "node_modules" / ".installed-from"
+    with (EXAMPLE / ".npm-ci.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.is_file() or stamp.read_text() != wanted:
+            installed = subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=EXAMPLE,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            if installed.returncode != 0:
+                pytest.fail(f"npm ci in {EXAMPLE} failed:\n{installed.stdout}{installed.stderr}")
+            stamp.write_text(wanted)
     return EXAMPLE
 
 
