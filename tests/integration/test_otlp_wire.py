@@ -6,6 +6,7 @@ receiver (``tests.otlp``) and decodes what arrives with opentelemetry-proto.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, cast
 
 import pytest
@@ -60,3 +61,39 @@ async def test_retry_spans_reach_an_otlp_receiver(make_app: Any, receiver: Recei
     attributes = {a.key: a.value for a in scheduled.attributes}
     assert attributes["faststream_retry.attempt"].int_value == 1
     assert attributes["faststream_retry.delay_ms"].int_value == 100
+
+
+async def test_the_tracing_how_to_s_setup_exports_the_app_s_and_the_retry_s_spans(
+    rabbit_url: str, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The setup the how-to shows, as written: one trace, FastStream's spans and the retry's.
+
+    Configured by the standard environment alone (the endpoint); the app's shutdown
+    exports what is still batched.
+    """
+    monkeypatch.setenv("RABBITMQ_URL", rabbit_url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    example = importlib.reload(importlib.import_module("examples.docs.tracing"))
+    queue = unique("traced")
+    calls = 0
+
+    @example.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("smtp down")
+
+    async with example.broker:
+        await example.broker.start()
+        await example.broker.publish("x", queue=queue)
+        await eventually(lambda: calls == 2, timeout=30, what="the retried call")
+    await example.export_the_last_spans()  # what `faststream run` calls after shutdown
+
+    spans = receiver.spans()
+    names = {span.name for _, span in spans}
+    assert {f"{queue} retry scheduled", f"{queue} retry release"} <= names
+    assert any(name.endswith(" process") for name in names), names
+    assert {service for service, _ in spans} == {"notifications"}
+    assert len({span.trace_id for _, span in spans if not span.name.endswith("publish")}) == 1
