@@ -165,7 +165,10 @@ async def test_doctor_finds_each_covered_queue_whose_dead_letters_lead_nowhere(
         "x-max-length": 100,
         "x-dead-letter-exchange": f"{names.intake}x",
     }
-    await channel.declare_queue(names.typo, durable=False, arguments=typo_arguments)
+    # auto_delete: the look learns the flags too (RabbitMQ 4.3 refuses transient queues).
+    await channel.declare_queue(
+        names.typo, durable=True, auto_delete=True, arguments=typo_arguments
+    )
 
     def findings(result: Any) -> dict[str, set[tuple[str, str]]]:
         found: dict[str, set[tuple[str, str]]] = {}
@@ -192,7 +195,8 @@ async def test_doctor_finds_each_covered_queue_whose_dead_letters_lead_nowhere(
     assert not await exists(amqp, "queue", names.intake)
     assert not await exists(amqp, "queue", names.absent)
     probe = await amqp.channel()
-    await probe.declare_queue(names.typo, durable=False, arguments=typo_arguments)  # a no-op
+    # A no-op: the same arguments and flags (a 406 otherwise).
+    await probe.declare_queue(names.typo, durable=True, auto_delete=True, arguments=typo_arguments)
     await probe.close()
 
     declared = await run_cli("worker", "--config", str(names.config), "--declare", url=rabbit_url)
