@@ -158,12 +158,8 @@ async def _intake(
 
 async def _exchange(amqp: Any, name: str) -> Mismatch | Refusal | bool | None:  # noqa: ANN401
     """Look at the intake exchange: ``None`` missing, ``True`` as declared, else what differs."""
-    channel = await amqp.channel()
-    try:
-        await channel.exchange_declare(name, passive=True)
-    except ChannelNotFoundEntity:
+    if not await _exchange_exists(amqp, name):
         return None
-    await close_quietly(channel)
     channel = await amqp.channel()
     try:
         await channel.exchange_declare(name, exchange_type="fanout", durable=True, internal=True)
