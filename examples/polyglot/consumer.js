@@ -49,6 +49,13 @@ class Permanent extends Error {
   }
 }
 
+// Headers travel in one frame (128 KiB): a long error message or stack is cut here, as
+// the worker would cut it anyway (1 KiB for the error, 4 KiB for the stack).
+function cut(text, most) {
+  const value = String(text ?? "");
+  return value.length > most ? `${value.slice(0, most - 3)}...` : value;
+}
+
 // RabbitMQ's own headers, and sender-selected routing (CC would copy it elsewhere).
 const BROKER_HEADERS = /^(x-death|x-first-death-.*|x-last-death-.*|x-delivery-count|x-acquired-count|CC|BCC)$/;
 
@@ -87,9 +94,9 @@ async function settle(channel, queue, message, handler) {
     await handler(message);
   } catch (error) {
     const said = {
-      "retry-exception": error.name || "Error",
-      "retry-error": String(error.message),
-      "retry-traceback": String(error.stack || ""),
+      "retry-exception": cut(error?.name || "Error", 200),
+      "retry-error": cut(error?.message ?? error, 1000), // a thrown string is its own message
+      "retry-traceback": cut(error?.stack, 4000),
     };
     if (error instanceof RetryLater) {
       await tellTheWorker(channel, queue, message, { ...said, "retry-delay": error.delay });
@@ -145,7 +152,7 @@ const arrivals = new Map(); // "queue id" -> deliveries seen by this process
 function report(fields) {
   const t = (performance.now() - started) / 1000;
   if (json) {
-    console.log(JSON.stringify({ t, ...fields }));
+    console.log(JSON.stringify({ t, at: Date.now(), ...fields }));
     return;
   }
   const last = fields.history.length ? fields.history[fields.history.length - 1] : null;
