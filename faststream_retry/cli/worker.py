@@ -10,7 +10,16 @@ from urllib.parse import unquote, urlsplit
 
 import typer
 
-from faststream_retry.cli._common import EXIT_ACTION, Json, err, fail, out, print_json, run
+from faststream_retry.cli._common import (
+    EXIT_ACTION,
+    EXIT_USAGE,
+    Json,
+    err,
+    fail,
+    out,
+    print_json,
+    run,
+)
 from faststream_retry.cli.doctor import render
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import intake_dlq_name
@@ -120,6 +129,8 @@ def worker_command(
         return
     if config is None:
         fail("give the worker's config: --config retry.toml (--schema prints what it takes)")
+    if doctor and declare:
+        fail("--doctor looks and changes nothing, --declare declares: give one", EXIT_USAGE)
     try:
         settings = load_worker_config(config)
     except RetryConfigError as exc:
