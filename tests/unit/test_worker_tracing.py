@@ -46,7 +46,7 @@ def configured(monkeypatch: pytest.MonkeyPatch, **env: str) -> Tracing:
 def exporters(provider: Any) -> list[Any]:
     """The exporters behind the provider's batch processors."""
     processors = provider._active_span_processor._span_processors
-    return [p._batch_processor._exporter for p in processors]
+    return [p.span_exporter for p in processors]
 
 
 def service(provider: Any) -> object:
