@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
+from aiormq.exceptions import ChannelNotFoundEntity
 
 from faststream_retry.core import headers as h
 from faststream_retry.core.topology import intake_dlq_name, intake_name, registry_name
@@ -91,7 +92,7 @@ async def exists(connection: AbstractRobustConnection, kind: str, name: str) -> 
             await channel.declare_exchange(name, passive=True)
         else:
             await channel.declare_queue(name, passive=True)
-    except aio_pika.exceptions.ChannelNotFoundEntity:
+    except ChannelNotFoundEntity:
         return False
     await channel.close()
     return True
