@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from faststream_retry.core import headers as h
 from faststream_retry.core.decision import Action, Decision, Hop, Release, recheck_step
 from faststream_retry.core.events import Reason, RetryEvent, Rule, Verdict
-from faststream_retry.core.intake import DeadLetter, Refuse, Retry
+from faststream_retry.core.intake import DeadLetter, Refuse, Retry, without_consumer_word
 from faststream_retry.errors import CopyNotConfirmed, HeadersTooLarge, InvalidDueTime
 
 if TYPE_CHECKING:
@@ -386,29 +386,32 @@ def intake(
 ) -> Step:
     """The step of a dead letter the worker's intake took for ``route``'s queue.
 
-    ``decided`` is ``intake.intake_step``'s answer: a retry round the tiers (transient),
-    or a dead letter to ``<queue>.dlq`` (permanent), both by the dead-lettering rule.
+    ``decided`` is ``intake.intake_step``'s answer: a retry round the tiers, or a dead
+    letter to ``<queue>.dlq``, with the classification and rule it says. The copy leaves
+    out the consumer's word (``intake.CONSUMER_WORD``): it was answered.
     """
+    kept = without_consumer_word(incoming)
     if isinstance(decided, DeadLetter):
         return dead_letter(
             route.dlq,
             route.queue,
             message_id,
-            incoming,
+            kept,
             decided.failure,
             reason=decided.reason,
             max_attempts=decided.max_attempts,
-            rule=Rule.DEAD_LETTERING,
-            classification=Verdict.PERMANENT,
+            rule=decided.rule,
+            classification=decided.classification,
+            traceback=decided.traceback,
         )
     return retry(
         plan,
         route,
         message_id,
-        incoming,
+        kept,
         decided.failure,
         max_attempts=decided.max_attempts,
-        rule=Rule.DEAD_LETTERING,
+        rule=decided.rule,
         classification=Verdict.TRANSIENT,
     )
 

@@ -16,7 +16,7 @@ from faststream_retry.core import steps
 from faststream_retry.core.classify import Classification
 from faststream_retry.core.decision import Action, Decision
 from faststream_retry.core.events import EventKind, Reason, RetryEvent, Rule, Verdict
-from faststream_retry.core.intake import DeadLetter, Refuse, Retry
+from faststream_retry.core.intake import DELAY, PERMANENT, DeadLetter, Refuse, Retry
 from faststream_retry.core.steps import Copy, Step
 from faststream_retry.core.topology import Handler, Plan, Route, TopologyOptions, plan
 
@@ -604,6 +604,43 @@ class TestIntake:
             rule=Rule.DEAD_LETTERING,
             classification=Verdict.PERMANENT,
         )
+
+    def test_classification_rule_and_traceback_are_the_decision_s(self) -> None:
+        """An exhausted dead letter is transient, as the middleware's is; the rest is passed on."""
+        decided = DeadLetter(
+            "orders", 5, 5, Reason.EXHAUSTED, failure(), Verdict.TRANSIENT, Rule.EXPLICIT, "at x"
+        )
+        step = steps.intake(a_plan(), HOME, "m1", INCOMING, decided)
+        assert (step.event.classification, step.event.rule) == (Verdict.TRANSIENT, Rule.EXPLICIT)
+        assert step.copy.headers[h.TRACEBACK] == "at x"
+        retried = steps.intake(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            Retry("orders", 2, 5, 4000, failure(4000), Rule.EXPLICIT),
+        )
+        assert (retried.event.classification, retried.event.rule) == (
+            Verdict.TRANSIENT,
+            Rule.EXPLICIT,
+        )
+
+    def test_the_consumer_s_word_is_answered_and_left_out_of_every_copy(self) -> None:
+        """retry-permanent and retry-delay never ride on: a retry or a replay starts afresh."""
+        said = {**INCOMING, PERMANENT: "gone", DELAY: "5s", h.ERROR: "e"}
+        kept = {k: v for k, v in said.items() if k not in (PERMANENT, DELAY)}
+        letter = steps.intake(
+            a_plan(), HOME, "m1", said, DeadLetter("orders", 2, 5, Reason.PERMANENT, failure())
+        )
+        retried = steps.intake(a_plan(), HOME, "m1", said, Retry("orders", 2, 5, 4000, failure()))
+        for step in (letter, retried):
+            assert PERMANENT not in step.copy.headers
+            assert DELAY not in step.copy.headers
+            assert step.copy.headers["tenant"] == "acme"
+        assert letter == steps.intake(
+            a_plan(), HOME, "m1", kept, DeadLetter("orders", 2, 5, Reason.PERMANENT, failure())
+        )
+        assert h.ERROR not in retried.copy.headers  # a retry's copy drops the description
 
 
 class TestRefused:
