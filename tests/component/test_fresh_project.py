@@ -25,8 +25,7 @@ def test_the_testing_how_to_runs_in_a_fresh_project(tmp_path: Path) -> None:
     app = tmp_path / "myapp"
     app.mkdir()
     (app / "__init__.py").write_text("")
-    for name in ("service.py", "clients.py"):
-        (app / name).write_text((EXAMPLES / name).read_text())
+    (app / "service.py").write_text((EXAMPLES / "service.py").read_text())
     tests = tmp_path / "tests"
     tests.mkdir()
     source = (EXAMPLES / "test_service.py").read_text()
