@@ -66,7 +66,12 @@ out = Console(
 """Results: tables, records. JSON goes to stdout unformatted (``print_json``)."""
 RULE_WIDTH = 100
 """How wide a rule is drawn when stdout is no terminal (its width is then 1,000)."""
-err = Console(stderr=True, highlight=False)
+err = Console(
+    stderr=True,
+    highlight=False,
+    soft_wrap=True,
+    width=None if sys.stderr.isatty() or "COLUMNS" in os.environ else 1_000,
+)
 """Progress, notes and errors, kept off stdout so ``--json`` output stays parseable."""
 
 # aiormq and aio-pika log connection failures themselves; the command says it once.

@@ -559,10 +559,11 @@ def export(
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
 
-    FILE appears only once the export is complete: a failure or an interruption leaves
-    no file, and never touches one that exists (an existing FILE is replaced only with
-    --force). It reads the queue as dlq list does (see its help, and what a kill -9 can
-    do). purge --from-export FILE then removes exactly what FILE holds.
+    FILE appears only once the export is complete: a failure or an interruption never
+    touches a FILE that exists (it is replaced only with --force) and leaves no new one;
+    a kill -9 can leave the hidden .FILE.partial-* it was writing. It reads the queue as
+    dlq list does (see its help, and what a kill -9 can do). purge --from-export FILE
+    then removes exactly what FILE holds.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
     if as_json and file == STDOUT:

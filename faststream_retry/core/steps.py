@@ -489,6 +489,7 @@ def stuck(
     max_delay_ms: int,
     outcome: str,
     requeued: int = 0,
+    held: int = 0,
 ) -> Step | None:
     """The dead letter of a message whose copy ``tried`` was not confirmed; ``None``: requeue it.
 
@@ -498,20 +499,27 @@ def stuck(
     series: once the delivery came back ``limit`` times, by the broker's count
     (``h.read_requeues``) or by the runtime's own (``requeued``, the requeues this
     process made: a classic queue counts none), or, for a release (the only step that
-    knows its lateness), once it is ``max_delay_ms`` past its due time. ``outcome`` says
+    knows its lateness), once it is ``max_delay_ms`` past its due time. ``held``: the
+    times the copy was placed again while the message was held instead of requeued
+    (each counts as a requeue would; the handler did not run again). ``outcome`` says
     what became of the last copy. A copy to the dead-letter queue itself gets no second
     one there.
     """
     event = tried.event
     late = event.lateness_ms
-    requeues = max(h.read_requeues(incoming), requeued)
+    requeues = max(h.read_requeues(incoming), requeued) + held
     if tried.copy.exchange == "" and tried.copy.routing_key == route.dlq:
         return None
     if requeues < limit and (late is None or late < max_delay_ms):
         return None
     copy = tried.copy
     what = f"{event.kind} copy to {copy.exchange or copy.routing_key!r}"
-    if requeues >= limit:
+    if requeues >= limit and held:
+        why = (
+            f"was placed again {held} times while the message was held, its handler not "
+            f"run again ({requeues} tries; the delivery limit is {limit})"
+        )
+    elif requeues >= limit:
         why = f"came back {requeues} times (the delivery limit is {limit})"
     else:
         why = f"is {late} ms past its due time (max_delay is {max_delay_ms} ms)"

@@ -67,18 +67,16 @@ class Outcome:
     not_found: int = 0
     """(``purge_exported``) messages of the export that the queue no longer holds as they were."""
     limit: int | None = None
-    examined: int = 0
-    """Messages the selection was tried on; the others were passed without a look."""
+    more: bool = False
+    """A dead letter past ``limit`` was selected too: ``taken`` is not all of them."""
 
     @property
     def complete(self) -> bool:
         """Whether ``taken`` holds every selected dead letter the queue held at the start.
 
-        Not when the limit was reached before the pass looked at every message: some of
-        those it did not look at may have been selected too.
+        A list that reached its limit looks on for one more match, and stops there.
         """
-        cut = self.limit is not None and len(self.taken) >= self.limit
-        return not cut or self.done is None or self.examined >= self.done.total
+        return not self.more
 
     def counts(self) -> dict[str, Any]:
         """Return the pass's counts, as every ``--json`` answer of a ``dlq`` command has them."""
@@ -212,6 +210,7 @@ async def list_dead_letters(
         limit=limit,
         progress=progress,
         decoder=decoder,
+        look_past_limit=True,
     )
 
 
@@ -219,8 +218,15 @@ async def show_dead_letter(
     connection: AbstractConnection, queue: str, key: str, *, decoder: Decoder | None = None
 ) -> DeadLetter | None:
     """Return the dead letter with message id ``key`` (or ``#position``), if there is one."""
-    found = await list_dead_letters(
-        connection, queue, selection=Selection(ids=frozenset({key})), limit=1, decoder=decoder
+    # The first match is enough: no look past it (which a list makes, to say if it is whole).
+    found = await _pass(
+        connection,
+        queue,
+        lambda _seen, _letter: KEEP,
+        selection=Selection(ids=frozenset({key})),
+        limit=1,
+        progress=None,
+        decoder=decoder,
     )
     return found.taken[0] if found.taken else None
 
@@ -355,14 +361,33 @@ async def export_dead_letters(
 
     Every byte of the body and every property and header is kept (``ops.wire``), so
     ``import_messages`` can put back what a purge removed.
+
+    Raises:
+        OperationError: ``write`` failed (a full disk, a closed pipe): the pass went on
+            without writing, so the queue keeps its order, and the text says why.
     """
     dlq = dlq_of(queue)
+    failed: list[OSError] = []
 
     def step(seen: Seen, _letter: DeadLetter) -> Step:
-        write(write_line(Record(dlq, seen.properties, seen.body)))
+        if not failed:
+            try:
+                write(write_line(Record(dlq, seen.properties, seen.body)))
+            except OSError as exc:
+                # Going on without writing: a pass stopped here would leave a quorum
+                # queue rotated (what it went through behind the rest).
+                failed.append(exc)
         return KEEP
 
-    return await _pass(connection, queue, step, selection=selection, limit=limit, progress=progress)
+    outcome = await _pass(
+        connection, queue, step, selection=selection, limit=limit, progress=progress
+    )
+    if failed:
+        raise OperationError(
+            f"the export could not be written ({failed[0].strerror or failed[0]!r}): it is "
+            f"incomplete, and every dead letter is still in {dlq}, in its order"
+        ) from failed[0]
+    return outcome
 
 
 async def import_messages(
@@ -430,20 +455,30 @@ async def _pass(
     progress: Callable[[Pass], None] | None,
     decoder: Decoder | None = None,
     rate: float | None = None,
+    look_past_limit: bool = False,
 ) -> Outcome:
+    """Pass through ``queue``'s DLQ, doing ``step`` with each selected dead letter.
+
+    ``look_past_limit``: at the limit, look on for one more selected dead letter, so
+    ``Outcome.complete`` is exact (a list); otherwise stop looking there.
+    """
     dlq = dlq_of(queue)
     outcome = Outcome(dlq, limit=limit)
     chosen = selection or Selection()
 
     async def visit(seen: Seen) -> Step:
-        outcome.examined += 1
         letter = _read(seen, decoder)
         if not chosen.matches(letter):
+            return KEEP
+        if limit is not None and len(outcome.taken) >= limit:
+            outcome.more = True  # one past the limit: the answer is not whole
             return KEEP
         outcome.taken.append(letter)
         return step(seen, letter)
 
     def enough() -> bool:
+        if look_past_limit:
+            return outcome.more
         return limit is not None and len(outcome.taken) >= limit
 
     outcome.done = await walk(connection, dlq, visit, enough=enough, rate=rate, progress=progress)

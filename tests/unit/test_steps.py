@@ -503,6 +503,38 @@ class TestStuck:
         assert at is not None
         assert at.copy.headers[h.ERROR].endswith("came back 3 times (the delivery limit is 3)")
 
+    def test_a_held_message_counts_each_placement_and_says_its_handler_ran_once(self) -> None:
+        """Held, not requeued: each placement counts toward the limit, on top of the requeues."""
+        under = steps.stuck(
+            HOME,
+            hopped(),
+            BACK,
+            now_ms=0,
+            limit=4,
+            max_delay_ms=8000,
+            outcome="x",
+            requeued=1,
+            held=2,
+        )
+        assert under is None
+        at = steps.stuck(
+            HOME,
+            hopped(),
+            BACK,
+            now_ms=0,
+            limit=4,
+            max_delay_ms=8000,
+            outcome="refused",
+            requeued=1,
+            held=3,
+        )
+        assert at is not None
+        assert at.copy.headers[h.ERROR] == (
+            "its hop copy to 'p.delay.1000' was not confirmed (refused) and it was placed "
+            "again 3 times while the message was held, its handler not run again (4 tries; "
+            "the delivery limit is 4)"
+        )
+
     def test_without_either_count_nothing_came_back(self) -> None:
         """A first failure with a limit of 1: requeued once before it is stuck."""
         got = steps.stuck(HOME, hopped(), BACK, now_ms=0, limit=1, max_delay_ms=8000, outcome="x")
