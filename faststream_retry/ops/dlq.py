@@ -7,6 +7,7 @@ choose which dead letters an operation takes; the rest stay in the queue, in ord
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from faststream_retry.amqp.probe import depth
 from faststream_retry.core import headers as h
 from faststream_retry.core.topology import dlq_of, dlq_owner
 from faststream_retry.ops.common import OperationError, check_name, name_problem, shown_name
-from faststream_retry.ops.records import DeadLetter, Decoder, Selection
+from faststream_retry.ops.records import Body, DeadLetter, Decoder, Selection
 from faststream_retry.ops.walk import (
     DROP,
     KEEP,
@@ -197,12 +198,15 @@ async def list_dead_letters(
     limit: int | None = LIST_LIMIT,
     decoder: Decoder | None = None,
     progress: Callable[[Pass], None] | None = None,
+    keep: Callable[[DeadLetter], DeadLetter] | None = None,
 ) -> Outcome:
     """Return the dead letters of ``queue`` that ``selection`` takes, head first, up to ``limit``.
 
     Nothing is removed or spent (see ``walk``: a queue not known to be classic is
     passed through whole even with a limit, so its order is kept). A process killed
     mid-pass can leave the copies in flight twice and the queue's order rotated.
+    ``keep`` returns what to keep of each (the page cuts bodies as it reads, so a queue
+    of large messages is never held whole); all of it without.
     """
     return await _pass(
         connection,
@@ -212,6 +216,7 @@ async def list_dead_letters(
         limit=limit,
         progress=progress,
         decoder=decoder,
+        keep=keep,
     )
 
 
@@ -354,7 +359,8 @@ async def export_dead_letters(
     """Write the selected dead letters as JSON Lines through ``write``; they stay in the queue.
 
     Every byte of the body and every property and header is kept (``ops.wire``), so
-    ``import_messages`` can put back what a purge removed.
+    ``import_messages`` can put back what a purge removed. ``Outcome.taken`` names each
+    (its fields, not its body or headers: an export of any size is never held whole).
     """
     dlq = dlq_of(queue)
 
@@ -362,7 +368,21 @@ async def export_dead_letters(
         write(write_line(Record(dlq, seen.properties, seen.body)))
         return KEEP
 
-    return await _pass(connection, queue, step, selection=selection, limit=limit, progress=progress)
+    return await _pass(
+        connection, queue, step, selection=selection, limit=limit, progress=progress, keep=_bare
+    )
+
+
+def _bare(letter: DeadLetter) -> DeadLetter:
+    """``letter`` without what takes room: its body, headers, traceback and history."""
+    return dataclasses.replace(
+        letter,
+        body=Body(letter.body.kind, ""),
+        headers={},
+        traceback="",
+        history=[],
+        replayed=[],
+    )
 
 
 async def import_messages(
@@ -430,6 +450,7 @@ async def _pass(
     progress: Callable[[Pass], None] | None,
     decoder: Decoder | None = None,
     rate: float | None = None,
+    keep: Callable[[DeadLetter], DeadLetter] | None = None,
 ) -> Outcome:
     dlq = dlq_of(queue)
     outcome = Outcome(dlq, limit=limit)
@@ -440,7 +461,7 @@ async def _pass(
         letter = _read(seen, decoder)
         if not chosen.matches(letter):
             return KEEP
-        outcome.taken.append(letter)
+        outcome.taken.append(letter if keep is None else keep(letter))
         return step(seen, letter)
 
     def enough() -> bool:
