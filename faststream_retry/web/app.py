@@ -391,6 +391,14 @@ class _Pages:
         """The work queue a request names (by itself or by its ``.dlq``)."""
         return dlq_owner(dlq_of(request.path_params["queue"]))
 
+    def _unnamed(self, request: Request, queue: str, *, api: bool) -> Response | None:
+        """A 404 when no queue can have ``queue``'s DLQ's name (``name_problem``), else None."""
+        dlq = dlq_of(queue)
+        if (problem := name_problem(dlq)) is None:
+            return None
+        why = f"no queue {shown_name(dlq)} can exist: {problem}"
+        return self._refused(request, why, api=api, status_code=404)
+
     def _trace_link(self, letter: DeadLetter) -> tuple[str | None, str | None]:
         parent = letter.headers.get("traceparent")
         match = _TRACEPARENT.match(parent) if isinstance(parent, str) else None
@@ -511,9 +519,8 @@ class _Pages:
             return refused
         queue = self._queue(request)
         dlq = dlq_of(queue)
-        if (problem := name_problem(dlq)) is not None:
-            why = f"no queue {shown_name(dlq)} can exist: {problem}"
-            return self._refused(request, why, api=False, status_code=404)
+        if (unnamed := self._unnamed(request, queue, api=False)) is not None:
+            return unnamed
         try:
             async with connect(self.s.url) as connection:
                 now = await depth(connection, dlq)  # a passive declare: reads no message
@@ -644,9 +651,8 @@ class _Pages:
             return refused
         del data
         queue = self._queue(request)
-        if (problem := name_problem(dlq_of(queue))) is not None:
-            why = f"no queue {shown_name(dlq_of(queue))} can exist: {problem}"
-            return self._refused(request, why, api=api, status_code=404)
+        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
+            return unnamed
         who = self.s.guard.who(request)
 
         async def run(job: Job | None) -> dict[str, Any]:
@@ -698,6 +704,8 @@ class _Pages:
         if refused is not None:
             return refused
         queue = self._queue(request)
+        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
+            return unnamed
         who = self.s.guard.who(request)
         spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115 - closed by the stream
 
@@ -796,6 +804,8 @@ class _Pages:
         if refused is not None:
             return refused
         queue = self._queue(request)
+        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
+            return unnamed
         try:
             ids, to, dry_run = _replay_input(data, api=api)
         except _BadInputError as exc:
@@ -846,6 +856,8 @@ class _Pages:
         if refused is not None:
             return refused
         queue = self._queue(request)
+        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
+            return unnamed
         if data.get("confirm") != dlq_of(queue):
             why = (
                 f'bad request: "confirm" must be the queue\'s name, {dlq_of(queue)}'

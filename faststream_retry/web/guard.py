@@ -228,12 +228,17 @@ class Guard:
             a_name, a_port = _split_host(allowed)
             if a_name == name and (a_port is None or a_port == port):
                 return None
-        if is_loopback(name):
-            server = request.scope.get("server")
-            served = server[1] if isinstance(server, (tuple, list)) and len(server) > 1 else None
-            default = 443 if self.scheme(request) == "https" else 80
-            if served is None or (port or default) == served:
-                return None
+        server = request.scope.get("server")
+        bound, served = (
+            (str(server[0]).lower(), server[1])
+            if isinstance(server, (tuple, list)) and len(server) > 1
+            else (None, None)
+        )
+        default = 443 if self.scheme(request) == "https" else 80
+        # Loopback names, and the address the connection came to (the URL the command
+        # prints): an attacker's page cannot be of either origin.
+        if (is_loopback(name) or name == bound) and (served is None or (port or default) == served):
+            return None
         if self.token is not None and not self.hosts:
             return None  # a token's page answers any name, unless told its names
         return (

@@ -51,18 +51,25 @@ ARGS = [
 WAIT_MS = 15_000
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+@contextlib.asynccontextmanager
+async def chromium(*extra: str) -> AsyncIterator[Browser]:
+    """Debian's Chromium, headless, with ``extra`` arguments."""
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI") == "true":
             pytest.fail(f"no chromium at {CHROMIUM}: scripts/test installs Debian's package")
         pytest.skip(f"no chromium at {CHROMIUM}")
     async with playwright.async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        launched = await p.chromium.launch(executable_path=CHROMIUM, args=[*ARGS, *extra])
         try:
             yield launched
         finally:
             await launched.close()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
@@ -368,10 +375,6 @@ ATTACK = """<!doctype html><title>cat pictures</title><script>
 @pytest.fixture
 async def attacked_browser() -> AsyncIterator[Browser]:
     """Chromium resolving the attacker's name to this machine: DNS rebinding, done."""
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no chromium at {CHROMIUM}: scripts/test installs Debian's package")
-        pytest.skip(f"no chromium at {CHROMIUM}")
     rule = f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1"
     # Chromium's own Local Network Access check blocks such a request from a public page;
     # Firefox, Safari and older Chromium do not, so the page must refuse it itself: off.
@@ -379,12 +382,8 @@ async def attacked_browser() -> AsyncIterator[Browser]:
         "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
         "PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults"
     )
-    async with playwright.async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=CHROMIUM, args=[*ARGS, rule, unguarded])
-        try:
-            yield launched
-        finally:
-            await launched.close()
+    async with chromium(rule, unguarded) as launched:
+        yield launched
 
 
 async def test_dns_rebinding_reads_nothing_and_purges_nothing(
