@@ -1,8 +1,9 @@
 """Who may look and who may act: the host, the client, the token, CSRF, and the audit line.
 
-- The page answers only the ``Host`` names it is: without a token, loopback names on
-  the port it serves (and the ``hosts`` it is given), so a page reached by another name
-  (DNS rebinding: an attacker's name resolved to 127.0.0.1) shows nothing and does nothing.
+- The page answers only the ``Host`` names it is: loopback names and the address it
+  serves, on its port, and the ``hosts`` it is given (a page with a token and no
+  ``hosts`` answers any), so a page reached by another name (DNS rebinding: an
+  attacker's name resolved to 127.0.0.1) shows nothing and does nothing.
 - Without a token, only clients on this machine are served, and only when the page
   knows who its client is: the server in front of it does not forward others
   (``trusted_proxies=()``, what ``faststream-retry web`` says of its own server), or the
