@@ -58,8 +58,8 @@ def web(
         list[str] | None,
         typer.Option(
             "--allowed-host",
-            help="A name the page answers to (repeatable): besides loopback names on its port, "
-            "the only ones. With a token and none given, any name.",
+            help="A name the page answers to (repeatable), besides loopback names and the "
+            "address it serves; no other. With a token and none given, any name.",
         ),
     ] = None,
     trusted_proxies: Annotated[

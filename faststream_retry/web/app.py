@@ -153,8 +153,12 @@ def create_app(
             does not know who its clients are, and serves only requests with the token.
 
     Raises:
-        ValueError: a trusted proxy is not an address or a network.
+        ValueError: a host is not a name (``https://...``), or a trusted proxy is not an
+            address or a network.
     """
+    odd = [h for h in hosts if not h or any(c in h for c in "/@?# ")]
+    if odd:
+        raise ValueError(f"hosts takes names, or name:port (dlq.example.com:8443), got {odd[0]!r}")
     guard = Guard(
         token=token,
         actions=allow_actions,

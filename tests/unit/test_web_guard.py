@@ -151,6 +151,13 @@ def test_without_a_token_a_forwarded_request_is_refused(headers: dict[str, str])
     assert "came through a proxy" in response.json()["error"]
 
 
+def test_a_host_or_a_proxy_the_page_cannot_use_is_refused_at_once() -> None:
+    with pytest.raises(ValueError, match="hosts takes names"):
+        create_app(NOWHERE, hosts=["https://dlq.example.com"])
+    with pytest.raises(ValueError, match="trusted_proxies takes addresses"):
+        create_app(NOWHERE, trusted_proxies=["nginx"])
+
+
 def test_a_trusted_proxy_names_the_client() -> None:
     trusted = page(trusted_proxies=["127.0.0.1"])
     for forwarded, answers in [
