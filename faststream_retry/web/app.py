@@ -16,6 +16,7 @@ import json
 import math
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -202,11 +203,15 @@ def _ms_text(ms: object) -> str:
     return not_a_time(ms) if found is None else found.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _now_text() -> str:
+    return _ms_text(int(time.time() * 1000))
+
+
 def _shown(text: str) -> str:
     """Text as a page shows it: control characters made visible, cut to ``BODY_SHOWN``."""
     cut = text[:BODY_SHOWN]
     visible = "".join(
-        ch if ch in "\n\t" or (ch.isprintable() and ch != "\x7f") else f"\\x{ord(ch):02x}"
+        ch if ch in "\n\t" or ch.isprintable() else ascii(ch)[1:-1]  # \x1b, \u202e
         for ch in cut
     )
     if len(text) > BODY_SHOWN:
@@ -551,6 +556,7 @@ class _Pages:
             ),
             limit=LIST_LIMIT,
             reading=self.jobs.running("read", queue),
+            dropped=self.reads.dropped(queue),
         )
 
     async def api_letters(self, request: Request) -> Response:
@@ -839,7 +845,7 @@ class _Pages:
                     )
             finally:
                 if not dry_run:
-                    self.reads.forget(queue)
+                    self.reads.forget(queue, f"a replay from this page at {_now_text()}")
             moved = outcome.done.moved if outcome.done is not None else 0
             audit(
                 "%s replay %s -> %s: %d of %d named%s",
@@ -885,7 +891,7 @@ class _Pages:
                         progress=None if job is None else job.progress,
                     )
             finally:
-                self.reads.forget(queue)
+                self.reads.forget(queue, f"a purge from this page at {_now_text()}")
             audit(
                 "%s purge %s: %d removed (%s)",
                 who,

@@ -138,6 +138,7 @@ class Reads:
         self.kept = kept
         self.budget = budget
         self._reads: OrderedDict[str, Read] = OrderedDict()
+        self._dropped: OrderedDict[str, str] = OrderedDict()
 
     def keeper(self) -> Keeper:
         """What a new read keeps of each letter (``list_dead_letters(keep=...)``)."""
@@ -177,6 +178,14 @@ class Reads:
             self._reads.popitem(last=False)
         return read
 
-    def forget(self, queue: str) -> None:
-        """Drop the read of ``queue``: the page changed the queue since."""
+    def forget(self, queue: str, why: str) -> None:
+        """Drop the read of ``queue``: the page changed the queue since (``why``: how)."""
         self._reads.pop(queue, None)
+        self._dropped.pop(queue, None)
+        self._dropped[queue] = why
+        while len(self._dropped) > self.kept:
+            self._dropped.popitem(last=False)
+
+    def dropped(self, queue: str) -> str | None:
+        """Say why ``queue`` has no read any more, if the page dropped one."""
+        return self._dropped.get(queue) if queue not in self._reads else None

@@ -183,6 +183,9 @@ async def test_a_read_is_asked_for_and_shared_by_every_view(
                 gone = await other.get(f"/api/queues/{queue}/dead-letters")
                 assert gone.status_code == 404  # positions may have moved: read again
                 assert "POST /api/queues/" in gone.json()["error"]
+                after = (await other.get(f"/queues/{queue}")).text
+                assert "Not read since a replay from this page at" in after
+                assert "Holds 1 dead letter(s) now" in after
     finally:
         await delete(amqp, queue, f"{queue}.dlq")
 
