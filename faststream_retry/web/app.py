@@ -656,10 +656,9 @@ class _Pages:
     # ------------------------------------------------------------------ reads
     async def read(self, request: Request) -> Response:
         """Read a queue's dead letters (a pass through it): asked for, never by a view."""
-        data, api, refused = await self._check_action(request, needs_actions=False)
+        _, api, refused = await self._check_action(request, needs_actions=False)
         if refused is not None:
             return refused
-        del data
         queue = self._queue(request)
         if (unnamed := self._unnamed(request, queue, api=api)) is not None:
             return unnamed
