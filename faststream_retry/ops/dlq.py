@@ -7,6 +7,7 @@ choose which dead letters an operation takes; the rest stay in the queue, in ord
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from faststream_retry.amqp.probe import depth
 from faststream_retry.core import headers as h
 from faststream_retry.core.topology import dlq_of, dlq_owner
 from faststream_retry.ops.common import OperationError, check_name, name_problem, shown_name
-from faststream_retry.ops.records import DeadLetter, Decoder, Selection
+from faststream_retry.ops.records import Body, DeadLetter, Decoder, Selection
 from faststream_retry.ops.walk import (
     DROP,
     KEEP,
@@ -195,12 +196,15 @@ async def list_dead_letters(
     limit: int | None = LIST_LIMIT,
     decoder: Decoder | None = None,
     progress: Callable[[Pass], None] | None = None,
+    keep: Callable[[DeadLetter], DeadLetter] | None = None,
 ) -> Outcome:
     """Return the dead letters of ``queue`` that ``selection`` takes, head first, up to ``limit``.
 
     Nothing is removed or spent (see ``walk``: a queue not known to be classic is
     passed through whole even with a limit, so its order is kept). A process killed
     mid-pass can leave the copies in flight twice and the queue's order rotated.
+    ``keep`` returns what to keep of each (the page cuts bodies as it reads, so a queue
+    of large messages is never held whole); all of it without.
     """
     return await _pass(
         connection,
@@ -210,6 +214,7 @@ async def list_dead_letters(
         limit=limit,
         progress=progress,
         decoder=decoder,
+        keep=keep,
         look_past_limit=True,
     )
 
@@ -360,7 +365,8 @@ async def export_dead_letters(
     """Write the selected dead letters as JSON Lines through ``write``; they stay in the queue.
 
     Every byte of the body and every property and header is kept (``ops.wire``), so
-    ``import_messages`` can put back what a purge removed.
+    ``import_messages`` can put back what a purge removed. ``Outcome.taken`` names each
+    (its fields, not its body or headers: an export of any size is never held whole).
 
     Raises:
         OperationError: ``write`` failed (a full disk, a closed pipe): the pass went on
@@ -380,7 +386,7 @@ async def export_dead_letters(
         return KEEP
 
     outcome = await _pass(
-        connection, queue, step, selection=selection, limit=limit, progress=progress
+        connection, queue, step, selection=selection, limit=limit, progress=progress, keep=_bare
     )
     if failed:
         raise OperationError(
@@ -388,6 +394,18 @@ async def export_dead_letters(
             f"incomplete, and every dead letter is still in {dlq}, in its order"
         ) from failed[0]
     return outcome
+
+
+def _bare(letter: DeadLetter) -> DeadLetter:
+    """``letter`` without what takes room: its body, headers, traceback and history."""
+    return dataclasses.replace(
+        letter,
+        body=Body(letter.body.kind, ""),
+        headers={},
+        traceback="",
+        history=[],
+        replayed=[],
+    )
 
 
 async def import_messages(
@@ -455,10 +473,12 @@ async def _pass(
     progress: Callable[[Pass], None] | None,
     decoder: Decoder | None = None,
     rate: float | None = None,
+    keep: Callable[[DeadLetter], DeadLetter] | None = None,
     look_past_limit: bool = False,
 ) -> Outcome:
     """Pass through ``queue``'s DLQ, doing ``step`` with each selected dead letter.
 
+    ``keep`` returns what ``Outcome.taken`` keeps of each (the whole letter without it).
     ``look_past_limit``: at the limit, look on for one more selected dead letter, so
     ``Outcome.complete`` is exact (a list); otherwise stop looking there.
     """
@@ -473,7 +493,7 @@ async def _pass(
         if limit is not None and len(outcome.taken) >= limit:
             outcome.more = True  # one past the limit: the answer is not whole
             return KEEP
-        outcome.taken.append(letter)
+        outcome.taken.append(letter if keep is None else keep(letter))
         return step(seen, letter)
 
     def enough() -> bool:

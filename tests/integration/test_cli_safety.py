@@ -218,9 +218,11 @@ async def test_the_page_checks_a_replays_target_as_the_command_does(
 ) -> None:
     """A 200,000-character ``to`` fails at once, its answer and audit line bounded."""
     await seed(amqp, dead, [("m1", "exhausted", b"x", None)])
-    app = create_app(rabbit_url, allow_actions=True)
+    app = create_app(rabbit_url, allow_actions=True, trusted_proxies=())
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
-    async with httpx.AsyncClient(transport=transport, base_url="http://page", timeout=60) as client:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://127.0.0.1", timeout=60
+    ) as client:
         client.cookies.set("fsr_csrf", "k" * 43)
         for to, dry in (("t" * 200_000, True), ("t" * 200_000, False), (unique("gone"), True)):
             with caplog.at_level("INFO", logger="faststream_retry.web.audit"):
@@ -229,7 +231,8 @@ async def test_the_page_checks_a_replays_target_as_the_command_does(
                     json={"ids": ["m1"], "to": to, "dry_run": dry},
                     headers={"X-CSRF-Token": "k" * 43},
                 )
-            assert answer.status_code == 409, answer.text
+            # A name AMQP cannot carry is a bad request, refused before the broker is asked.
+            assert answer.status_code == (400 if len(to) > 255 else 409), answer.text
             assert len(answer.text) < 400
             assert (
                 "nothing was replayed" in answer.json()["error"]
