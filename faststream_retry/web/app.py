@@ -35,6 +35,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from faststream_retry.amqp.connection import safe_url
 from faststream_retry.amqp.probe import depth
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.durations import format_ms
@@ -494,7 +495,8 @@ class _Pages:
         if (refused := self._gate(request, api=True)) is not None:
             return refused
         try:
-            return _JSON(await self._status())
+            # As `status --json` says it: which broker was read, without its password.
+            return _JSON({**await self._status(), "broker": safe_url(self.s.url)})
         except OperationError as exc:
             return _JSON({"error": str(exc)}, status_code=502)
 

@@ -287,4 +287,5 @@ async def test_app_commands_examine_the_apps_own_broker(rabbit_url: str, tmp_pat
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             answer = await client.get("/api/status")
             assert answer.status_code == 200, answer.text
+            assert answer.json()["broker"] == shown  # as status --json says it
             assert [row["queue"] for row in answer.json()["queues"]] == [queue]
