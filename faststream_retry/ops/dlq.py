@@ -16,7 +16,7 @@ from faststream_retry.amqp.probe import depth
 from faststream_retry.core import headers as h
 from faststream_retry.core.topology import dlq_of, dlq_owner
 from faststream_retry.ops.common import OperationError, check_name, name_problem, shown_name
-from faststream_retry.ops.records import Body, DeadLetter, Decoder, Selection
+from faststream_retry.ops.records import JSON_FORMAT, Body, DeadLetter, Decoder, Selection
 from faststream_retry.ops.walk import (
     DROP,
     KEEP,
@@ -52,8 +52,6 @@ __all__ = [
 ]
 
 LIST_LIMIT = 100
-JSON_FORMAT = 1
-"""The ``format`` of the JSON answers below; within one format keys are only ever added."""
 
 
 @dataclass(slots=True)

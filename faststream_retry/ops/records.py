@@ -38,6 +38,8 @@ Decoder: TypeAlias = "Callable[[bytes, str | None, Mapping[str, Any]], object]"
 """A ``--decoder``: ``(body, content_type, headers)`` to any JSON-able value or text."""
 
 PREVIEW_CHARS = 60
+JSON_FORMAT = 1
+"""The ``format`` of the ``dlq`` commands' JSON (and the page's); keys are only ever added."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +268,7 @@ class DeadLetter:
     def details(self) -> dict[str, Any]:
         """Return everything, for ``dlq show --json``."""
         return {
+            "format": JSON_FORMAT,
             **self.summary(),
             "traceback": self.traceback,
             "history": [{**e, "at": iso_time(e["at"])} for e in self.history],

@@ -651,7 +651,8 @@ class _Pages:
         key = self._key(request)
         found = read[1].letter(key)
         if found is None:
-            why = f"no dead letter {shown_name(key)} in the last read of the queue"
+            dlq = dlq_of(read[0])
+            why = f"no dead letter {shown_name(key)} in the last read of {shown_name(dlq)}"
             return _JSON({"error": why}, status_code=404)
         return _JSON(read[1].details(found))
 
