@@ -4,8 +4,9 @@
 builds a ``_RetryScope``. The scope does nothing on success. When the handler raises, it
 resolves the message (``delivery``), decides (``core.decision.decide``) and hands the
 decision to its broker's sink (``sink``: a copy published with a broker confirm, the
-original acked only then; ``test_mode`` under ``TestRabbitBroker``), and re-raises so
-FastStream never publishes the failed call's "result".
+original acked only then; ``test_mode`` under ``TestRabbitBroker``, inside a
+``testing()`` block: outside one the scope leaves a test broker's messages alone), and
+re-raises so FastStream never publishes the failed call's "result".
 """
 
 from __future__ import annotations
@@ -230,14 +231,15 @@ class RetryMiddleware:
 
     @contextlib.contextmanager
     def testing(self, *, raise_on_dead_letter: bool = False) -> Iterator[RetryRecorder]:
-        """Record every retry decision, for tests with ``TestRabbitBroker``.
+        """Run the plugin's test mode under ``TestRabbitBroker`` for the block, and record it.
 
-        Under ``TestRabbitBroker`` (no real broker, no TTL) the plugin runs in test
-        mode by itself: decisions are made exactly as in production, delays are
-        computed but not waited for (the handler is called again at once), and a
-        dead letter settles the message and goes to the app's ``<queue>.dlq``
-        subscriber if it has one. This context manager lets a test see those
-        decisions::
+        Under ``TestRabbitBroker`` (no real broker, no TTL) the plugin stays out of the
+        way outside such a block: a test sees what it would see without the plugin,
+        the handler called once and its exception raised from ``publish()``. Inside
+        the block it runs in test mode: decisions are made exactly as in production,
+        delays are computed but not waited for (the handler is called again at once),
+        and a dead letter settles the message and goes to the app's ``<queue>.dlq``
+        subscriber if it has one. The recorder it yields sees those decisions::
 
             async with TestRabbitBroker(broker) as br:
                 with retry.testing() as recorder:
@@ -304,14 +306,15 @@ class _RetryScope(BaseMiddleware):
             # the broker, say) owns its failure: one decision, one copy.
             return await call_next(msg)
         broker = _internals.current_broker(self.context)
-        if (
-            broker is not None
-            and not self._plugin.runtime(broker).started
-            and not _internals.under_test_broker(broker)
+        if broker is not None and not self._plugin.runtime(broker).started:
+            if _internals.under_test_broker(broker):
+                if not self._plugin.testing.active:
+                    # A test that did not ask for test mode sees what it would see
+                    # without the plugin: the handler's exception out of publish().
+                    return await call_next(msg)
             # A subscriber's message: get_one() and iterators are not the plugin's.
-            and _internals.current_subscriber(self.context) is not None
-        ):
-            await self._start_late(broker, msg)
+            elif _internals.current_subscriber(self.context) is not None:
+                await self._start_late(broker, msg)
         if h.DUE in msg.headers:
             try:
                 self._report_arrival(msg)

@@ -263,7 +263,8 @@ class Plugin:
         """
         self.config = config
         self.reporter = reporter
-        self._testing = testing
+        self.testing = testing
+        """The middleware's open ``testing()`` blocks: test mode runs while one is open."""
         self._runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
         self.middleware: Middleware | None = None
         """The ``RetryMiddleware`` this is the plugin of (set by it): a late start installs it."""
@@ -273,7 +274,7 @@ class Plugin:
         runtime = self._runtimes.get(broker)
         if runtime is None:
             runtime = self._runtimes[broker] = Runtime(
-                self.config, self.reporter, broker, self._testing
+                self.config, self.reporter, broker, self.testing
             )
         return runtime
 
