@@ -28,7 +28,7 @@ from faststream_retry.core.decision import Action, Decision, decide
 from faststream_retry.core.events import RetryEvent, RetryHook
 from faststream_retry.engine.outages import Requeue
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import _internals
+from faststream_retry.middleware import _internals, settled
 from faststream_retry.middleware.delivery import Delivery
 from faststream_retry.middleware.gate import gate_of
 from faststream_retry.middleware.runtime import Plugin, Runtime, cover_failed
@@ -312,6 +312,7 @@ class _RetryScope(BaseMiddleware):
                     # A test that did not ask for test mode sees what it would see
                     # without the plugin: the handler's exception out of publish().
                     return await call_next(msg)
+                settled.guard(broker)  # for the next messages (see settled): start is faked
             # A subscriber's message: get_one() and iterators are not the plugin's.
             elif _internals.current_subscriber(self.context) is not None:
                 await self._start_late(broker, msg)
@@ -655,12 +656,34 @@ class _RetryScope(BaseMiddleware):
     async def after_processed(
         self,
         exc_type: type[BaseException] | None = None,  # noqa: ARG002 - FastStream's signature
-        exc_val: BaseException | None = None,  # noqa: ARG002
+        exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,  # noqa: ARG002
     ) -> bool | None:
-        # True suppresses the re-raised failure for the outer middlewares, so
+        if not self._settled or exc_val is None:
+            return None
+        # The failure goes on through the middlewares outside this one, and stops at
+        # the guard, before FastStream's own (settled): True there suppresses it, and
         # FastStream's ack middleware finds the message already settled by us.
-        return self._settled or None
+        if settled.hand_over(self.msg, exc_val):
+            return None
+        return True if self._stops_here() else None
+
+    def _stops_here(self) -> bool:
+        """Whether a failure the plugin settled stops at this scope: its stack has no guard.
+
+        That is a message whose stack was built before the plugin put its guard in place
+        (a broker's first messages, without ``install()``). It stops here if no middleware
+        of the app sits outside this one, and under a test broker (test mode promises a
+        ``publish()`` that does not raise). Otherwise it goes on, so the middlewares
+        outside see it, and FastStream logs it once more (its ack middleware finds the
+        message settled, and leaves it).
+        """
+        broker = _internals.current_broker(self.context)
+        sub = _internals.current_subscriber(self.context)
+        if broker is None or sub is None or _internals.under_test_broker(broker):
+            return True
+        outer = _internals.middlewares_of(sub)
+        return not outer or outer[0] is self._plugin.middleware
 
 
 Failure = Exception | asyncio.CancelledError

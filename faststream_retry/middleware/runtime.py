@@ -29,7 +29,7 @@ from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import _internals, checks
+from faststream_retry.middleware import _internals, checks, settled
 from faststream_retry.middleware.sink import LiveSink
 from faststream_retry.middleware.test_mode import TestSink
 from faststream_retry.reporting.log import log
@@ -290,6 +290,7 @@ class Plugin:
             # Outermost: a failure raised anywhere in the broker's middlewares is
             # covered too. Pass it in middlewares= to choose its place yourself.
             broker.insert_middleware(middleware)
+        settled.guard(broker)
         # The plugin's lines go through this broker's logger unless logging is
         # configured for them (see _log).
         log.send_to(_internals.broker_outlet(broker), _internals.broker_level(broker))
@@ -298,6 +299,7 @@ class Plugin:
         runtime = self.runtime(broker)
 
         async def start() -> None:
+            settled.guard(broker)  # still the first, whatever was inserted since install()
             if runtime.live is not None:
                 # Started again while running (to start a router included late):
                 # FastStream starts the subscribers, and the new ones are followed.

@@ -10,10 +10,11 @@ import warnings
 from typing import Any
 
 import pytest
+from faststream import ExceptionMiddleware
 from faststream.rabbit import RabbitBroker, TestRabbitBroker
 from pydantic import BaseModel, ValidationError
 
-from faststream_retry import Fixed, RetryMiddleware, RetryPolicy
+from faststream_retry import Fixed, PermanentError, RetryMiddleware, RetryPolicy
 
 
 def retry_middleware() -> RetryMiddleware:
@@ -125,3 +126,88 @@ async def test_fastapis_request_validation_error_comes_out_of_publish() -> None:
             pytest.raises(fastapi.exceptions.RequestValidationError),
         ):
             await br.publish("hi", "in")
+
+
+async def test_in_test_mode_an_exception_middleware_before_the_plugin_hears_of_the_failure() -> (
+    None
+):
+    """FastStream's ``test_exception_middleware_*`` in memory: ``[exc_mw, retry]``, installed."""
+    retry = retry_middleware()
+    exc_mw = ExceptionMiddleware()
+    heard: list[str] = []
+
+    @exc_mw.add_handler(ValueError)
+    async def on_value_error(exc: ValueError) -> None:
+        heard.append(str(exc))
+
+    broker = RabbitBroker(middlewares=[exc_mw, retry], logger=None)
+    retry.install(broker)
+
+    @broker.subscriber("in")
+    async def handler(body: str) -> None:
+        raise ValueError(body)
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish("one", "in")
+            await br.publish("two", "in")
+    # In test mode the retries are made in one delivery: the middleware hears of it once.
+    assert heard == ["one", "two"]
+    assert [e.reason for e in recorder.dead_letters] == ["exhausted", "exhausted"]
+
+
+async def test_a_middleware_inserted_after_install_still_hears_of_the_failures() -> None:
+    """``broker.insert_middleware(m)`` after ``install()``: the guard goes back in front of it."""
+    retry = retry_middleware()
+    broker = RabbitBroker(middlewares=[retry], logger=None)
+    retry.install(broker)
+    exc_mw = ExceptionMiddleware()
+    heard: list[str] = []
+
+    @exc_mw.add_handler(ValueError)
+    async def on_value_error(exc: ValueError) -> None:
+        heard.append(str(exc))
+
+    broker.insert_middleware(exc_mw)
+
+    @broker.subscriber("in")
+    async def handler(body: str) -> None:
+        raise ValueError(body)
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing():
+            for body in ("one", "two"):
+                await br.publish(body, "in")
+    # The first message's stack was built before the guard went back in front.
+    assert heard == ["two"]
+    assert [type(m).__name__ for m in broker.middlewares][:2] == ["Guard", "ExceptionMiddleware"]
+
+
+async def test_a_message_a_failing_handler_publishes_is_settled_on_its_own() -> None:
+    """Under TestRabbitBroker a handler's publish is handled inside its call: each message's
+    failure is its own, and both are dead-lettered without reaching ``publish()``."""
+    retry = retry_middleware()
+    exc_mw = ExceptionMiddleware()
+    heard: list[str] = []
+
+    @exc_mw.add_handler(PermanentError)
+    async def on_permanent(exc: PermanentError) -> None:
+        heard.append(str(exc))
+
+    broker = RabbitBroker(middlewares=[exc_mw, retry], logger=None)
+    retry.install(broker)
+
+    @broker.subscriber("outer")
+    async def outer(body: str) -> None:
+        await broker.publish("inner", "inner")
+        raise PermanentError("outer failed")
+
+    @broker.subscriber("inner")
+    async def inner(body: str) -> None:
+        raise PermanentError("inner failed")
+
+    async with TestRabbitBroker(broker) as br:
+        with retry.testing() as recorder:
+            await br.publish("outer", "outer")
+    assert heard == ["inner failed", "outer failed"]
+    assert [e.queue for e in recorder.dead_letters] == ["inner", "outer"]
