@@ -314,9 +314,11 @@ class Plugin:
             exc_val: BaseException | None = None,
             exc_tb: TracebackType | None = None,
         ) -> None:
-            # Re-check consumers first (they feed the subscribers' queues), then
-            # FastStream drains its handlers, whose failures still need the
-            # publisher; the plugin's channels close last.
+            # Intake first, at once: no handler starts once stop() is called. Then the
+            # re-check consumers (they feed the subscribers' queues), then FastStream
+            # drains its handlers, whose failures still need the publisher; the
+            # plugin's channels close last.
+            _internals.stop_intake(broker)
             await runtime.stop_consumers()
             try:
                 await original_stop(exc_type, exc_val, exc_tb)
