@@ -88,9 +88,12 @@ class _GuardScope(BaseMiddleware):
             return None
         with contextlib.suppress(ValueError):  # set in another context: nothing to restore
             _SEAL.reset(token)
+        # Let go of the failure: its traceback holds this scope (in FastStream's chain of
+        # consume scopes), so keeping it would be a cycle, freed only by the collector.
+        settled, seal.settled = seal.settled, None
         # True suppresses it: FastStream's ack middleware finds the message settled,
         # its critical-log middleware has nothing to log.
-        return True if exc_val is not None and exc_val is seal.settled else None
+        return True if exc_val is not None and exc_val is settled else None
 
 
 def hand_over(msg: object, failure: BaseException) -> bool:
