@@ -2,9 +2,9 @@
 
 FastStream 0.7 has no broker start hook, so ``install`` wraps ``broker.start`` and
 ``broker.stop``. On start the plugin plans the topology from the subscribers the broker
-has then, checks it against the live broker, opens its channels and declares it, starts
-FastStream's subscribers and then the re-check consumers (they release into the
-subscribers' queues, so those must exist first). On stop it undoes that in reverse.
+has then, checks it against the live broker (declaring it: ``amqp.checks``), opens its
+channels, and starts FastStream's subscribers and the re-check consumers side by side.
+On stop it undoes that in reverse, the intake first.
 
 A subscriber can also join a running broker: ``broker.subscriber(...)`` then ``await
 sub.start()``, or a router included after start. ``watch`` follows both: such a
@@ -35,7 +35,7 @@ from faststream_retry.middleware.test_mode import TestSink
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Awaitable, Mapping
     from types import TracebackType
 
     from aio_pika.abc import AbstractRobustConnection
@@ -171,7 +171,7 @@ class Runtime:
         for _, advice in series_advice(topology.routes.values(), version):
             log.warning("faststream-retry: %s: %s. Fix: %s", advice.what, advice.why, advice.fix)
         live = Live(topology, connection, self.config, self.reporter)
-        await live.open()
+        await live.open(declared=True)  # check_broker declared every object of it
         self.live = live
         self.started = True
         await self._report_stranded(connection, topology, routes)
@@ -306,8 +306,11 @@ class Plugin:
                 await original_start()
                 return
             await _start(broker, runtime, middleware)
-            await original_start()
-            await runtime.start_consumers()
+            # Side by side: a copy the re-check consumers release before its queue's
+            # subscriber consumes waits in that queue; one released before FastStream
+            # declared that queue (a queue that is not durable, after a broker restart)
+            # is refused, and requeued after the pause.
+            await _side_by_side(original_start(), runtime.start_consumers())
 
         async def stop(
             exc_type: type[BaseException] | None = None,
@@ -360,6 +363,13 @@ class Plugin:
                 runtime.refused = exc
                 raise
             await runtime.start_consumers()
+
+
+async def _side_by_side(*steps: Awaitable[None]) -> None:
+    """Run ``steps`` at once; once each is done, raise the first one's exception, if any."""
+    for outcome in await asyncio.gather(*steps, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _start(broker: RabbitBroker, runtime: Runtime, middleware: Middleware) -> None:
