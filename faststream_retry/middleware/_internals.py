@@ -80,6 +80,7 @@ __all__ = [
     "drops_on_error",
     "handler_names",
     "handler_policy",
+    "is_rabbit",
     "middlewares_of",
     "problems",
     "queue_of",
@@ -243,6 +244,13 @@ def server_named(sub: Any) -> bool:  # noqa: ANN401 - any subscriber
     """Whether ``sub`` consumes a queue the broker names (``RabbitQueue("")``)."""
     queue = getattr(sub, "queue", None)
     return queue is not None and getattr(queue, "name", None) == ""
+
+
+def is_rabbit(broker: object) -> bool:
+    """Return whether ``broker`` is FastStream's ``RabbitBroker`` (the only one covered)."""
+    from faststream.rabbit import RabbitBroker  # noqa: PLC0415 - imported when a broker comes
+
+    return isinstance(broker, RabbitBroker)
 
 
 def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - RabbitBroker

@@ -28,7 +28,7 @@ from faststream_retry.core.decision import Action, Decision, decide
 from faststream_retry.core.events import RetryEvent, RetryHook
 from faststream_retry.engine.outages import Requeue
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import _internals, settled
+from faststream_retry.middleware import _internals, checks, settled
 from faststream_retry.middleware.delivery import Delivery
 from faststream_retry.middleware.gate import gate_of
 from faststream_retry.middleware.runtime import Plugin, Runtime, cover_failed
@@ -306,7 +306,10 @@ class _RetryScope(BaseMiddleware):
             # the broker, say) owns its failure: one decision, one copy.
             return await call_next(msg)
         broker = _internals.current_broker(self.context)
-        if broker is not None and not self._plugin.runtime(broker).started:
+        runtime = None if broker is None else self._plugin.runtime(broker)
+        if runtime is not None and not runtime.started:
+            if runtime.bypass is not None or not self._covers(broker, runtime):
+                return await call_next(msg)  # FastStream's, untouched
             if _internals.under_test_broker(broker):
                 if not self._plugin.testing.active:
                     # A test that did not ask for test mode sees what it would see
@@ -348,6 +351,19 @@ class _RetryScope(BaseMiddleware):
             if isinstance(exc, asyncio.CancelledError):
                 self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc, delivery, gate)
+
+    def _covers(self, broker: Any, runtime: Runtime) -> bool:  # noqa: ANN401 - any broker
+        """Whether the plugin runs on ``broker``; if not, said once, and its messages pass.
+
+        A broker other than a ``RabbitBroker`` (NATS, Redis, Kafka, ...): the plugin would
+        run RabbitMQ's topology check on its client, and hold its messages.
+        """
+        text = checks.unsupported(broker)
+        if text is None:
+            return True
+        runtime.bypass = text
+        self._plugin.reporter.error_once(("unsupported", id(broker)), "faststream-retry: %s", text)
+        return False
 
     async def _start_late(self, broker: Any, msg: StreamMessage[Any]) -> None:  # noqa: ANN401 - a RabbitBroker
         """Start the plugin on a broker that consumes without ``install()``, before this message.

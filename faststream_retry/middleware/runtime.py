@@ -22,6 +22,8 @@ import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from aio_pika.abc import AbstractConnection
+
 from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.registry import retry_queues_in_use, survey
 from faststream_retry.core.advice import series_advice, work_queue_findings
@@ -70,6 +72,9 @@ class Runtime:
         """Whether the plugin ever started on this broker (a stopped one does not start late)."""
         self.refused: RetryConfigError | RetryTopologyError | None = None
         """Why a late start refused to run (``Plugin.start_late``): it is not tried again."""
+        self.bypass: str | None = None
+        """Why the plugin leaves this broker's messages to FastStream, untouched (a broker it
+        does not cover, a connection that is not aio-pika's); ``None``: it does not."""
         self.starting = asyncio.Lock()
         """Held by a late start: the messages that arrive meanwhile wait for it."""
 
@@ -280,6 +285,7 @@ class Plugin:
 
     def install(self, broker: RabbitBroker, middleware: Middleware) -> RabbitBroker:
         """Add ``middleware`` to ``broker`` if needed and wrap its start and stop."""
+        checks.refuse_other_broker(broker)
         installed = getattr(broker, _INSTALLED_ATTR, None)
         if installed is middleware:
             return broker
@@ -380,7 +386,18 @@ async def _start(broker: RabbitBroker, runtime: Runtime, middleware: Middleware)
     checks.refuse_plugin_queues(broker, topology)
     checks.refuse_other_queue_type(broker, topology)
     checks.warn_uncovered(broker, topology)
-    await runtime.start(await broker.connect(), topology)
+    connection = await broker.connect()
+    if not isinstance(connection, AbstractConnection):
+        # A test double (FastStream's own tests mock the connection): nothing to declare
+        # on, nothing to run. Said once; the broker works as without the plugin.
+        runtime.bypass = (
+            f"the broker's connection is a {type(connection).__name__}, not an aio-pika "
+            "connection (a test double?): the plugin does not start on it, and leaves the "
+            "broker's messages to FastStream"
+        )
+        log.warning("faststream-retry: %s", runtime.bypass)
+        return
+    await runtime.start(connection, topology)
 
 
 _FOLLOWED_ATTR = "__faststream_retry_followed__"

@@ -6,15 +6,18 @@ on every broker, issue 36), rewritten here against a broker with the plugin.
 
 from __future__ import annotations
 
+import gc
+import logging
 import warnings
 from typing import Any
+from unittest.mock import AsyncMock
 
 import pytest
 from faststream import ExceptionMiddleware
 from faststream.rabbit import RabbitBroker, TestRabbitBroker
 from pydantic import BaseModel, ValidationError
 
-from faststream_retry import Fixed, PermanentError, RetryMiddleware, RetryPolicy
+from faststream_retry import Fixed, PermanentError, RetryConfigError, RetryMiddleware, RetryPolicy
 
 
 def retry_middleware() -> RetryMiddleware:
@@ -211,3 +214,90 @@ async def test_a_message_a_failing_handler_publishes_is_settled_on_its_own() -> 
             await br.publish("outer", "outer")
     assert heard == ["inner failed", "outer failed"]
     assert [e.queue for e in recorder.dead_letters] == ["inner", "outer"]
+
+
+def test_install_refuses_a_broker_it_does_not_cover() -> None:
+    """``install()`` on a NATS or Redis broker: one error naming what is supported."""
+    nats = pytest.importorskip("faststream.nats", reason="faststream[nats], a test dependency")
+    redis = pytest.importorskip("faststream.redis", reason="faststream[redis], a test dependency")
+    for broker in (nats.NatsBroker(), redis.RedisBroker()):
+        with pytest.raises(RetryConfigError) as caught:
+            RetryMiddleware().install(broker)
+        text = str(caught.value)
+        assert "works with FastStream's RabbitBroker (faststream.rabbit) only" in text
+        assert type(broker).__qualname__ in text
+        assert list(broker.middlewares) == []
+
+
+async def handled_as_without_the_plugin(
+    retry: RetryMiddleware, broker: Any, test_broker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[str] = []
+
+    @broker.subscriber("orders")
+    async def handle(body: str) -> str:
+        calls.append(body)
+        if body == "bad":
+            raise ConnectionError(body)
+        return body.upper()
+
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="faststream_retry"):
+        async with test_broker(broker) as br:
+            with retry.testing() as recorder:
+                assert await (await br.request("ok", "orders")).decode() == "OK"
+                with pytest.raises(ConnectionError):
+                    await br.publish("bad", "orders")
+                await br.publish("ok", "orders")
+    assert calls == ["ok", "bad", "ok"]
+    assert recorder.events == []
+    errors = [r.getMessage() for r in caplog.records if r.name == "faststream_retry"]
+    assert len(errors) == 1
+    assert type(broker).__qualname__ in errors[0]
+
+
+async def test_a_broker_it_does_not_cover_handles_its_messages_as_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``middlewares=[retry]`` on NATS and Redis: one ERROR at the first message, and every
+    message handled as FastStream alone does (the handler runs, its exception comes out)."""
+    nats = pytest.importorskip("faststream.nats", reason="faststream[nats], a test dependency")
+    redis = pytest.importorskip("faststream.redis", reason="faststream[redis], a test dependency")
+    retry = retry_middleware()
+    broker = nats.NatsBroker(middlewares=[retry])
+    await handled_as_without_the_plugin(retry, broker, nats.TestNatsBroker, caplog)
+    broker = redis.RedisBroker(middlewares=[retry])
+    await handled_as_without_the_plugin(retry, broker, redis.TestRedisBroker, caplog)
+
+
+async def test_a_mocked_connection_leaves_no_coroutine_unawaited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """FastStream's ``specific/test_declare.py::test_publisher_declare``, with ``install()``."""
+    from faststream.rabbit.helpers.declarer import RabbitDeclarerImpl  # noqa: PLC0415
+
+    connection = AsyncMock()
+
+    class Channels:
+        async def get_channel(self, channel: object = None) -> AsyncMock:
+            return connection
+
+    retry = retry_middleware()
+    broker = RabbitBroker()
+    retry.install(broker)
+    broker._connection = connection
+    broker.config.declarer = RabbitDeclarerImpl(Channels())  # type: ignore[arg-type,attr-defined]
+
+    @broker.publisher("q", "q")
+    async def f() -> None: ...
+
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG):
+        warnings.simplefilter("always")
+        await broker.start()
+        await broker.stop()
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    connection.declare_queue.assert_awaited_once()
+    lines = [r.getMessage() for r in caplog.records if r.name == "faststream_retry"]
+    assert not any("version" in line for line in lines)
+    assert any("not an aio-pika connection" in line for line in lines)
