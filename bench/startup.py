@@ -17,9 +17,11 @@ whose plan has 19 quorum tiers):
   message waiting in its queue, every queue there;
 - stop: ``broker.stop()`` of a started broker, nothing in flight.
 
-Each row runs with 1 covered queue and with ``--queues`` (300 by default).
+Each row runs with 1 covered queue and with 300 (``--sizes``). Beside each time, the
+number of round trips (AMQP methods that wait for the broker's answer): the machine's
+load moves the times, never the count.
 
-    python -m bench.startup [--rounds 3] [--queues 300] [--before DIR]   (RABBITMQ_URL)
+    python -m bench.startup [--rounds 3] [--sizes 1,300] [--before DIR]   (RABBITMQ_URL)
 """
 
 from __future__ import annotations
@@ -34,8 +36,14 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+
+# The checkout to measure, ahead of this one (``python -m`` puts this one first on the path).
+if checkout := os.environ.get("BENCH_CHECKOUT"):
+    sys.path.insert(0, checkout)
 
 import aio_pika
+import aiormq
 from faststream.rabbit import RabbitBroker
 from rich.console import Console
 from rich.table import Table
@@ -72,8 +80,27 @@ class Built:
             self.broker.subscriber(f"{prefix}-q{i}")(handle)
 
 
+class RoundTrips:
+    """Counts the AMQP methods sent that wait for the broker's answer (aiormq's ``rpc``).
+
+    The machine's load moves every time; this count does not, and it says where time
+    goes on a quiet one (a round trip is about 0.3 ms on loopback).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        original = aiormq.Channel.rpc
+
+        async def rpc(channel: Any, frame: Any, timeout: Any = None) -> Any:
+            if frame.synchronous and not getattr(frame, "nowait", False):
+                self.count += 1
+            return await original(channel, frame, timeout=timeout)
+
+        aiormq.Channel.rpc = rpc  # type: ignore[method-assign,assignment]
+
+
 async def one(scenario: str, kind: str, prefix: str, queues: int) -> dict[str, float]:
-    """Run one measurement in this process; return its figure in ms."""
+    """Run one measurement in this process; return its time in ms and its round trips."""
     built = Built(kind, prefix, queues, install=scenario != "first-message")
     broker = built.broker
     if scenario == "first-message":
@@ -81,6 +108,7 @@ async def one(scenario: str, kind: str, prefix: str, queues: int) -> dict[str, f
         channel = await connection.channel()
         await channel.default_exchange.publish(aio_pika.Message(b"x"), routing_key=f"{prefix}-q0")
         await connection.close()
+    trips = RoundTrips()
     started = time.perf_counter()
     await broker.start()
     ms = (time.perf_counter() - started) * 1000
@@ -89,18 +117,35 @@ async def one(scenario: str, kind: str, prefix: str, queues: int) -> dict[str, f
         ms = (built.called_at - started) * 1000
     elif scenario == "stop":
         await asyncio.sleep(0.2)
+        trips.count = 0
         started = time.perf_counter()
         await broker.stop()
-        return {"ms": (time.perf_counter() - started) * 1000}
+        return {"ms": (time.perf_counter() - started) * 1000, "rpcs": trips.count}
+    figures = {"ms": ms, "rpcs": trips.count}
     await broker.stop()
-    return {"ms": ms}
+    return figures
 
 
-def spawn(scenario: str, kind: str, prefix: str, queues: int, path: str | None) -> float:
-    """Run ``one`` in a new process (``path`` first on sys.path); return its ms."""
-    env = dict(os.environ)
+def checked(path: str | None) -> None:
+    """Fail unless a process given ``path`` runs that checkout's faststream_retry."""
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_CHECKOUT"}
     if path is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
+        env["BENCH_CHECKOUT"] = path
+    code = "import bench.startup, faststream_retry; print(faststream_retry.__file__)"
+    where = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env=env
+    ).stdout.strip()
+    expected = Path(path or ROOT).resolve() / "faststream_retry" / "__init__.py"
+    if Path(where).resolve() != expected:
+        raise RuntimeError(f"{path or ROOT} would measure {where}")
+
+
+def spawn(scenario: str, kind: str, prefix: str, queues: int, path: str | None) -> dict[str, float]:
+    """Run ``one`` in a new process (``path`` first on sys.path); return its figures."""
+    env = dict(os.environ)
+    env.pop("BENCH_CHECKOUT", None)
+    if path is not None:
+        env["BENCH_CHECKOUT"] = path
     done = subprocess.run(
         [sys.executable, "-m", "bench.startup", "--one", scenario, kind, prefix, str(queues)],
         capture_output=True,
@@ -112,7 +157,8 @@ def spawn(scenario: str, kind: str, prefix: str, queues: int, path: str | None) 
     )
     if done.returncode != 0:
         raise RuntimeError(f"{scenario} {kind} failed:\n{done.stderr[-3000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["ms"])
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
 
 
 async def delete_all(prefix: str, queues: int) -> None:
@@ -131,13 +177,19 @@ async def delete_all(prefix: str, queues: int) -> None:
     await connection.close()
 
 
-def measure(args: argparse.Namespace) -> list[tuple[str, dict[str, list[float]]]]:
-    """Every row's figures: for each column, one per round."""
+Figures = dict[str, list[dict[str, float]]]
+"""A row's figures: for each column, one measurement per round."""
+
+
+def measure(args: argparse.Namespace) -> list[tuple[str, Figures]]:
+    """Every row's figures, rounds interleaved across the columns."""
     columns: dict[str, str | None] = {"bare": None, "plugin": None}
     if args.before:
         columns["plugin, before"] = str(Path(args.before).resolve())
-    rows: list[tuple[str, dict[str, list[float]]]] = []
-    for queues in (1, args.queues):
+    for path in columns.values():
+        checked(path)
+    rows: list[tuple[str, Figures]] = []
+    for queues in (int(size) for size in args.sizes.split(",")):
         existing = f"bench-start-{uuid.uuid4().hex[:6]}"
         # The existing topology: one plugin start creates it, outside the figures.
         spawn("start", "plugin", existing, queues, None)
@@ -148,7 +200,7 @@ def measure(args: argparse.Namespace) -> list[tuple[str, dict[str, list[float]]]
                 ("first-message", "first message, no install"),
                 ("stop", "stop"),
             ):
-                figures: dict[str, list[float]] = {column: [] for column in columns}
+                figures: Figures = {column: [] for column in columns}
                 for _ in range(args.rounds):
                     for column, path in columns.items():
                         kind = "bare" if column == "bare" else "plugin"
@@ -167,10 +219,17 @@ def measure(args: argparse.Namespace) -> list[tuple[str, dict[str, list[float]]]
     return rows
 
 
+def cell(runs: list[dict[str, float]]) -> str:
+    """``median ms (min) / round trips``."""
+    ms = [run["ms"] for run in runs]
+    trips = statistics.median(run["rpcs"] for run in runs)
+    return f"{statistics.median(ms):,.0f} ({min(ms):,.0f}) / {trips:,.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--queues", type=int, default=300)
+    parser.add_argument("--sizes", default="1,300", help="covered queues per row, comma-separated")
     parser.add_argument("--before", help="a checkout whose faststream_retry to compare with")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -179,7 +238,9 @@ def main() -> None:
         print(json.dumps(asyncio.run(one(scenario, kind, prefix, int(queues)))))
         return
     rows = measure(args)
-    table = Table(title=f"start and stop, ms (median of {args.rounds} processes each)")
+    table = Table(
+        title=f"start and stop: median ms (fastest) / round trips, {args.rounds} processes each"
+    )
     table.add_column("row")
     for column in rows[0][1]:
         table.add_column(column, justify="right")
@@ -187,8 +248,8 @@ def main() -> None:
     if args.before:
         table.add_column("before - bare", justify="right")
     for label, figures in rows:
-        medians = {column: statistics.median(values) for column, values in figures.items()}
-        cells = [f"{m:,.0f}" for m in medians.values()]
+        medians = {c: statistics.median(run["ms"] for run in runs) for c, runs in figures.items()}
+        cells = [cell(runs) for runs in figures.values()]
         cells.append(f"{medians['plugin'] - medians['bare']:+,.0f}")
         if args.before:
             cells.append(f"{medians['plugin, before'] - medians['bare']:+,.0f}")
