@@ -97,11 +97,10 @@ def missing_for(requirement: str) -> list[str]:
     return missing
 
 
-def no_wheel_reason(requirement: str) -> str | None:
-    """Say why ``requirement`` cannot be installed on this Python, if NO_WHEEL is why."""
-    missing = missing_for(requirement)
-    python = sys.version_info[:2]
-    for name in missing:
+def no_wheel_reason(requirement: str, python: tuple[int, int] | None = None) -> str | None:
+    """Say why ``requirement`` cannot be installed on ``python`` (this one), if NO_WHEEL is why."""
+    python = python or (sys.version_info.major, sys.version_info.minor)
+    for name in missing_for(requirement):
         if name in NO_WHEEL and python >= NO_WHEEL[name][0]:
             first = ".".join(map(str, NO_WHEEL[name][0]))
             return (
