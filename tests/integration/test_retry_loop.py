@@ -404,7 +404,9 @@ async def test_one_log_line_per_decision_and_none_per_hop(
     calls = 0
 
     @app.broker.subscriber(queue)
-    @retry_policy(backoff=Fixed(0.7))  # 700 ms on a 100 ms tick: 400 + 200 + 100
+    # 700 ms on a 100 ms tick: 400 + 200 + 100, or 400 + 200 when a loaded machine
+    # delivers the copy late enough that what remains fits no tier
+    @retry_policy(backoff=Fixed(0.7))
     async def handle(body: str) -> None:
         nonlocal calls
         calls += 1
@@ -433,7 +435,8 @@ async def test_one_log_line_per_decision_and_none_per_hop(
         "rule": "builtin",
     }
     hops = [r for r in mine if r.getMessage().startswith("re-check")]
-    assert len(hops) == 3  # two hops and the release
+    verbs = [str(r.args[0]) for r in hops]  # type: ignore[index]
+    assert verbs in (["hop", "released"], ["hop", "hop", "released"])
     assert all(r.levelname == "DEBUG" for r in hops)
 
 
