@@ -15,6 +15,8 @@ JetStream subscriber as the work consumer (durable, ``max_ack_pending=100``):
   path (failures turned into confirmed copies per second) and the release (retries handled
   per second, first to last). Its lateness is mostly queueing: a copy released to the work
   subject waits behind the first attempts still in the work stream.
+- **1 s+backlog**, **burst+backlog**: the same, with 100,000 copies (--backlog) already
+  waiting an hour where the design keeps them (the 60 s tier; schedules in the work stream).
 
 The designs:
 
@@ -31,12 +33,18 @@ The designs:
   publishes it to the work subject when due. Also: what a restart does to schedules.
 - **d** one delay stream for every tier, a subject and a filtered re-check consumer per
   tier: (b) with one stream to create and replicate instead of one per tier.
+- **e** (b), but the re-check hands each due copy to the subscriber's own pipeline
+  (FastStream's ``consume``) instead of publishing it back to the work subject: one hop
+  fewer, and no other consumer of that subject sees the retry.
 
 Then what dead letters cost, a stream per covered stream against one shared, and whether
-a dead-letter stream lists without consuming (an ordered consumer, direct get).
+a dead-letter stream lists without consuming (an ordered consumer, direct get); with
+--cluster, the same with R3 streams on a three-node cluster (scripts/nats/cluster.sh,
+NATS_CLUSTER_PORT), and on 2.12+ schedules in an R3 stream whose leader is killed.
 
-    python -m bench.nats_delay_designs [--designs a,a-push,b,c,d] [--servers 2.9,2.15]
-        [--stall-window 75] [--full-stall] [--skip-restart] [--skip-dlq] [--rounds 1]
+    python -m bench.nats_delay_designs [--designs a,a-push,b,c,d,e] [--servers 2.9,2.15]
+        [--scenarios stall,1 s,burst,1 s+backlog,burst+backlog] [--stall-window 75]
+        [--full-stall] [--skip-restart] [--skip-dlq] [--cluster 2.9,2.15] [--rounds 1]
 
 Servers: NATS_URL_2_9 (default nats://127.0.0.1:4301) and NATS_URL_2_15 (4302); one
 started here is stopped at the end. Timing on a shared machine is noisy: repeat a run
@@ -292,6 +300,19 @@ class Design:
     async def start(self, js: JetStreamContext) -> None:
         """Start what runs beside the work consumer (re-check consumers)."""
 
+    def backlog_message(self, key: str, due: float) -> tuple[str, dict[str, str]]:
+        """The subject and headers of a copy waiting for its retry until due."""
+        raise NotImplementedError
+
+    async def fill_backlog(self, js: JetStreamContext, n: int) -> None:
+        """n copies that fail once and wait an hour, 1,000 publishes in flight."""
+        due = time.time() + 3600
+        for start in range(0, n, 1000):
+            copies = [
+                self.backlog_message(f"k{i}", due) for i in range(start, min(n, start + 1000))
+            ]
+            await asyncio.gather(*(js.publish(s, BODY, headers=h) for s, h in copies))
+
     async def fail(self, broker: NatsBroker, msg: NatsMessage, key: str, delay: float) -> None:
         raise NotImplementedError
 
@@ -396,11 +417,18 @@ class TierStreams(Design):
                 j = i
                 while j < len(batch) and float((batch[j].headers or {})[DUE]) <= now:
                     j += 1
-                due = batch[i:j]
-                # Each copy confirmed on the work subject before its tier message is acked.
-                await asyncio.gather(*(self.release(js, m) for m in due))
-                await asyncio.gather(*(m.ack() for m in due))
+                await self.release_all(js, batch[i:j])
                 i = j
+
+    async def release_all(self, js: JetStreamContext, due: list[Msg]) -> None:
+        # Each copy confirmed on the work subject before its tier message is acked.
+        await asyncio.gather(*(self.release(js, m) for m in due))
+        await asyncio.gather(*(m.ack() for m in due))
+
+    @override
+    def backlog_message(self, key: str, due: float) -> tuple[str, dict[str, str]]:
+        headers = {ID: key, BAD: "1", ATTEMPT: "2", DUE: f"{due:.6f}"}
+        return self.tier_subject(self.tiers[-1]), headers
 
     async def release(self, js: JetStreamContext, m: Msg) -> None:
         headers = dict(m.headers or {})
@@ -439,6 +467,22 @@ class OneDelayStream(TierStreams):
         ]
 
 
+class HandOver(TierStreams):
+    """(b), but the re-check hands each due copy to the subscriber's own pipeline.
+
+    No release publish, and no other consumer of the work subject ever sees the copy: the
+    handler runs on the tier message itself, which FastStream acks when it succeeds.
+    """
+
+    key = "e"
+    label = "delay stream per tier, re-check runs the handler"
+    subscriber: Any = None
+
+    @override
+    async def release_all(self, js: JetStreamContext, due: list[Msg]) -> None:
+        await asyncio.gather(*(self.subscriber.consume(m) for m in due))
+
+
 class Scheduled(Design):
     """NATS 2.12+ message schedules, inside the work stream."""
 
@@ -455,6 +499,12 @@ class Scheduled(Design):
         config.allow_msg_schedules = True
         return [config]
 
+    @override
+    def backlog_message(self, key: str, due: float) -> tuple[str, dict[str, str]]:
+        at = dt.datetime.fromtimestamp(due, dt.timezone.utc).isoformat()
+        headers = {ID: key, "Nats-Schedule": f"@at {at}", "Nats-Schedule-Target": self.work_subject}
+        return f"{self.schedule_prefix}.{key}.2", headers
+
     async def fail(self, broker: NatsBroker, msg: NatsMessage, key: str, delay: float) -> None:
         due = time.time() + delay
         # A schedule's subject is its identity (one schedule per subject): one per copy.
@@ -468,7 +518,7 @@ class Scheduled(Design):
 
 
 DESIGNS: dict[str, type[Design]] = {
-    d.key: d for d in (NakDelay, NakDelayPush, TierStreams, Scheduled, OneDelayStream)
+    d.key: d for d in (NakDelay, NakDelayPush, TierStreams, Scheduled, OneDelayStream, HandOver)
 }
 
 
@@ -519,10 +569,12 @@ class Scenario:
     delay: float
     wait: float
     rate: float = 0.0
+    backlog: int = 0
 
 
 async def scenario(server: Server, cls: type[Design], plan: Scenario) -> Result:
-    run = f"{cls.key.replace('-', '')}{plan.name.replace(' ', '')}{uuid.uuid4().hex[:6]}"
+    slug = "".join(c for c in plan.name if c.isalnum())
+    run = f"{cls.key.replace('-', '')}{slug}{uuid.uuid4().hex[:6]}"
     design = cls(run)
     nc: Client = await nats.connect(server.url)
     js = nc.jetstream(timeout=JS_TIMEOUT)
@@ -541,7 +593,13 @@ async def scenario(server: Server, cls: type[Design], plan: Scenario) -> Result:
             return
         tracker.handled(key)
 
-    subscribe(broker, design, plan)(handle)
+    subscriber = subscribe(broker, design, plan)
+    subscriber(handle)
+    if isinstance(design, HandOver):
+        design.subscriber = subscriber
+    if plan.backlog:
+        # Copies of earlier failures, due in an hour, waiting where this design keeps them.
+        await design.fill_backlog(js, plan.backlog)
     await broker.start()
     await design.start(js)
     bad = [f"b{i}" for i in range(plan.n_bad)]
@@ -576,7 +634,7 @@ async def scenario(server: Server, cls: type[Design], plan: Scenario) -> Result:
     return result
 
 
-def subscribe(broker: NatsBroker, design: Design, plan: Scenario) -> Callable[..., Any]:
+def subscribe(broker: NatsBroker, design: Design, plan: Scenario) -> Any:
     """The work consumer: durable, max_ack_pending=100, pull (or push)."""
     consumer = ConsumerConfig(max_ack_pending=MAX_ACK_PENDING, ack_wait=max(30.0, plan.delay + 30))
     stream = JStream(design.work_stream, declare=False)
@@ -778,23 +836,82 @@ async def dead_letter_cost(
     return results
 
 
-async def dead_letters_on_cluster(series: str, args: argparse.Namespace) -> list[Result]:
-    """dead_letter_cost with R3 streams on a three-node cluster (scripts/nats/cluster.sh)."""
+async def on_cluster(series: str, args: argparse.Namespace) -> tuple[list[Result], list[Result]]:
+    """On a three-node cluster (scripts/nats/cluster.sh): dead_letter_cost with R3 streams,
+    and on 2.12+ schedules in an R3 stream across a kill -9 of its leader."""
     env = {"NATS_SERIES": series}
     done = script("cluster.sh", env, "start")
     if done.returncode != 0:
         raise SystemExit(f"cluster.sh start failed:\n{done.stderr}")
-    first = done.stdout.split()[0]
-    node = Server(series, first, int(first.rsplit(":", 1)[1]))
+    urls = done.stdout.split()
+    node = Server(series, urls[0], int(urls[0].rsplit(":", 1)[1]))
     try:
         nc = await nats.connect(node.url)
         v = nc.connected_server_version
         node.version = f"{v.major}.{v.minor}.{v.patch} x3"
         await nc.close()
         console.log(f"{node.version}: dead-letter streams, R3")
-        return await dead_letter_cost(node, args.covered, args.dead_letters, replicas=3)
+        dlq = await dead_letter_cost(node, args.covered, args.dead_letters, replicas=3)
+        kills = []
+        if version_tuple(node.version) >= Scheduled.needs:
+            console.log(f"{node.version}: schedules across a leader kill")
+            kills.append(await schedules_across_leader_kill(node, urls, env, 1000, 8.0))
+        return dlq, kills
     finally:
         script("cluster.sh", env, "stop")
+
+
+async def schedules_across_leader_kill(
+    node: Server, urls: list[str], env: dict[str, str], n: int, due_in: float
+) -> Result:
+    """n schedules in an R3 stream; its leader is killed (SIGKILL) 2 s before they are due."""
+    design = Scheduled(f"k{uuid.uuid4().hex[:6]}")
+    nc = await nats.connect(servers=urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    js = nc.jetstream(timeout=JS_TIMEOUT)
+    config = design.streams()[0]
+    config.num_replicas = 3
+    await js.add_stream(config)
+    await js.add_consumer(
+        design.work_stream,
+        ConsumerConfig(durable_name="work", filter_subject=design.work_subject, num_replicas=3),
+    )
+    due = time.time() + due_in
+    for start in range(0, n, 250):
+        copies = [design.backlog_message(f"m{i}", due) for i in range(start, min(n, start + 250))]
+        await asyncio.gather(*(js.publish(s, BODY, headers=h) for s, h in copies))
+    info = await js.stream_info(design.work_stream)
+    leader = info.cluster.leader if info.cluster else None
+    k = next(i for i, u in enumerate(urls, 1) if leader and leader.endswith(u.rsplit(":", 1)[1]))
+    await asyncio.sleep(max(0.0, due - 2 - time.time()))
+    await asyncio.to_thread(script, "cluster.sh", env, "kill", str(k))
+    sub = await js.pull_subscribe_bind("work", design.work_stream)
+    seen: dict[str, float] = {}
+    dups = 0
+    deadline = due + 45
+    while len(seen) < n and time.time() < deadline:
+        # While the cluster elects new leaders: timeouts, no responders, 503s.
+        with contextlib.suppress(asyncio.TimeoutError, nats.errors.Error):
+            for m in await sub.fetch(250, timeout=1):
+                key = (m.headers or {}).get(ID, "?")
+                if key in seen:
+                    dups += 1
+                else:
+                    seen[key] = time.time()
+                await m.ack()
+    await asyncio.to_thread(script, "cluster.sh", env, "restart", str(k))
+    late = sorted((t - due) * 1000 for t in seen.values())
+    result = Result("c", node.version, "leader SIGKILL, R3")
+    result.figures = {
+        "scheduled": n,
+        "fired": len(seen),
+        "duplicates": dups,
+        "late p50 ms": pct(late, 0.5),
+        "late max ms": max(late) if late else float("nan"),
+    }
+    result.note = f"leader (node {k}) killed 2 s before due; restarted after"
+    await delete_streams(js, design.work_stream)
+    await nc.close()
+    return result
 
 
 async def list_ordered(js: JetStreamContext, stream: str, subject: str, expect: int) -> int:
@@ -879,8 +996,14 @@ async def run_design(server: Server, cls: type[Design], args: argparse.Namespace
             Scenario("1 s", args.n, 0, 1.0, burst_wait, rate=args.rate),
             Scenario("burst", args.burst, 0, 1.0, burst_wait),
         ]
+    if not nak:
+        # The same with many copies already waiting in the longest tier (or as schedules).
+        plans += [
+            Scenario("1 s+backlog", args.n, 0, 1.0, 120, rate=args.rate, backlog=args.backlog),
+            Scenario("burst+backlog", args.burst, 0, 1.0, 120, backlog=args.backlog),
+        ]
     results = []
-    for plan in plans:
+    for plan in (p for p in plans if p.name in args.scenarios.split(",")):
         console.log(f"{server.version} {cls.label}: {plan.name}")
         results.append(await scenario(server, cls, plan))
     return results
@@ -889,12 +1012,13 @@ async def run_design(server: Server, cls: type[Design], args: argparse.Namespace
 async def designs_round(servers: list[Server], args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
     for server in servers:
-        # The work consumer alone: what any design's lateness starts from.
-        console.log(f"{server.version}: baseline")
-        plan = Scenario("no failures", 0, args.n, 1.0, 60.0 + args.n / args.rate, rate=args.rate)
-        base = await scenario(server, NakDelay, plan)
-        base.design = "bare subscriber"
-        results.append(base)
+        if "1 s" in args.scenarios.split(","):
+            # The work consumer alone: what any design's lateness starts from.
+            console.log(f"{server.version}: baseline")
+            plan = Scenario("no failures", 0, args.n, 1.0, 60 + args.n / args.rate, rate=args.rate)
+            base = await scenario(server, NakDelay, plan)
+            base.design = "bare subscriber"
+            results.append(base)
         for key in args.designs.split(","):
             cls = DESIGNS[key]
             if version_tuple(server.version) >= cls.needs:
@@ -935,9 +1059,14 @@ async def main(args: argparse.Namespace) -> None:
             for server in servers:
                 console.log(f"{server.version}: dead-letter streams")
                 dlq += await dead_letter_cost(server, args.covered, args.dead_letters)
+            kills: list[Result] = []
             for series in filter(None, args.cluster.split(",")):
-                dlq += await dead_letters_on_cluster(series, args)
+                on_dlq, on_kill = await on_cluster(series, args)
+                dlq += on_dlq
+                kills += on_kill
             show("Dead-letter streams: one per covered stream, or one shared", dlq)
+            if kills:
+                show("Scheduled messages in an R3 stream across a leader kill", kills)
     finally:
         for server in servers:
             if server.started_here:
@@ -946,10 +1075,12 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--designs", default="a,a-push,b,c,d")
+    parser.add_argument("--designs", default="a,a-push,b,c,d,e")
     parser.add_argument("--servers", default="2.9,2.15")
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--burst", type=int, default=2000)
+    parser.add_argument("--scenarios", default="stall,1 s,burst,1 s+backlog,burst+backlog")
+    parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--rate", type=float, default=80.0, help="msg/s of the paced 1 s scenario")
     parser.add_argument("--stall-window", type=float, default=75.0)
     parser.add_argument("--full-stall", action="store_true", help="wait for nak(delay) to drain")
