@@ -36,13 +36,17 @@ The designs:
 - **e** (b), but the re-check hands each due copy to the subscriber's own pipeline
   (FastStream's ``consume``) instead of publishing it back to the work subject: one hop
   fewer, and no other consumer of that subject sees the retry.
+- **f** (d), releasing each due copy (PubAck) to a ready subject of the subscriber's own in
+  the delay stream, read by a consumer of the plugin's that hands it to the subscriber's
+  pipeline: one re-check consumer per tier for every subscriber, and only the failing
+  subscriber sees its retry.
 
 Then what dead letters cost, a stream per covered stream against one shared, and whether
 a dead-letter stream lists without consuming (an ordered consumer, direct get); with
 --cluster, the same with R3 streams on a three-node cluster (scripts/nats/cluster.sh,
 NATS_CLUSTER_PORT), and on 2.12+ schedules in an R3 stream whose leader is killed.
 
-    python -m bench.nats_delay_designs [--designs a,a-push,b,c,d,e] [--servers 2.9,2.15]
+    python -m bench.nats_delay_designs [--designs a,a-push,b,c,d,e,f] [--servers 2.9,2.15]
         [--scenarios stall,1 s,burst,1 s+backlog,burst+backlog] [--stall-window 75]
         [--full-stall] [--skip-restart] [--skip-dlq] [--cluster 2.9,2.15] [--rounds 1]
 
@@ -483,6 +487,56 @@ class HandOver(TierStreams):
         await asyncio.gather(*(self.subscriber.consume(m) for m in due))
 
 
+class ReadySubject(OneDelayStream):
+    """(d), releasing each due copy to a ready subject of the subscriber's own in the delay
+    stream, where a consumer of the plugin's hands it to the subscriber's pipeline.
+
+    One re-check consumer per tier serves every subscriber; only the failing subscriber
+    sees its retry; nothing is added to the work stream or its consumers.
+    """
+
+    key = "f"
+    label = "one delay stream, ready subject per subscriber, handed over"
+    subscriber: Any = None
+
+    @property
+    def ready_subject(self) -> str:
+        return f"w.{self.run}.ready.work"
+
+    @override
+    def streams(self) -> list[StreamConfig]:
+        work, delay = super().streams()
+        delay.subjects = [*(delay.subjects or []), self.ready_subject]
+        return [work, delay]
+
+    @override
+    async def start(self, js: JetStreamContext) -> None:
+        await super().start(js)
+        self.recheck_durables.append((self.tier_stream(0), "ready"))
+        sub = await js.pull_subscribe(
+            self.ready_subject,
+            durable="ready",
+            stream=self.tier_stream(0),
+            config=ConsumerConfig(ack_wait=RECHECK_ACK_WAIT, max_ack_pending=1000),
+        )
+        self.tasks.append(asyncio.create_task(self.hand_over(sub)))
+
+    async def hand_over(self, sub: JetStreamContext.PullSubscription) -> None:
+        while not self.stop.is_set():
+            try:
+                batch = await sub.fetch(PULL_BATCH, timeout=0.5)
+            except (asyncio.TimeoutError, nats.errors.TimeoutError):
+                continue
+            # The subscriber's own pipeline acks each one when its handler succeeds.
+            await asyncio.gather(*(self.subscriber.consume(m) for m in batch))
+
+    @override
+    async def release(self, js: JetStreamContext, m: Msg) -> None:
+        headers = dict(m.headers or {})
+        headers["Nats-Msg-Id"] = f"{headers[ID]}:{headers[ATTEMPT]}:release"
+        await js.publish(self.ready_subject, m.data, headers=headers, stream=self.tier_stream(0))
+
+
 class Scheduled(Design):
     """NATS 2.12+ message schedules, inside the work stream."""
 
@@ -518,7 +572,16 @@ class Scheduled(Design):
 
 
 DESIGNS: dict[str, type[Design]] = {
-    d.key: d for d in (NakDelay, NakDelayPush, TierStreams, Scheduled, OneDelayStream, HandOver)
+    d.key: d
+    for d in (
+        NakDelay,
+        NakDelayPush,
+        TierStreams,
+        Scheduled,
+        OneDelayStream,
+        HandOver,
+        ReadySubject,
+    )
 }
 
 
@@ -595,7 +658,7 @@ async def scenario(server: Server, cls: type[Design], plan: Scenario) -> Result:
 
     subscriber = subscribe(broker, design, plan)
     subscriber(handle)
-    if isinstance(design, HandOver):
+    if isinstance(design, HandOver | ReadySubject):
         design.subscriber = subscriber
     if plan.backlog:
         # Copies of earlier failures, due in an hour, waiting where this design keeps them.
@@ -675,6 +738,25 @@ def figures(tracker: Tracker, bad: list[str], good: list[str]) -> dict[str, floa
 # ---------------------------------------------------------------- schedules across a restart
 
 
+async def collect(
+    sub: JetStreamContext.PullSubscription, n: int, deadline: float
+) -> tuple[dict[str, float], int]:
+    """Fetch and ack until n ids were seen or the deadline: when each first came, and repeats."""
+    seen: dict[str, float] = {}
+    dups = 0
+    while len(seen) < n and time.time() < deadline:
+        # While a server restarts or a cluster elects leaders: timeouts, no responders, 503s.
+        with contextlib.suppress(asyncio.TimeoutError, nats.errors.Error):
+            for m in await sub.fetch(250, timeout=0.5):
+                key = (m.headers or {}).get(ID, "?")
+                if key in seen:
+                    dups += 1
+                else:
+                    seen[key] = time.time()
+                await m.ack()
+    return seen, dups
+
+
 async def schedules_across_restart(
     server: Server, signal: str, n: int, due_in: float, down_for: float
 ) -> Result:
@@ -711,18 +793,7 @@ async def schedules_across_restart(
     nc = await nats.connect(server.url)
     js = nc.jetstream(timeout=JS_TIMEOUT)
     sub = await js.pull_subscribe_bind("work", design.work_stream)
-    seen: dict[str, float] = {}
-    dups = 0
-    deadline = max(due, time.time()) + 30
-    while len(seen) < n and time.time() < deadline:
-        with contextlib.suppress(asyncio.TimeoutError, nats.errors.TimeoutError):
-            for m in await sub.fetch(250, timeout=0.5):
-                key = (m.headers or {}).get(ID, "?")
-                if key in seen:
-                    dups += 1
-                else:
-                    seen[key] = time.time()
-                await m.ack()
+    seen, dups = await collect(sub, n, max(due, time.time()) + 30)
     late = sorted((t - due) * 1000 for t in seen.values())
     info = await js.stream_info(design.work_stream, subjects_filter=f"{design.schedule_prefix}.>")
     result = Result("c", server.version, f"restart SIG{signal}")
@@ -885,19 +956,7 @@ async def schedules_across_leader_kill(
     await asyncio.sleep(max(0.0, due - 2 - time.time()))
     await asyncio.to_thread(script, "cluster.sh", env, "kill", str(k))
     sub = await js.pull_subscribe_bind("work", design.work_stream)
-    seen: dict[str, float] = {}
-    dups = 0
-    deadline = due + 45
-    while len(seen) < n and time.time() < deadline:
-        # While the cluster elects new leaders: timeouts, no responders, 503s.
-        with contextlib.suppress(asyncio.TimeoutError, nats.errors.Error):
-            for m in await sub.fetch(250, timeout=1):
-                key = (m.headers or {}).get(ID, "?")
-                if key in seen:
-                    dups += 1
-                else:
-                    seen[key] = time.time()
-                await m.ack()
+    seen, dups = await collect(sub, n, due + 45)
     await asyncio.to_thread(script, "cluster.sh", env, "restart", str(k))
     late = sorted((t - due) * 1000 for t in seen.values())
     result = Result("c", node.version, "leader SIGKILL, R3")
@@ -1075,7 +1134,7 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--designs", default="a,a-push,b,c,d,e")
+    parser.add_argument("--designs", default="a,a-push,b,c,d,e,f")
     parser.add_argument("--servers", default="2.9,2.15")
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--burst", type=int, default=2000)
