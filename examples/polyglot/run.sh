@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The polyglot example end to end: the retry worker, a Node.js consumer, three orders.
+# The polyglot example end to end: the retry worker, a Node.js consumer, five orders.
 #
 #   RABBITMQ_URL=amqp://guest:guest@127.0.0.1:5672/ examples/polyglot/run.sh
 #
-# Needs node and npm, and faststream-retry: the checkout's .venv/bin/faststream-retry,
-# else FASTSTREAM_RETRY=/path/to/faststream-retry, else the one on PATH.
+# Needs node and npm, and faststream-retry (pip install 'faststream-retry[cli,otel]'):
+# FASTSTREAM_RETRY=/path/to/faststream-retry, else the one on PATH, else a checkout's
+# .venv/bin/faststream-retry. OTEL_EXPORTER_OTLP_ENDPOINT set: the worker exports traces.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,8 +18,11 @@ export COLUMNS="${COLUMNS:-140}"   # the dlq table's width when the output is no
 
 frs="${FASTSTREAM_RETRY:-}"
 if [[ -z "$frs" ]]; then
-  if [[ -x "$root/.venv/bin/faststream-retry" ]]; then frs="$root/.venv/bin/faststream-retry"
-  else frs="$(command -v faststream-retry)" || { echo "faststream-retry not found: set FASTSTREAM_RETRY" >&2; exit 1; }
+  if command -v faststream-retry >/dev/null; then frs="$(command -v faststream-retry)"
+  elif [[ -x "$root/.venv/bin/faststream-retry" ]]; then frs="$root/.venv/bin/faststream-retry"
+  else
+    echo "faststream-retry not found: pip install 'faststream-retry[cli,otel]', or set FASTSTREAM_RETRY" >&2
+    exit 1
   fi
 fi
 command -v node >/dev/null || { echo "node is not installed" >&2; exit 1; }
@@ -51,6 +55,9 @@ wait_for() {
   done
 }
 
+echo "== declaring the worker's intake, tiers and queues ($frs worker --config retry.toml --declare)"
+"$frs" worker --config retry.toml --url "$RABBITMQ_URL" --declare --log-level ERROR
+
 echo "== starting the retry worker ($frs worker --config retry.toml)"
 "$frs" worker --config retry.toml --url "$RABBITMQ_URL" >"$logs/worker.log" 2>&1 &
 pids+=($!)
@@ -62,22 +69,31 @@ pids+=($!)
 wait_for "$logs/consumer.log" "^consuming" 30 "the consumer to start"
 
 run="$(date +%H%M%S)"   # ids of this run: orders.dlq keeps the dead letters of earlier ones
-ok="order-1.$run" bad="order-2.$run" fine="order-3.$run"
-echo "== publishing $ok (fails twice), $bad (fails every time), $fine (fine) to $EXCHANGE"
-node publish.js "$ok:2" "$bad:always" "$fine:0"
+twice="order-1.$run" always="order-2.$run" later="order-3.$run" give="order-4.$run" fine="order-5.$run"
+echo "== publishing five orders to $EXCHANGE (node publish.js)"
+node publish.js "$twice:fail,fail,ok" "$always:fail" "$later:later:3s,ok" "$give:fail,give-up" "$fine:ok"
 
-wait_for "$logs/consumer.log" "orders +$ok +arrival 3 .*-> ack" 60 "$ok to succeed"
-wait_for "$logs/worker.log" "dead-lettered message $bad " 60 "$bad to be dead-lettered"
+for id in "$twice" "$later" "$fine"; do
+  wait_for "$logs/consumer.log" "orders +$id .*-> ack" 60 "$id to succeed"
+done
+for id in "$always" "$give"; do
+  wait_for "$logs/worker.log" "dead-lettered message $id " 60 "$id to be dead-lettered"
+done
 
-arrivals() { grep -cE " $1 +$2 +arrival" "$logs/consumer.log" || true; }
+arrivals() { grep -E " $1 +$2 +arrival" "$logs/consumer.log" | grep -vc "marked copy" || true; }
 echo
-echo "== what happened"
-echo "$ok: $(arrivals orders "$ok") arrivals in orders, acked on the last; $(arrivals orders-audit "$ok") in orders-audit"
-echo "$bad: $(arrivals orders "$bad") arrivals in orders, all rejected, then orders.dlq; $(arrivals orders-audit "$bad") in orders-audit"
-echo "$fine: $(arrivals orders "$fine") arrival in orders; $(arrivals orders-audit "$fine") in orders-audit"
+echo "== what happened (deliveries of each order; a marked copy is not counted)"
+echo "$twice: $(arrivals orders "$twice") in orders, failed twice, acked on the 3rd; $(arrivals orders-audit "$twice") in orders-audit"
+echo "$always: $(arrivals orders "$always") in orders, failed every time, then orders.dlq (exhausted)"
+echo "$later: $(arrivals orders "$later") in orders, asked for 3 s, acked 3 s later"
+echo "$give: $(arrivals orders "$give") in orders, failed, then given up: orders.dlq (permanent)"
+echo "$fine: $(arrivals orders "$fine") in orders, acked"
 echo
 echo "== the worker's log"
 sed -E 's/^[0-9-]+ ([0-9:]+),[0-9]+ /\1 /' "$logs/worker.log"
 echo
 echo "== $frs dlq list orders"
 "$frs" dlq list orders --url "$RABBITMQ_URL"
+echo
+echo "== $frs dlq show orders $give"
+"$frs" dlq show orders "$give" --url "$RABBITMQ_URL"

@@ -16,6 +16,7 @@ from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
+from rich.text import Text
 
 from faststream_retry.amqp.connection import safe_url
 from faststream_retry.ops.common import DEFAULT_URL, OperationError
@@ -66,7 +67,12 @@ out = Console(
 """Results: tables, records. JSON goes to stdout unformatted (``print_json``)."""
 RULE_WIDTH = 100
 """How wide a rule is drawn when stdout is no terminal (its width is then 1,000)."""
-err = Console(stderr=True, highlight=False)
+err = Console(
+    stderr=True,
+    highlight=False,
+    soft_wrap=True,
+    width=None if sys.stderr.isatty() or "COLUMNS" in os.environ else 1_000,
+)
 """Progress, notes and errors, kept off stdout so ``--json`` output stays parseable."""
 
 # aiormq and aio-pika log connection failures themselves; the command says it once.
@@ -140,10 +146,14 @@ def examined(url: str, origin: str) -> str:
 
 
 def rule(title: str) -> None:
-    """Draw a rule with ``title`` across the terminal, or ``RULE_WIDTH`` wide when piped."""
-    out.print(
-        Rule(title, align="left"), width=min(out.width, RULE_WIDTH) if not out.is_terminal else None
-    )
+    """Draw a rule with ``title`` across the terminal, or ``RULE_WIDTH`` wide when piped.
+
+    Piped, a title longer than that widens the rule: a queue's name is never cut.
+    """
+    width = None
+    if not out.is_terminal:
+        width = min(out.width, max(RULE_WIDTH, Text.from_markup(title).cell_len + 4))
+    out.print(Rule(title, align="left"), width=width)
 
 
 def fail(message: str, status: int = EXIT_ERROR) -> NoReturn:

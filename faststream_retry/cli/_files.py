@@ -39,7 +39,7 @@ def check_target(path: str, *, force: bool) -> None:
     """
     if path == STDOUT:
         return
-    target = Path(path)
+    target = Path(os.path.realpath(path))
     if target.is_dir():
         raise FileRefusedError(f"{path} is a folder: give a file name")
     if target.exists() and not force:
@@ -68,11 +68,16 @@ def written(path: str, *, force: bool) -> Iterator[TextIO]:
         FileRefusedError: ``path`` exists (without ``force``) or cannot be written.
     """
     if path == STDOUT:
-        yield sys.stdout
-        sys.stdout.flush()
+        try:
+            yield sys.stdout
+            sys.stdout.flush()
+        except BaseException:
+            _silence_stdout()
+            raise
         return
     check_target(path, force=force)
-    target = Path(path)
+    # A link is kept: the file it points to is what is written (and replaced).
+    target = Path(os.path.realpath(path))
     fd, partial = tempfile.mkstemp(prefix=f".{target.name}{PARTIAL}", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as stream:
@@ -87,6 +92,17 @@ def written(path: str, *, force: bool) -> Iterator[TextIO]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             Path(partial).unlink()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null once an export to it failed.
+
+    A reader gone (``| head``) would make the flush at exit print a second error.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _into_place(partial: Path, target: Path, *, force: bool) -> None:

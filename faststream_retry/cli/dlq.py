@@ -33,7 +33,15 @@ from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import dlq_of, looks_like_intake
 from faststream_retry.ops import dlq as ops
 from faststream_retry.ops.common import OperationError, connect
-from faststream_retry.ops.records import DeadLetter, Decoder, Selection, load_decoder, selection
+from faststream_retry.ops.records import (
+    DeadLetter,
+    Decoder,
+    Selection,
+    load_decoder,
+    not_a_time,
+    selection,
+)
+from faststream_retry.ops.records import moment as time_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -81,11 +89,19 @@ def register(app: typer.Typer) -> None:
     app.add_typer(dlq, name="dlq")
 
 
-def _when(ms: int | None, *, short: bool = False) -> str:
-    """A failure time in UTC; ``short`` (list rows) leaves out the date when it is today."""
-    if not ms:
+def _when(ms: object, *, short: bool = False, clock: bool = False) -> str:
+    """A failure time in UTC; ``short`` (list rows) leaves out the date when it is today.
+
+    ``clock``: the time of day only. A header's value that names no time is shown as
+    text, escaped for rich (``not_a_time``).
+    """
+    if ms is None or ms == 0:
         return "-"
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    moment = time_of(ms)
+    if moment is None:
+        return escape(not_a_time(ms))
+    if clock:
+        return moment.strftime("%H:%M:%S.%f")[:12] + "Z"
     if not short:
         return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:23] + "Z"
     today = moment.date() == datetime.now(timezone.utc).date()
@@ -374,7 +390,7 @@ def _show_history(letter: DeadLetter) -> None:
         for entry in letter.history:
             history.add_row(
                 str(entry["attempt"]),
-                _when(entry["at"])[11:],
+                _when(entry["at"], clock=True),
                 escape(entry["exception"].rsplit(".", 1)[-1]),
                 escape(entry["error"]),
                 format_ms(entry["delay"]) if entry["delay"] else "-",
@@ -384,7 +400,8 @@ def _show_history(letter: DeadLetter) -> None:
         if isinstance(record, dict):
             out.print(
                 f"\n[bold]replayed[/bold] at {_when(record.get('at') or None)} after "
-                f"{record.get('attempts')} attempts ({escape(str(record.get('reason')))}: "
+                f"{escape(str(record.get('attempts')))} attempts "
+                f"({escape(str(record.get('reason')))}: "
                 f"{escape(str(record.get('exception')))}: {escape(str(record.get('error')))})"
             )
 
@@ -559,10 +576,11 @@ def export(
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
 
-    FILE appears only once the export is complete: a failure or an interruption leaves
-    no file, and never touches one that exists (an existing FILE is replaced only with
-    --force). It reads the queue as dlq list does (see its help, and what a kill -9 can
-    do). purge --from-export FILE then removes exactly what FILE holds.
+    FILE appears only once the export is complete: a failure or an interruption never
+    touches a FILE that exists (it is replaced only with --force) and leaves no new one;
+    a kill -9 can leave the hidden .FILE.partial-* it was writing. It reads the queue as
+    dlq list does (see its help, and what a kill -9 can do). purge --from-export FILE
+    then removes exactly what FILE holds.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
     if as_json and file == STDOUT:

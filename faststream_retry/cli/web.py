@@ -54,6 +54,22 @@ def web(
         str | None,
         typer.Option("--jaeger-url", help="A Jaeger UI: a dead letter's trace id links there."),
     ] = None,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A name the page answers to (repeatable), besides loopback names and the "
+            "address it serves; no other. With a token and none given, any name.",
+        ),
+    ] = None,
+    trusted_proxies: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--trusted-proxy",
+            help="A proxy in front of the page (address or network, repeatable): its "
+            "X-Forwarded-For names the client. Without one, a forwarded request needs the token.",
+        ),
+    ] = None,
 ) -> None:
     """Serve a page of the queues and their dead letters, grouped by cause.
 
@@ -78,15 +94,22 @@ def web(
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
         err.print(f"a token for this page (not on loopback): {token}")
-    page = create_app(
-        url,
-        app=loaded,
-        management_url=management_url,
-        allow_actions=allow_actions,
-        token=token,
-        jaeger_url=jaeger_url,
-        prefix=prefix,
-    )
+    try:
+        page = create_app(
+            url,
+            app=loaded,
+            management_url=management_url,
+            allow_actions=allow_actions,
+            token=token,
+            jaeger_url=jaeger_url,
+            prefix=prefix,
+            hosts=allowed_hosts or (),
+            # This command's own server: the client is the connection's peer, unless a
+            # proxy the operator named says otherwise.
+            trusted_proxies=trusted_proxies or (),
+        )
+    except ValueError as exc:
+        fail(str(exc))
     shown = f"[{host}]" if ":" in host else host
     login = f"/login?token={token}" if token else "/"
     err.print(
@@ -102,4 +125,7 @@ def web(
         handler.setFormatter(logging.Formatter("%(asctime)s audit %(message)s"))
         audit.addHandler(handler)
     audit.setLevel(logging.INFO)
-    uvicorn.run(page, host=host, port=port, log_level="warning")
+    # proxy_headers off: uvicorn would otherwise take a client's address from the
+    # X-Forwarded-For of any connection from 127.0.0.1 (a local proxy, or a TCP forward
+    # an attacker talks through); the page reads it itself, from the proxies named.
+    uvicorn.run(page, host=host, port=port, log_level="warning", proxy_headers=False)

@@ -68,10 +68,12 @@ class Reason(Word):
 
 
 class Verdict(Word):
-    """What a failure means for the message."""
+    """What a failure means for the message: the same for the middleware and the worker."""
 
     TRANSIENT = "transient"
+    """Retrying may help: retried while attempts remain, then dead-lettered as ``exhausted``."""
     PERMANENT = "permanent"
+    """Retrying cannot help: dead-lettered at once."""
 
 
 class Rule(Word):
@@ -94,7 +96,7 @@ class RetryEvent:
     or the tier TTL (``HOP``); ``lateness_ms`` is release time minus due time
     (``RELEASED``); ``reason`` says why a message was ``DEAD_LETTERED``; ``rule`` is
     the classification rule that decided and ``classification`` its verdict (both
-    only when a handler failed).
+    only when a handler failed, or the retry worker's intake decided on a dead letter).
 
     ``OUTAGE_STARTED`` and ``OUTAGE_ENDED`` are about the queue, not one message:
     ``message_id`` names the message whose failure switched the queue into outage

@@ -12,6 +12,18 @@ value a publisher set.
 
 The attempt count is the plugin's own ``retry-attempt`` header, never the ``x-death``
 count, whose meaning changed in RabbitMQ 4.
+
+A reject carries no words, so a consumer that has something to say republishes the
+message to its own queue with headers that say it, acks the original, and rejects the
+marked copy when it arrives (``CONSUMER_WORD``): ``retry-exception``, ``retry-error``
+and ``retry-traceback`` describe the failure, ``retry-delay`` asks for a delay of its
+own (as ``RetryLater`` does) and ``retry-permanent`` gives up. They are read as data
+only: they can make the message's own retry sooner, later or final, never send it
+anywhere but its queue or its DLQ.
+
+``classification`` means what it means for a handler's failure in the middleware:
+``transient``, retrying may help (a retry, and a dead letter once the attempts are
+spent: ``exhausted``); ``permanent``, retrying cannot help (a dead letter at once).
 """
 
 from __future__ import annotations
@@ -22,7 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core import headers as h
-from faststream_retry.core.events import Reason
+from faststream_retry.core.durations import format_ms, parse_duration
+from faststream_retry.core.events import Reason, Rule, Verdict
+from faststream_retry.errors import RetryConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -31,6 +45,8 @@ if TYPE_CHECKING:
     from faststream_retry.core.tiers import Tiers
 
 __all__ = [
+    "CONSUMER_WORD",
+    "DELAY",
     "PERMANENT",
     "DeadLetter",
     "Death",
@@ -40,15 +56,32 @@ __all__ = [
     "Retry",
     "intake_step",
     "newest_death",
+    "without_consumer_word",
 ]
 
 PERMANENT = "retry-permanent"
 """A header that makes a dead-lettered message permanent: it goes to ``<queue>.dlq`` at once.
 
-Its value, a text, is the error the dead letter shows; ``true`` works too. Other values
-(false, 0, an empty text) mark nothing. For a consumer that republishes a
-message it gave up on rather than rejecting it, or a producer that knows better.
+Its value, a text, is the error the dead letter shows (unless ``retry-error`` says one);
+``true`` works too. Other values (false, 0, an empty text) mark nothing. For a consumer
+that gives up on a message (it republishes it marked, then rejects the copy), or a
+producer that knows better.
 """
+
+DELAY = "retry-delay"
+"""A header that asks for the next retry after this long, as ``RetryLater`` does.
+
+A duration: seconds (a number) or a text such as ``"30s"``, ``"1.5s"``, ``"250ms"``,
+``"10m"``. Rounded up to the tick, cut to ``max_delay``, and it counts as an attempt. One
+that is not a duration (a bug in the consumer that set it) dead-letters the message as
+``permanent``, naming the value, as an unusable ``RetryLater`` does.
+"""
+
+CONSUMER_WORD = (PERMANENT, DELAY)
+"""The headers that ask the worker for something: every copy it makes leaves them out, so
+a retry or a replayed dead letter starts afresh. (``retry-exception``, ``retry-error`` and
+``retry-traceback``, which only describe the failure, are the dead letter's own headers:
+a retry's copy drops them, a dead letter writes them.)"""
 
 # x-death reasons, as RabbitMQ writes them.
 REJECTED = "rejected"
@@ -92,24 +125,38 @@ class Death:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Send the message back to ``queue`` after ``delay_ms`` (rounded to the tick)."""
+    """Send the message back to ``queue`` after ``delay_ms`` (rounded to the tick).
+
+    ``rule``: ``explicit`` when the consumer asked for the delay (``retry-delay``),
+    else ``dead_lettering``. A retry is always ``transient``.
+    """
 
     queue: str
     attempt: int
     max_attempts: int
     delay_ms: int
     failure: h.FailureRecord
+    rule: Rule = Rule.DEAD_LETTERING
 
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """Publish the message to ``<queue>.dlq`` with ``reason``."""
+    """Publish the message to ``<queue>.dlq`` with ``reason``.
+
+    ``classification``: ``transient`` for ``exhausted`` (the failures could have passed;
+    the attempts ran out), ``permanent`` for a dead letter at once. ``rule``:
+    ``explicit`` when the consumer's word decided, else ``dead_lettering``.
+    ``traceback``: what the consumer's ``retry-traceback`` said.
+    """
 
     queue: str
     attempt: int
     max_attempts: int
     reason: Reason
     failure: h.FailureRecord
+    classification: Verdict = Verdict.PERMANENT
+    rule: Rule = Rule.DEAD_LETTERING
+    traceback: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +213,10 @@ def intake_step(
     """Decide what becomes of one delivery from the intake queue.
 
     ``exchange`` is the exchange the delivery came through; ``rules(queue)`` returns
-    the allowlisted queue's rules, or ``None`` when the config does not name it.
+    the allowlisted queue's rules, or ``None`` when the config does not name it. First
+    match wins: ``retry-permanent``; a death the queue's rules dead-letter at once
+    (poison, expired, maxlen); an unusable ``retry-delay``; the last attempt; the
+    consumer's ``retry-delay``; the queue's backoff.
     """
     death = newest_death(headers)
     queue_rules = None if death is None else rules(death.queue)
@@ -174,34 +224,75 @@ def intake_step(
         return _refusal(exchange, intake_exchange, death)
     attempt = h.read_attempt(headers) + 1
     known = _WHY.get(death.reason)
-    error = (
+    why = (
         known.format(queue=death.queue)
         if known is not None
         else f"dead-lettered from {death.queue} (reason {death.reason})"
     )
-    max_attempts = queue_rules.max_attempts
+    said_exception = h.read_text(headers, h.EXCEPTION)  # FailureRecord cuts it
+    said_error = h.read_text(headers, h.ERROR)
+    traceback = h.read_text(headers, h.TRACEBACK, h.TRACEBACK_LIMIT)
+    exception = said_exception or death.reason
+    error = said_error or why
+    queue, max_attempts = death.queue, queue_rules.max_attempts
 
     def record(exception: str, text: str, delay_ms: int = 0) -> h.FailureRecord:
         return h.FailureRecord(
             attempt=attempt, at_ms=now_ms, exception=exception, error=text, delay_ms=delay_ms
         )
 
-    permanent = h.read_text(headers, PERMANENT)
-    if not permanent and headers is not None and headers.get(PERMANENT) is True:
-        permanent = "marked permanent (retry-permanent: true)"
+    def dead(reason: Reason, failure: h.FailureRecord, verdict: Verdict, rule: Rule) -> DeadLetter:
+        return DeadLetter(queue, attempt, max_attempts, reason, failure, verdict, rule, traceback)
+
+    permanent = _permanent(headers)
     if permanent:
-        return DeadLetter(
-            death.queue, attempt, max_attempts, Reason.PERMANENT, record(PERMANENT, permanent)
-        )
+        failure = record(said_exception or PERMANENT, said_error or permanent)
+        return dead(Reason.PERMANENT, failure, Verdict.PERMANENT, Rule.EXPLICIT)
     reason = _dead_at_once(death.reason, queue_rules)
     if reason is not None:
-        return DeadLetter(death.queue, attempt, max_attempts, reason, record(death.reason, error))
+        return dead(reason, record(exception, error), Verdict.PERMANENT, Rule.DEAD_LETTERING)
+    asked = _asked_delay(headers or {})
+    if isinstance(asked, str):  # the consumer's bug, as an unusable RetryLater is
+        failure = record(exception, f"{asked} ({error})")
+        return dead(Reason.PERMANENT, failure, Verdict.PERMANENT, Rule.EXPLICIT)
+    rule = Rule.DEAD_LETTERING if asked is None else Rule.EXPLICIT
     if attempt >= max_attempts:
-        return DeadLetter(
-            death.queue, attempt, max_attempts, Reason.EXHAUSTED, record(death.reason, error)
-        )
-    delay = tiers.round_delay(queue_rules.backoff.delay_ms(attempt, rand))
-    return Retry(death.queue, attempt, max_attempts, delay, record(death.reason, error, delay))
+        return dead(Reason.EXHAUSTED, record(exception, error), Verdict.TRANSIENT, rule)
+    if asked is None:
+        delay = tiers.round_delay(queue_rules.backoff.delay_ms(attempt, rand))
+    else:
+        delay = tiers.round_delay(asked)
+        if asked > tiers.max_delay_ms:
+            error += f" ({DELAY} {format_ms(asked)} cut to max_delay {format_ms(delay)})"
+    return Retry(queue, attempt, max_attempts, delay, record(exception, error, delay), rule)
+
+
+def _permanent(headers: Mapping[str, Any] | None) -> str:
+    """Return the text ``retry-permanent`` gives up with; ``""`` when it marks nothing."""
+    permanent = h.read_text(headers, PERMANENT)
+    if not permanent and headers is not None and headers.get(PERMANENT) is True:
+        return "marked permanent (retry-permanent: true)"
+    return permanent
+
+
+def _asked_delay(headers: Mapping[str, Any]) -> int | str | None:
+    """Return the delay ``retry-delay`` asks for in ms, why it is unusable, or ``None``."""
+    value = headers.get(DELAY)
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode(errors="replace")
+    if value is None or value == "":
+        return None
+    try:
+        return parse_duration(value, DELAY)
+    except RetryConfigError as refused:
+        return h.truncate(str(refused), h.HISTORY_ERROR_LIMIT)
+
+
+def without_consumer_word(headers: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Return ``headers`` without ``CONSUMER_WORD``: what a copy the worker makes starts from."""
+    if headers is None:
+        return None
+    return {k: v for k, v in headers.items() if k not in CONSUMER_WORD}
 
 
 def _refusal(exchange: str, intake_exchange: str, death: Death | None) -> Refuse:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from faststream_retry.core import headers as h
 from faststream_retry.core.decision import Action, Decision, Hop, Release, recheck_step
 from faststream_retry.core.events import Reason, RetryEvent, Rule, Verdict
-from faststream_retry.core.intake import DeadLetter, Refuse, Retry
+from faststream_retry.core.intake import DeadLetter, Refuse, Retry, without_consumer_word
 from faststream_retry.errors import CopyNotConfirmed, HeadersTooLarge, InvalidDueTime
 
 if TYPE_CHECKING:
@@ -386,29 +386,32 @@ def intake(
 ) -> Step:
     """The step of a dead letter the worker's intake took for ``route``'s queue.
 
-    ``decided`` is ``intake.intake_step``'s answer: a retry round the tiers (transient),
-    or a dead letter to ``<queue>.dlq`` (permanent), both by the dead-lettering rule.
+    ``decided`` is ``intake.intake_step``'s answer: a retry round the tiers, or a dead
+    letter to ``<queue>.dlq``, with the classification and rule it says. The copy leaves
+    out the consumer's word (``intake.CONSUMER_WORD``): it was answered.
     """
+    kept = without_consumer_word(incoming)
     if isinstance(decided, DeadLetter):
         return dead_letter(
             route.dlq,
             route.queue,
             message_id,
-            incoming,
+            kept,
             decided.failure,
             reason=decided.reason,
             max_attempts=decided.max_attempts,
-            rule=Rule.DEAD_LETTERING,
-            classification=Verdict.PERMANENT,
+            rule=decided.rule,
+            classification=decided.classification,
+            traceback=decided.traceback,
         )
     return retry(
         plan,
         route,
         message_id,
-        incoming,
+        kept,
         decided.failure,
         max_attempts=decided.max_attempts,
-        rule=Rule.DEAD_LETTERING,
+        rule=decided.rule,
         classification=Verdict.TRANSIENT,
     )
 
@@ -486,6 +489,7 @@ def stuck(
     max_delay_ms: int,
     outcome: str,
     requeued: int = 0,
+    held: int = 0,
 ) -> Step | None:
     """The dead letter of a message whose copy ``tried`` was not confirmed; ``None``: requeue it.
 
@@ -495,20 +499,28 @@ def stuck(
     series: once the delivery came back ``limit`` times, by the broker's count
     (``h.read_requeues``) or by the runtime's own (``requeued``, the requeues this
     process made: a classic queue counts none), or, for a release (the only step that
-    knows its lateness), once it is ``max_delay_ms`` past its due time. ``outcome`` says
+    knows its lateness), once it is ``max_delay_ms`` past its due time. ``held``: the
+    times the copy was placed again while the message was held instead of requeued
+    (each counts as a requeue would; the handler did not run again). ``outcome`` says
     what became of the last copy. A copy to the dead-letter queue itself gets no second
     one there.
     """
     event = tried.event
     late = event.lateness_ms
-    requeues = max(h.read_requeues(incoming), requeued)
+    requeues = max(h.read_requeues(incoming), requeued) + held
     if tried.copy.exchange == "" and tried.copy.routing_key == route.dlq:
         return None
     if requeues < limit and (late is None or late < max_delay_ms):
         return None
     copy = tried.copy
     what = f"{event.kind} copy to {copy.exchange or copy.routing_key!r}"
-    if requeues >= limit:
+    if requeues >= limit and held:
+        times = "once" if held == 1 else f"{held} times"
+        why = (
+            f"was placed again {times} while the message was held, its handler not run "
+            f"again (each counts as a requeue: {requeues} of the delivery limit of {limit})"
+        )
+    elif requeues >= limit:
         why = f"came back {requeues} times (the delivery limit is {limit})"
     else:
         why = f"is {late} ms past its due time (max_delay is {max_delay_ms} ms)"

@@ -96,7 +96,8 @@ async def give_up(
         limit=plan.options.delivery_limit,
         max_delay_ms=plan.tiers.max_delay_ms,
         outcome=outcomes[-1].value,
-        requeued=requeues.seen(route.queue, message) + held,
+        requeued=requeues.seen(route.queue, message),
+        held=held,
     )
     if letter is not None and await publish_step(
         reporter, publisher, message, letter, exception=exception, outcomes=outcomes

@@ -67,9 +67,14 @@ def load_app(spec: str, *, cwd: Path | None = None, factory: bool = False) -> Lo
         found = _build(spec, found)
     broker = broker_of(found)
     if broker is None:
+        hint = (
+            ": a FastAPI app does not hold its broker; give its RabbitRouter (module:router)"
+            if type(found).__name__ == "FastAPI"
+            else ""
+        )
         raise OperationError(
             f"{spec} is a {type(found).__name__}, not a FastStream app, a RabbitBroker or "
-            "anything with a RabbitBroker in its `broker` attribute"
+            f"anything with a RabbitBroker in its `broker` attribute{hint}"
         )
     loaded = planned(spec, broker)
     if loaded is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+_NOT_IN_A_NAME = re.compile(r"[^a-zA-Z0-9\-_.:@#,/+ ]")
+"""A character pamqp refuses in a queue's name (``pamqp.constants.DOMAIN_REGEX``)."""
 CONNECT_TIMEOUT_S = 10.0
 _SHOWN_CHARS = 80
 
@@ -53,8 +56,9 @@ def shown_name(name: str) -> str:
 def name_problem(name: str) -> str | None:
     """Return why the broker cannot take ``name`` as a queue name, or ``None`` if it can.
 
-    pamqp cannot encode a name over 255 bytes (the command would crash), and an empty
-    name means "the last queue declared on this channel" to RabbitMQ.
+    pamqp cannot encode a name over 255 bytes, nor one with other characters than
+    ASCII letters, digits, space and ``-_.:@#,/+`` (the command would crash), and an
+    empty name means "the last queue declared on this channel" to RabbitMQ.
     """
     if not name:
         return "the name is empty"
@@ -64,6 +68,12 @@ def name_problem(name: str) -> str | None:
         return "the name is not valid Unicode text"
     if size > MAX_NAME_BYTES:
         return f"the name takes {size:,} bytes and AMQP allows {MAX_NAME_BYTES}"
+    if (odd := _NOT_IN_A_NAME.search(name)) is not None:
+        # pamqp refuses to send such a name (ValueError); RabbitMQ itself takes more.
+        return (
+            f"it has {odd[0]!r}, and the AMQP client (pamqp) sends only names of "
+            "letters, digits, space and - _ . : @ # , / +"
+        )
     return None
 
 

@@ -254,10 +254,10 @@ def limit_findings(found: Iterable[tuple[int, str]]) -> list[Finding]:
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
-    """What a passive declare told about a queue the app uses."""
+    """What a passive declare told about a queue the app uses (``missing-work``: not there)."""
 
     name: str
-    role: Literal["work", "retry", "dlq", "tier"]
+    role: Literal["work", "retry", "dlq", "tier", "missing-work"]
     messages: int
     consumers: int
 
@@ -306,6 +306,20 @@ def queue_findings(states: Iterable[QueueState]) -> list[Finding]:
                     "the app is not running: nothing handles its messages, and its due retries "
                     "wait there",
                     "start the app",
+                )
+            )
+        elif s.role == "missing-work":
+            findings.append(
+                Finding(
+                    "warning",
+                    "consumers",
+                    s.name,
+                    f"work queue {s.name!r} does not exist",
+                    "the app declares it when it starts; until then, or if it was deleted, a "
+                    "retry whose last tier releases into it has nowhere to go: a quorum tier "
+                    "keeps it in a dead-letter backlog that AMQP does not count",
+                    "start the app (it declares the queue); run doctor with --management-url "
+                    "to count what the tiers cannot hand back",
                 )
             )
         elif s.role == "dlq" and s.messages:

@@ -7,6 +7,7 @@ choose which dead letters an operation takes; the rest stay in the queue, in ord
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from faststream_retry.amqp.probe import depth
 from faststream_retry.core import headers as h
 from faststream_retry.core.topology import dlq_of, dlq_owner
 from faststream_retry.ops.common import OperationError, check_name, name_problem, shown_name
-from faststream_retry.ops.records import DeadLetter, Decoder, Selection
+from faststream_retry.ops.records import JSON_FORMAT, Body, DeadLetter, Decoder, Selection
 from faststream_retry.ops.walk import (
     DROP,
     KEEP,
@@ -51,8 +52,6 @@ __all__ = [
 ]
 
 LIST_LIMIT = 100
-JSON_FORMAT = 1
-"""The ``format`` of the JSON answers below; within one format keys are only ever added."""
 
 
 @dataclass(slots=True)
@@ -67,18 +66,16 @@ class Outcome:
     not_found: int = 0
     """(``purge_exported``) messages of the export that the queue no longer holds as they were."""
     limit: int | None = None
-    examined: int = 0
-    """Messages the selection was tried on; the others were passed without a look."""
+    more: bool = False
+    """A dead letter past ``limit`` was selected too: ``taken`` is not all of them."""
 
     @property
     def complete(self) -> bool:
         """Whether ``taken`` holds every selected dead letter the queue held at the start.
 
-        Not when the limit was reached before the pass looked at every message: some of
-        those it did not look at may have been selected too.
+        A list that reached its limit looks on for one more match, and stops there.
         """
-        cut = self.limit is not None and len(self.taken) >= self.limit
-        return not cut or self.done is None or self.examined >= self.done.total
+        return not self.more
 
     def counts(self) -> dict[str, Any]:
         """Return the pass's counts, as every ``--json`` answer of a ``dlq`` command has them."""
@@ -197,12 +194,15 @@ async def list_dead_letters(
     limit: int | None = LIST_LIMIT,
     decoder: Decoder | None = None,
     progress: Callable[[Pass], None] | None = None,
+    keep: Callable[[DeadLetter], DeadLetter] | None = None,
 ) -> Outcome:
     """Return the dead letters of ``queue`` that ``selection`` takes, head first, up to ``limit``.
 
     Nothing is removed or spent (see ``walk``: a queue not known to be classic is
     passed through whole even with a limit, so its order is kept). A process killed
     mid-pass can leave the copies in flight twice and the queue's order rotated.
+    ``keep`` returns what to keep of each (the page cuts bodies as it reads, so a queue
+    of large messages is never held whole); all of it without.
     """
     return await _pass(
         connection,
@@ -212,6 +212,8 @@ async def list_dead_letters(
         limit=limit,
         progress=progress,
         decoder=decoder,
+        keep=keep,
+        look_past_limit=True,
     )
 
 
@@ -219,8 +221,15 @@ async def show_dead_letter(
     connection: AbstractConnection, queue: str, key: str, *, decoder: Decoder | None = None
 ) -> DeadLetter | None:
     """Return the dead letter with message id ``key`` (or ``#position``), if there is one."""
-    found = await list_dead_letters(
-        connection, queue, selection=Selection(ids=frozenset({key})), limit=1, decoder=decoder
+    # The first match is enough: no look past it (which a list makes, to say if it is whole).
+    found = await _pass(
+        connection,
+        queue,
+        lambda _seen, _letter: KEEP,
+        selection=Selection(ids=frozenset({key})),
+        limit=1,
+        progress=None,
+        decoder=decoder,
     )
     return found.taken[0] if found.taken else None
 
@@ -354,15 +363,47 @@ async def export_dead_letters(
     """Write the selected dead letters as JSON Lines through ``write``; they stay in the queue.
 
     Every byte of the body and every property and header is kept (``ops.wire``), so
-    ``import_messages`` can put back what a purge removed.
+    ``import_messages`` can put back what a purge removed. ``Outcome.taken`` names each
+    (its fields, not its body or headers: an export of any size is never held whole).
+
+    Raises:
+        OperationError: ``write`` failed (a full disk, a closed pipe): the pass went on
+            without writing, so the queue keeps its order, and the text says why.
     """
     dlq = dlq_of(queue)
+    failed: list[OSError] = []
 
     def step(seen: Seen, _letter: DeadLetter) -> Step:
-        write(write_line(Record(dlq, seen.properties, seen.body)))
+        if not failed:
+            try:
+                write(write_line(Record(dlq, seen.properties, seen.body)))
+            except OSError as exc:
+                # Going on without writing: a pass stopped here would leave a quorum
+                # queue rotated (what it went through behind the rest).
+                failed.append(exc)
         return KEEP
 
-    return await _pass(connection, queue, step, selection=selection, limit=limit, progress=progress)
+    outcome = await _pass(
+        connection, queue, step, selection=selection, limit=limit, progress=progress, keep=_bare
+    )
+    if failed:
+        raise OperationError(
+            f"the export could not be written ({failed[0].strerror or failed[0]!r}): it is "
+            f"incomplete, and every dead letter is still in {dlq}, in its order"
+        ) from failed[0]
+    return outcome
+
+
+def _bare(letter: DeadLetter) -> DeadLetter:
+    """``letter`` without what takes room: its body, headers, traceback and history."""
+    return dataclasses.replace(
+        letter,
+        body=Body(letter.body.kind, ""),
+        headers={},
+        traceback="",
+        history=[],
+        replayed=[],
+    )
 
 
 async def import_messages(
@@ -430,20 +471,32 @@ async def _pass(
     progress: Callable[[Pass], None] | None,
     decoder: Decoder | None = None,
     rate: float | None = None,
+    keep: Callable[[DeadLetter], DeadLetter] | None = None,
+    look_past_limit: bool = False,
 ) -> Outcome:
+    """Pass through ``queue``'s DLQ, doing ``step`` with each selected dead letter.
+
+    ``keep`` returns what ``Outcome.taken`` keeps of each (the whole letter without it).
+    ``look_past_limit``: at the limit, look on for one more selected dead letter, so
+    ``Outcome.complete`` is exact (a list); otherwise stop looking there.
+    """
     dlq = dlq_of(queue)
     outcome = Outcome(dlq, limit=limit)
     chosen = selection or Selection()
 
     async def visit(seen: Seen) -> Step:
-        outcome.examined += 1
         letter = _read(seen, decoder)
         if not chosen.matches(letter):
             return KEEP
-        outcome.taken.append(letter)
+        if limit is not None and len(outcome.taken) >= limit:
+            outcome.more = True  # one past the limit: the answer is not whole
+            return KEEP
+        outcome.taken.append(letter if keep is None else keep(letter))
         return step(seen, letter)
 
     def enough() -> bool:
+        if look_past_limit:
+            return outcome.more
         return limit is not None and len(outcome.taken) >= limit
 
     outcome.done = await walk(connection, dlq, visit, enough=enough, rate=rate, progress=progress)

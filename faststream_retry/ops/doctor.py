@@ -137,6 +137,8 @@ async def _states(connection: AbstractConnection, topology: Plan) -> list[diagno
         found = await depth(connection, name)
         if found is not None:
             states.append(diagnosis.QueueState(name, role, found.messages, found.consumers))
+        elif role == "work":
+            states.append(diagnosis.QueueState(name, "missing-work", 0, 0))
     return states
 
 

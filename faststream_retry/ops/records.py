@@ -26,7 +26,10 @@ __all__ = [
     "Decoder",
     "Selection",
     "decode_body",
+    "iso_time",
     "load_decoder",
+    "moment",
+    "not_a_time",
     "parse_time",
     "selection",
 ]
@@ -35,6 +38,8 @@ Decoder: TypeAlias = "Callable[[bytes, str | None, Mapping[str, Any]], object]"
 """A ``--decoder``: ``(body, content_type, headers)`` to any JSON-able value or text."""
 
 PREVIEW_CHARS = 60
+JSON_FORMAT = 1
+"""The ``format`` of the ``dlq`` commands' JSON (and the page's); keys are only ever added."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +139,44 @@ def load_decoder(spec: str) -> Decoder:
     return function  # type: ignore[no-any-return]
 
 
-def _iso(ms: int | None) -> str | None:
-    if not ms:
+_LAST_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z: the last moment a ``datetime`` holds."""
+_NOT_A_TIME_CHARS = 40
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def moment(ms: object) -> datetime | None:
+    """Return the UTC moment ``ms`` (epoch milliseconds) names; ``None`` when it names none.
+
+    A time comes from a header, and a producer's own ``retry-*`` headers survive into a
+    dead letter: a value of another type, or past year 9999 (which ``read_ms`` lets
+    through, up to 2**53), names no moment a calendar can show, and must not break a
+    page or a command that shows it.
+    """
+    if isinstance(ms, bool) or not isinstance(ms, int) or not 0 < ms <= _LAST_MS:
         return None
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    # Exact, where ms / 1000 as a float loses the last millisecond near year 9999.
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def not_a_time(value: object) -> str:
+    """Say that ``value`` (a header's time) names no moment: the value as text, escaped, cut."""
+    text = repr(value) if not isinstance(value, int) or isinstance(value, bool) else str(value)
+    if len(text) > _NOT_A_TIME_CHARS:
+        text = text[: _NOT_A_TIME_CHARS - 1] + "…"
+    return f"not a time: {text}"
+
+
+def iso_time(ms: object) -> str | None:
+    """Return ``ms`` (epoch milliseconds) in ISO 8601 UTC; ``None`` when unset (0 or None).
+
+    A value that names no moment (``moment``) is shown as text (``not_a_time``), never
+    raised on.
+    """
+    if ms is None or ms == 0:
+        return None
+    found = moment(ms)
+    return not_a_time(ms) if found is None else found.isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +256,8 @@ class DeadLetter:
             "attempts": self.attempts,
             "exception": self.exception,
             "error": self.error,
-            "first_failed_at": _iso(self.first_failed_ms),
-            "last_failed_at": _iso(self.last_failed_ms),
+            "first_failed_at": iso_time(self.first_failed_ms),
+            "last_failed_at": iso_time(self.last_failed_ms),
             "origin_queue": self.origin_queue,
             "content_type": self.content_type,
             "size": self.size,
@@ -229,10 +268,12 @@ class DeadLetter:
     def details(self) -> dict[str, Any]:
         """Return everything, for ``dlq show --json``."""
         return {
+            "format": JSON_FORMAT,
             **self.summary(),
             "traceback": self.traceback,
-            "history": [{**e, "at": _iso(e["at"])} for e in self.history],
-            "replayed": self.replayed,
+            "history": [{**e, "at": iso_time(e["at"])} for e in self.history],
+            # As the headers: a producer may have put bytes or decimals in it.
+            "replayed": encode_value(self.replayed),
             # Tagged as an export tags them: JSON has no bytes, decimals or timestamps.
             "properties": {k: encode_value(v) for k, v in self.properties.items() if v is not None},
             "headers": encode_value(self.headers),

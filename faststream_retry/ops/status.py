@@ -24,6 +24,7 @@ from faststream_retry.core.topology import (
     tier_ttl,
     work_queue_of,
 )
+from faststream_retry.ops.common import name_problem, shown_name
 from faststream_retry.ops.management import list_queues
 
 if TYPE_CHECKING:
@@ -188,6 +189,25 @@ def undeliverable_notes(tiers: Sequence[TierStatus]) -> list[str]:
     ]
 
 
+def _nameable(names: list[str], notes: list[str]) -> list[str]:
+    """Return the names whose queues AMQP can ask about; a note names each of the others.
+
+    A registry record is anyone's message (whoever may publish to the vhost), and a
+    name the client cannot send would make every look fail.
+    """
+    kept = []
+    for name in names:
+        problem = next(
+            (p for q in (name, retry_queue_name(name), dlq_name(name)) if (p := name_problem(q))),
+            None,
+        )
+        if problem is None:
+            kept.append(name)
+        else:
+            notes.append(f"left out the queue {shown_name(name)}: {problem}")
+    return kept
+
+
 async def _depth(connection: AbstractConnection, name: str) -> Depth:
     found = await depth(connection, name)
     if found is None:
@@ -229,6 +249,7 @@ async def status(
         connection, queues, app=app, listed=listed, prefix=prefix, notes=notes
     )
     ttls, tiers_from = _tiers(app, listed, prefix, notes)
+    names = _nameable(names, notes)
     notes.append("counts are ready messages: those a consumer holds unacked are not counted")
     notes.extend(
         f"{name} is the retry worker's intake: it has no .retry of its own (its "

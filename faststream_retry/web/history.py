@@ -16,6 +16,8 @@ __all__ = ["History", "sparkline"]
 WINDOW_S = 3600.0
 EVERY_S = 15.0
 """How often the server samples while it runs (and on each overview it serves)."""
+GAP_S = 5.0
+"""The least time between two samples, however often the status is asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,18 +36,31 @@ class History:
         """Keep ``window_s`` seconds of samples."""
         self.window_s = window_s
         self._samples: dict[str, deque[Sample]] = {}
+        self._last: float | None = None
 
     def record(self, status: dict[str, Any], now: float | None = None) -> None:
-        """Add a sample per queue of ``status`` (``Status.to_json()``'s shape)."""
+        """Add a sample per queue of ``status`` (``Status.to_json()``'s shape).
+
+        At most one every ``GAP_S``: the overview's script and every API client ask for
+        the status as often as they like, and each answer is not a sample. A queue no
+        longer in the status loses its samples.
+        """
         at = time.time() if now is None else now
+        if self._last is not None and self._last <= at < self._last + GAP_S:
+            return
+        self._last = at
+        seen: set[str] = set()
         for row in status.get("queues", []):
             queue = row.get("queue")
             if not isinstance(queue, str):
                 continue
+            seen.add(queue)
             kept = self._samples.setdefault(queue, deque())
             kept.append(Sample(at, _count(row.get("retry")), _count(row.get("dlq"))))
             while kept and kept[0].at < at - self.window_s:
                 kept.popleft()
+        for gone in set(self._samples) - seen:
+            del self._samples[gone]
 
     def of(self, queue: str) -> list[Sample]:
         """Return the samples of ``queue``, oldest first."""

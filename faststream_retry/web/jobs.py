@@ -16,8 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from faststream_retry.ops.common import shown_name
 from faststream_retry.ops.walk import PassStoppedError
-from faststream_retry.web.guard import AUDIT
+from faststream_retry.web.guard import audit
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -81,6 +82,17 @@ class Jobs:
         """Return the job ``job_id``, if it is still kept."""
         return self._jobs.get(job_id)
 
+    def running(self, what: str, queue: str) -> Job | None:
+        """Return a running ``what`` job of ``queue``, if there is one (a second read joins it)."""
+        return next(
+            (
+                j
+                for j in self._jobs.values()
+                if (j.what, j.queue, j.state) == (what, queue, "running")
+            ),
+            None,
+        )
+
     def start(
         self,
         what: str,
@@ -104,7 +116,7 @@ class Jobs:
             except Exception as exc:  # an operation's failure is the job's outcome
                 job.state, job.error = "failed", str(exc)
             if job.error is not None:
-                AUDIT.info("%s %s %s %s: %s", who, job.what, job.queue, job.state, job.error)
+                audit("%s %s %s %s: %s", who, job.what, shown_name(job.queue), job.state, job.error)
 
         job.task = asyncio.get_running_loop().create_task(go(), name=f"faststream-retry {what}")
         self._jobs[job.id] = job

@@ -38,14 +38,14 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import TracebackType
 
-    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
     from faststream_retry.core.events import RetryHook
     from faststream_retry.core.worker_config import WorkerConfig
 
-__all__ = ["DRAIN_S", "RetryWorker"]
+__all__ = ["DRAIN_S", "RetryWorker", "first_plan", "route_of"]
 
 DRAIN_S = 30.0
 """How long a stopping worker waits for the copies in flight to be confirmed."""
@@ -117,19 +117,12 @@ class RetryWorker:
             RetryTopologyError: a queue or exchange exists with other arguments, or the
                 user may not declare it (each named, with the fix).
         """
-        try:
-            connection = self.connection = await aio_pika.connect_robust(
-                self.url, timeout=RPC_TIMEOUT_S
-            )
-        except Exception as exc:  # refused, unreachable, a wrong vhost: one line says which
-            raise RetryWorkerError(connect_failure(self.url or "", exc)) from exc
+        connection = self.connection = await self._connect()
         try:
             # aio-pika reconnects by itself and says little; an operator wants both lines.
             connection.close_callbacks.add(_lost)
             connection.reconnect_callbacks.add(_back)
-            topology = await self._first_plan(connection)
-            await check_broker(connection, topology)
-            await check_intake(connection, self.config)
+            topology = await self._prepare(connection)
             live = self.live = Live(topology, connection, self.config.retry, self.reporter)
             await live.open()
             await live.start_consumers()
@@ -165,6 +158,43 @@ class RetryWorker:
             format_ms(tiers.ttls_ms[-1]),
             ", ".join(e.name or f"{e.pattern} (pattern)" for e in self.config.queues),
         )
+
+    async def declare(self) -> Plan:
+        """Declare what the worker needs, as its start does, then disconnect; consume nothing.
+
+        The intake (exchange, queue, binding) and its DLQ, the delay tiers, and the
+        ``.retry`` and ``.dlq`` of each queue the config names (and of those a pattern
+        named before), checked as at start. From then on a queue that dead-letters into
+        the intake loses nothing, whether a worker runs or not: its dead letters wait in
+        the intake queue. Safe to run again (a deploy step, an init container).
+        Returns the plan declared.
+
+        Raises:
+            RetryWorkerError: the broker cannot be reached or refused the login.
+            RetryTopologyError: as ``start``.
+        """
+        connection = await self._connect()
+        try:
+            topology = await self._prepare(connection)
+            await survey(connection, topology, topology.routes)
+            await self._warn_missing(connection, list(topology.routes))
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), RPC_TIMEOUT_S)
+        return topology
+
+    async def _connect(self) -> AbstractRobustConnection:
+        try:
+            return await aio_pika.connect_robust(self.url, timeout=RPC_TIMEOUT_S)
+        except Exception as exc:  # refused, unreachable, a wrong vhost: one line says which
+            raise RetryWorkerError(connect_failure(self.url or "", exc)) from exc
+
+    async def _prepare(self, connection: AbstractRobustConnection) -> Plan:
+        """Plan, check the broker and declare every object once (creating those missing)."""
+        topology = await self._first_plan(connection)
+        await check_broker(connection, topology)
+        await check_intake(connection, self.config)
+        return topology
 
     async def stop(self, wait_s: float = DRAIN_S) -> None:
         """Stop taking dead letters, let those in flight settle (up to ``wait_s``), disconnect."""
@@ -229,20 +259,7 @@ class RetryWorker:
         await self.stop()
 
     async def _first_plan(self, connection: AbstractRobustConnection) -> Plan:
-        """Plan the named queues, and those a pattern names that the registry recorded earlier.
-
-        A queue a pattern names is covered when its first dead letter arrives; after a
-        restart its ``.retry`` may still hold waiting messages, so it is consumed from
-        the start again.
-        """
-        options = self.config.retry.topology
-        tiers = self.config.tiers
-        queues = set(self.config.names)
-        if any(e.pattern is not None for e in self.config.queues):
-            registry = await registered_queues(connection, self.config.prefix)
-            queues |= {q for q in registry.queues if self.config.rules(q) is not None}
-        routes = {q: self._route(q) for q in sorted(queues)}
-        return Plan(options, tiers, routes, queue_specs(tiers, routes.values(), options))
+        return await first_plan(connection, self.config)
 
     async def _cover(self, queue: str) -> Route:
         """Return ``queue``'s route; a new one's queues are declared and its ``.retry`` consumed."""
@@ -258,9 +275,7 @@ class RetryWorker:
             return route
 
     def _route(self, queue: str) -> Route:
-        """Return the route of an allowlisted queue, whose arguments the worker cannot see."""
-        rules = self.config.rules(queue)
-        return Route(queue, (Handler(None),), known=rules is not None and rules.direct_release)
+        return route_of(self.config, queue)
 
     async def _on_open(self, publish: AbstractChannel, consume: AbstractChannel) -> None:
         # Every (re)open: the intake may have been deleted meanwhile.
@@ -285,6 +300,29 @@ class RetryWorker:
                 log.debug("could not look at %r: %r", queue, exc)
             finally:
                 await close_quietly(channel)
+
+
+async def first_plan(connection: AbstractConnection, config: WorkerConfig) -> Plan:
+    """Plan the named queues, and those a pattern names that the registry recorded earlier.
+
+    A queue a pattern names is covered when its first dead letter arrives; after a
+    restart its ``.retry`` may still hold waiting messages, so it is consumed from
+    the start again.
+    """
+    options = config.retry.topology
+    tiers = config.tiers
+    queues = set(config.names)
+    if any(e.pattern is not None for e in config.queues):
+        registry = await registered_queues(connection, config.prefix)
+        queues |= {q for q in registry.queues if config.rules(q) is not None}
+    routes = {q: route_of(config, q) for q in sorted(queues)}
+    return Plan(options, tiers, routes, queue_specs(tiers, routes.values(), options))
+
+
+def route_of(config: WorkerConfig, queue: str) -> Route:
+    """Return the route of an allowlisted queue, whose arguments the worker cannot see."""
+    rules = config.rules(queue)
+    return Route(queue, (Handler(None),), known=rules is not None and rules.direct_release)
 
 
 def _lost(_connection: object, *args: object) -> None:

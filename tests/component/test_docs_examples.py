@@ -24,8 +24,13 @@ from examples.docs import outage, publishers, service
 from examples.docs.test_dead_letters import test_a_dead_letter_reaches_the_alert  # noqa: F401
 from examples.docs.test_service import (  # noqa: F401
     test_bad_address_is_dead_lettered,
+    test_bad_address_is_dead_lettered_and_raises,
     test_bad_address_raises,
     test_smtp_outage_is_retried,
+)
+from examples.docs.test_with_fixture import (  # noqa: F401
+    retries,
+    test_bad_address_goes_to_the_dlq,
 )
 from faststream_retry import load_worker_config
 
@@ -218,3 +223,39 @@ def test_the_mounted_page_answers_under_its_prefix_and_asks_for_its_token(
     assert "token" in refused.json()["error"]
     login = client.get("/dead-letters/login?token=s3cret", follow_redirects=False)
     assert login.headers["location"] == "/dead-letters/"
+    assert "Path=/dead-letters;" in login.headers["set-cookie"]
+
+
+@pytest.mark.fastapi
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"X-Forwarded-For": "127.0.0.1"}, {"X-Forwarded-For": "127.0.0.1, 192.0.2.2"}],
+)
+def test_the_mounted_page_without_its_token_serves_no_one(
+    monkeypatch: pytest.MonkeyPatch, headers: dict[str, str]
+) -> None:
+    """As written, with DEAD_LETTERS_TOKEN unset: the service may be behind any proxy
+    (``uvicorn --forwarded-allow-ips '*'`` makes X-Forwarded-For the client), so the page
+    shows nothing to anyone, this machine included, until it has a token."""
+    from starlette.testclient import TestClient  # noqa: PLC0415
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware  # noqa: PLC0415
+
+    monkeypatch.delenv("DEAD_LETTERS_TOKEN", raising=False)
+    monkeypatch.setenv("DEAD_LETTERS_ACTIONS", "1")
+    example = importlib.reload(importlib.import_module("examples.docs.web_mount"))
+    for client in (
+        TestClient(example.api, base_url="http://127.0.0.1", client=("127.0.0.1", 50000)),
+        TestClient(
+            ProxyHeadersMiddleware(example.api, trusted_hosts="*"),  # type: ignore[arg-type]
+            base_url="http://127.0.0.1",
+            client=("192.0.2.2", 50000),
+        ),
+    ):
+        for path in ("/dead-letters/", "/dead-letters/api/status"):
+            refused = client.get(path, headers=headers)
+            assert refused.status_code == 401, (path, refused.text)
+            assert "token" in refused.text
+        purge = client.post(
+            "/dead-letters/api/queues/orders/purge", json={"confirm": "orders.dlq"}, headers=headers
+        )
+        assert purge.status_code == 401

@@ -82,3 +82,69 @@ async def test_off_loopback_it_makes_up_a_token_and_asks_for_it(rabbit_url: str)
             assert (await client.get("/api/status")).status_code == 401
             bearer = {"Authorization": f"Bearer {token[1]}"}
             assert (await client.get("/api/status", headers=bearer)).status_code == 200
+
+
+@contextlib.asynccontextmanager
+async def tcp_forward(port: int) -> AsyncIterator[int]:
+    """A socat-like forward to ``port`` on this machine; yield the port it listens on."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+
+
+async def test_on_loopback_a_proxy_or_another_name_is_not_this_machine(rabbit_url: str) -> None:
+    """No token: what came through a proxy, a forward or by another name is refused."""
+    async with serving(rabbit_url, "--allow-actions") as (port, _):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert (await client.get("/api/status")).status_code == 200
+            for forwarded in ("127.0.0.1", "127.0.0.1, 192.0.2.2"):
+                proxied = await client.get("/api/status", headers={"X-Forwarded-For": forwarded})
+                assert proxied.status_code == 401, proxied.text
+            rebound = await client.get("/api/status", headers={"Host": "rebind.attacker.test"})
+            assert rebound.status_code == 403
+        # A forward on another port (socat 192.0.2.2:8793 -> 127.0.0.1:8791): its clients
+        # name it, not the page.
+        async with (
+            tcp_forward(port) as forward,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{forward}") as client,
+        ):
+            assert (await client.get("/api/status")).status_code == 403
+            named = await client.get("/api/status", headers={"Host": f"192.0.2.2:{forward}"})
+            assert named.status_code == 403
+
+
+async def test_a_proxy_named_with_trusted_proxy_says_who_the_client_is(rabbit_url: str) -> None:
+    async with (
+        serving(rabbit_url, "--trusted-proxy", "127.0.0.1") as (port, _),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+    ):
+        local = await client.get("/api/status", headers={"X-Forwarded-For": "127.0.0.1"})
+        assert local.status_code == 200
+        remote = await client.get(
+            "/api/status", headers={"X-Forwarded-For": "127.0.0.1, 192.0.2.2"}
+        )
+        assert remote.status_code == 401
+    bad = subprocess.run(
+        [*script(), "web", "--url", rabbit_url, "--trusted-proxy", "nginx"],
+        env=environment(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode != 0
+    assert "trusted_proxies takes addresses or networks" in bad.stderr

@@ -1,90 +1,28 @@
 """Spans over the wire: the real OTLP/HTTP exporter into a receiver on loopback.
 
 Jaeger ingests this same protocol; it cannot be installed on CI, so the test plays the
-receiver and decodes what arrives with opentelemetry-proto.
+receiver (``tests.otlp``) and decodes what arrives with opentelemetry-proto.
 """
 
 from __future__ import annotations
 
-import gzip
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import importlib
 from typing import Any, cast
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.core.events import EventKind
+from tests.otlp import Receiver, receiver
 from tests.rabbit import App, eventually, unique
 
 pytestmark = pytest.mark.rabbit
 
-
-class Receiver:
-    """A minimal OTLP/HTTP trace receiver: POST /v1/traces, protobuf bodies."""
-
-    def __init__(self) -> None:
-        self.requests: list[ExportTraceServiceRequest] = []
-        received = self.requests
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                ok = self.path == "/v1/traces"
-                if ok:
-                    received.append(ExportTraceServiceRequest.FromString(body))
-                reply = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200 if ok else 404)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-
-    def spans(self) -> list[tuple[str, Any]]:
-        """(service name, span) for every span received."""
-        found: list[tuple[str, Any]] = []
-        for request in self.requests:
-            for resource_spans in request.resource_spans:
-                service = next(
-                    (
-                        a.value.string_value
-                        for a in resource_spans.resource.attributes
-                        if a.key == "service.name"
-                    ),
-                    "",
-                )
-                for scope_spans in resource_spans.scope_spans:
-                    found.extend((service, span) for span in scope_spans.spans)
-        return found
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    receiver = Receiver()
-    thread = threading.Thread(target=receiver.server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield receiver
-    finally:
-        receiver.server.shutdown()
-        receiver.server.server_close()
+__all__ = ["receiver"]  # the fixture
 
 
 async def test_retry_spans_reach_an_otlp_receiver(make_app: Any, receiver: Receiver) -> None:
@@ -123,3 +61,39 @@ async def test_retry_spans_reach_an_otlp_receiver(make_app: Any, receiver: Recei
     attributes = {a.key: a.value for a in scheduled.attributes}
     assert attributes["faststream_retry.attempt"].int_value == 1
     assert attributes["faststream_retry.delay_ms"].int_value == 100
+
+
+async def test_the_tracing_how_to_s_setup_exports_the_app_s_and_the_retry_s_spans(
+    rabbit_url: str, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The setup the how-to shows, as written: one trace, FastStream's spans and the retry's.
+
+    Configured by the standard environment alone (the endpoint); the app's shutdown
+    exports what is still batched.
+    """
+    monkeypatch.setenv("RABBITMQ_URL", rabbit_url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    example = importlib.reload(importlib.import_module("examples.docs.tracing"))
+    queue = unique("traced")
+    calls = 0
+
+    @example.broker.subscriber(queue)
+    async def handle(body: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("smtp down")
+
+    async with example.broker:
+        await example.broker.start()
+        await example.broker.publish("x", queue=queue)
+        await eventually(lambda: calls == 2, timeout=30, what="the retried call")
+    await example.export_the_last_spans()  # what `faststream run` calls after shutdown
+
+    spans = receiver.spans()
+    names = {span.name for _, span in spans}
+    assert {f"{queue} retry scheduled", f"{queue} retry release"} <= names
+    assert any(name.endswith(" process") for name in names), names
+    assert {service for service, _ in spans} == {"notifications"}
+    assert len({span.trace_id for _, span in spans if not span.name.endswith("publish")}) == 1

@@ -16,16 +16,15 @@ from faststream_retry.core.events import EventKind
 from tests.rabbit import App, drain, eventually, queue_depth, script_broker_ctl, unique
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from aio_pika.abc import AbstractRobustConnection
 
 pytestmark = pytest.mark.rabbit
 
 
-async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limit(
-    rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
-) -> None:
-    """Releases nacked by the work queue (full, or its leader moving) for longer than
-    delivery_limit re-checks: the message keeps coming back, then is delivered once."""
+def policies(rabbit_url: str) -> Callable[..., None]:
+    """Return a runner of the script's rabbitmqctl (to set policies), or skip the test."""
     script_ctl = script_broker_ctl(rabbit_url)
     if script_ctl is None:
         pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
@@ -33,6 +32,15 @@ async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limi
     def ctl(*args: str) -> None:
         subprocess.run([str(script_ctl), "-q", *args], check=True, capture_output=True)
 
+    return ctl
+
+
+async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limit(
+    rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
+) -> None:
+    """Releases nacked by the work queue (full, or its leader moving) for longer than
+    delivery_limit re-checks: the message keeps coming back, then is delivered once."""
+    ctl = policies(rabbit_url)
     app: App = make_app(
         queue_type="quorum", delivery_limit=2, default=RetryPolicy(backoff=Fixed(0.3))
     )
@@ -82,13 +90,7 @@ async def test_a_copy_the_tiers_refuse_is_placed_again_without_running_the_handl
     per message: a handler with side effects is not run again because a copy could not be
     placed (it ran 13 times a message before, each refusal a requeue). Classic tiers: a
     quorum queue enforces max-length 0 only roughly, and took some copies here."""
-    script_ctl = script_broker_ctl(rabbit_url)
-    if script_ctl is None:
-        pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
-
-    def ctl(*args: str) -> None:
-        subprocess.run([str(script_ctl), "-q", *args], check=True, capture_output=True)
-
+    ctl = policies(rabbit_url)
     app: App = make_app(
         queue_type="classic",
         delivery_limit=4,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -20,17 +20,46 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.rabbit
 
 
-def page_client(rabbit_url: str) -> httpx.AsyncClient:
-    app = create_app(rabbit_url, allow_actions=True)
+def page_client(rabbit_url: str, **options: Any) -> httpx.AsyncClient:
+    """The page as ``faststream-retry web`` serves it, asked from this machine."""
+    app = create_app(rabbit_url, allow_actions=True, trusted_proxies=(), **options)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
     return httpx.AsyncClient(
-        transport=transport, base_url="http://page", timeout=60, follow_redirects=True
+        transport=transport, base_url="http://127.0.0.1", timeout=60, follow_redirects=True
     )
+
+
+def csrf_in(page: str) -> str:
+    token = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert token is not None, page
+    return token[1]
+
+
+async def read(client: httpx.AsyncClient, queue: str, *, api: bool = False) -> str:
+    """Ask the page to read ``queue``'s DLQ (its Read button); return the page it ends on."""
+    page = await client.get(f"/queues/{queue}")
+    assert page.status_code == 200, page.text
+    if api:
+        token = csrf_in(page.text)
+        answer = await client.post(f"/api/queues/{queue}/read", headers={"X-CSRF-Token": token})
+        assert answer.status_code == 200, answer.text
+        return answer.text
+    done = await client.post(f"/queues/{queue}/read", data={"csrf": csrf_in(page.text)})
+    assert done.status_code == 200, done.text
+    if "/jobs/" in done.url.path:  # a long read: the page follows it as a job
+
+        async def over() -> bool:
+            state = (await client.get(f"/api{done.url.path}")).json()["state"]
+            return bool(state != "running")
+
+        await eventually_async(over, timeout=60, what="the read to end")
+        done = await client.get(f"/queues/{queue}")
+    return done.text
 
 
 async def group_form(client: httpx.AsyncClient, queue: str) -> tuple[list[str], str]:
     """The only group's ids, as its form lists them, and the page's CSRF token."""
-    groups = re.findall(r'data-group="([0-9a-f]+)"', (await client.get(f"/queues/{queue}")).text)
+    groups = re.findall(r'data-group="([0-9a-f]+)"', await read(client, queue))
     assert len(groups) == 1
     page = (await client.get(f"/queues/{queue}/groups/{groups[0]}")).text
     ids = re.findall(r'name="id" value="([^"]+)" checked', page)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -50,18 +51,25 @@ ARGS = [
 WAIT_MS = 15_000
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
+@contextlib.asynccontextmanager
+async def chromium(*extra: str) -> AsyncIterator[Browser]:
+    """Debian's Chromium, headless, with ``extra`` arguments."""
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI") == "true":
             pytest.fail(f"no chromium at {CHROMIUM}: scripts/test installs Debian's package")
         pytest.skip(f"no chromium at {CHROMIUM}")
     async with playwright.async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        launched = await p.chromium.launch(executable_path=CHROMIUM, args=[*ARGS, *extra])
         try:
             yield launched
         finally:
             await launched.close()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
@@ -82,12 +90,29 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def serving(rabbit_url: str, **options: Any) -> AsyncIterator[str]:
-    """Serve the page (uvicorn, in this loop) and yield its base URL."""
+async def serving(
+    rabbit_url: str, *, seen: list[str] | None = None, **options: Any
+) -> AsyncIterator[str]:
+    """Serve the page (uvicorn, in this loop) and yield its base URL.
+
+    ``seen``: the path of every request the page gets is added to it.
+    """
     port = free_port()
+    options.setdefault("trusted_proxies", ())  # as the command serves it: nothing forwards
+    page = create_app(rabbit_url, **options)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if seen is not None and scope["type"] == "http":
+            seen.append(scope["path"])
+        await page(scope, receive, send)
+
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(rabbit_url, **options), host="127.0.0.1", port=port, log_level="warning"
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            proxy_headers=False,
         )
     )
     task = asyncio.create_task(server.serve())
@@ -103,6 +128,13 @@ async def new_page(browser: Browser) -> Page:
     page = await browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(WAIT_MS)
     return page
+
+
+async def read_queue(page: Page, base: str, queue: str) -> None:
+    """Open a queue's page and read its dead letters (the page reads only when asked)."""
+    await page.goto(f"{base}/queues/{queue}")
+    await page.locator("#read button").click()
+    await page.locator("#groups").wait_for()
 
 
 async def test_a_group_appears_opens_and_is_replayed_until_its_handler_runs(
@@ -142,6 +174,8 @@ async def test_a_group_appears_opens_and_is_replayed_until_its_handler_runs(
         )
         await shots(page, "overview")
         await page.click(f'a[href="/queues/{queue}"]')
+        assert "Not read yet" in await page.locator("#read-at").inner_text()
+        await page.locator("#read button").click()
         rows = page.locator("#groups tbody tr")
         assert await rows.count() == 2
         counts = sorted([await rows.nth(i).locator("td").first.inner_text() for i in range(2)])
@@ -224,7 +258,8 @@ async def test_a_read_only_page_has_no_working_action(
     try:
         async with serving(rabbit_url) as base:
             page = await new_page(browser)
-            await page.goto(f"{base}/queues/{queue}")
+            await read_queue(page, base, queue)  # a read is no action: a read-only page reads
+            assert await page.locator("section.danger").count() == 0
             await page.locator("#groups a").first.click()
             await page.locator("#letters").wait_for()
             assert await page.locator("form, button, section.danger").count() == 0
@@ -252,7 +287,7 @@ async def test_an_action_without_its_tokens_is_refused(
             await page.goto(f"{base}/queues/{queue}")
             assert "a token is needed" in await page.locator(".error").inner_text()
             await page.goto(f"{base}/login?token=s3cret")
-            await page.goto(f"{base}/queues/{queue}")
+            await read_queue(page, base, queue)
             await page.locator("#groups a").first.click()
             await page.locator("#letters").wait_for()
             # The page's form with its CSRF field emptied, as another site's form would be.
@@ -280,6 +315,7 @@ async def test_hostile_bodies_and_headers_render_as_text(
     try:
         async with serving(rabbit_url) as base:
             page = await new_page(browser)
+            await read_queue(page, base, queue)
             await page.goto(f"{base}/queues/{queue}/messages/h1")
             body = await page.locator("pre.body").inner_text()
             assert body == script.decode()
@@ -302,3 +338,144 @@ def test_chromium_is_debians() -> None:
     if not Path(CHROMIUM).exists() and os.environ.get("CI") != "true":
         pytest.skip("no chromium")
     assert shutil.which(CHROMIUM) or Path(CHROMIUM).exists()
+
+
+ATTACKER = "rebind.attacker.test"
+ATTACK = """<!doctype html><title>cat pictures</title><script>
+(async () => {
+  const q = %(queue)s, out = {texts: []};
+  async function go(method, path, init) {
+    try {
+      const r = await fetch(path, Object.assign({method: method, credentials: "include"}, init));
+      const text = await r.text();
+      out.texts.push(text);
+      return [r.status, text];
+    } catch (e) { return [0, String(e)]; }
+  }
+  out.list = await go("GET", "/api/queues/" + q + "/dead-letters");
+  out.status = await go("GET", "/api/status");
+  out.queue = await go("GET", "/queues/" + q);
+  out.letter = await go("GET", "/queues/" + q + "/messages/secret-1");
+  const m = /name="csrf" value="([^"]+)"/.exec(out.queue[1]);
+  const csrf = m ? m[1] : "";
+  out.csrf = csrf;
+  out.read = await go("POST", "/api/queues/" + q + "/read", {headers: {"X-CSRF-Token": csrf}});
+  out.purge = await go("POST", "/queues/" + q + "/purge",
+                       {body: new URLSearchParams({csrf: csrf, confirm: q + ".dlq"})});
+  out.api_purge = await go("POST", "/api/queues/" + q + "/purge",
+    {headers: {"X-CSRF-Token": csrf, "Content-Type": "application/json"},
+     body: JSON.stringify({confirm: q + ".dlq"})});
+  out.export = await go("POST", "/queues/" + q + "/export",
+                        {body: new URLSearchParams({csrf: csrf})});
+  window.__attack = out;
+})();
+</script>"""
+
+
+@pytest.fixture
+async def attacked_browser() -> AsyncIterator[Browser]:
+    """Chromium resolving the attacker's name to this machine: DNS rebinding, done."""
+    rule = f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1"
+    # Chromium's own Local Network Access check blocks such a request from a public page;
+    # Firefox, Safari and older Chromium do not, so the page must refuse it itself: off.
+    unguarded = (
+        "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
+        "PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults"
+    )
+    async with chromium(rule, unguarded) as launched:
+        yield launched
+
+
+async def test_dns_rebinding_reads_nothing_and_purges_nothing(
+    amqp: AbstractRobustConnection, rabbit_url: str, attacked_browser: Browser
+) -> None:
+    """A script of the attacker's origin, its name now 127.0.0.1, asks the page everything.
+
+    The page has no token (its default) and actions on, and the operator read the queue
+    moments ago (what the page shows is there to take). Every answer is a refusal.
+    """
+    queue = await seeded(amqp, ("secret-1", b'{"card": "4111"}', {}), ("secret-2", b"{}", {}))
+    try:
+        async with serving(rabbit_url, allow_actions=True) as base:
+            operator = await new_page(attacked_browser)
+            await read_queue(operator, base, queue)
+            port = base.rsplit(":", 1)[1]
+            evil = await new_page(attacked_browser)
+            # The attacker's own server answers the first load; every later request of that
+            # origin goes where the name now resolves: to the page, on its port.
+            script = ATTACK % {"queue": json.dumps(queue)}
+            await evil.route(
+                f"http://{ATTACKER}:{port}/cats",
+                lambda route: route.fulfill(status=200, content_type="text/html", body=script),
+            )
+            await evil.goto(f"http://{ATTACKER}:{port}/cats")
+            await evil.wait_for_function("window.__attack !== undefined", timeout=WAIT_MS)
+            attack = await evil.evaluate("window.__attack")
+        for step in ("list", "status", "queue", "letter", "read", "purge", "api_purge", "export"):
+            assert attack[step][0] == 403, (step, attack[step])
+        everything = "\n".join(attack["texts"])
+        assert "secret-1" not in everything
+        assert "4111" not in everything
+        assert attack["csrf"] == ""  # no page of its own handed it the form's token
+        assert await ids_in(amqp, f"{queue}.dlq") == ["secret-1", "secret-2"]
+    finally:
+        await delete(amqp, queue, f"{queue}.dlq")
+
+
+async def test_a_cross_site_image_moves_no_message(
+    amqp: AbstractRobustConnection, rabbit_url: str, attacked_browser: Browser
+) -> None:
+    """Another site's ``<img>`` of every view: the quorum DLQ is not passed through.
+
+    Each dead letter is delivered and given back once first, so it comes back
+    ``redelivered``: a pass would republish it, and its copy would be a first delivery.
+    """
+    queue = await seeded(amqp, ("i1", b"{}", {}), ("i2", b"{}", {}))
+    try:
+        seen: list[str] = []
+        async with serving(rabbit_url, allow_actions=True, seen=seen) as base:
+            operator = await new_page(attacked_browser)
+            await read_queue(operator, base, queue)
+            await _deliver_once(amqp, f"{queue}.dlq")
+            views = [
+                f"/queues/{queue}",
+                f"/queues/{queue}/messages/i1",
+                f"/queues/{queue}/export",
+                f"/api/queues/{queue}/dead-letters",
+                f"/api/queues/{queue}/messages/i1",
+            ]
+            images = "".join(
+                f'<img src="{base}{v}" onerror="done()" onload="done()">' for v in views
+            )
+            html = (
+                f"<!doctype html><script>var n = 0; function done() {{ n += 1; }}</script>{images}"
+            )
+            evil = await new_page(attacked_browser)
+            seen.clear()
+            await evil.route(
+                "http://evil.test/",
+                lambda route: route.fulfill(status=200, content_type="text/html", body=html),
+            )
+            await evil.goto("http://evil.test/")
+            await evil.wait_for_function(f"n === {len(views)}", timeout=WAIT_MS)
+            assert sorted(seen) == sorted(views)  # each reached the page
+        channel = await amqp.channel()
+        dlq = await channel.get_queue(f"{queue}.dlq")
+        marks = []
+        while (message := await dlq.get(fail=False, no_ack=False)) is not None:
+            marks.append((message.message_id, message.redelivered))
+        await channel.close()
+        assert marks == [("i1", True), ("i2", True)]
+    finally:
+        await delete(amqp, queue, f"{queue}.dlq")
+
+
+async def _deliver_once(amqp: AbstractRobustConnection, dlq: str) -> None:
+    channel = await amqp.channel()
+    queue = await channel.get_queue(dlq)
+    taken = []
+    while (message := await queue.get(fail=False, no_ack=False)) is not None:
+        taken.append(message)
+    for message in taken:
+        await message.nack(requeue=True)
+    await channel.close()

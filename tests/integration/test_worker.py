@@ -465,12 +465,18 @@ async def test_each_step_continues_the_messages_trace_and_is_counted(
         assert format(parents[0] or 0, "016x") == "00f067aa0ba902b7"
         # Each copy carries its step's context on: one chain from the producer's span.
         assert parents[1:] == [spans[0].context.span_id, spans[1].context.span_id]
+        # Classified as the middleware classifies: an exhausted message's failures were
+        # transient (they could have passed), in its span and in the failures counter.
+        verdicts = [(s.attributes or {}).get(ATTR.CLASSIFICATION) for s in spans]
+        assert verdicts == ["transient", None, "transient"]
         # And the middleware's metrics, with the same names and labels.
         found = points(reader)
         queue = {ATTR.QUEUE: setup.queue}
         assert total(found, METRICS.SCHEDULED, **queue) == 1
         assert total(found, METRICS.RELEASED, **queue) == 1
         assert total(found, METRICS.DEAD_LETTERED, **queue, **{ATTR.REASON: "exhausted"}) == 1
+        transient = {ATTR.CLASSIFICATION: "transient"}
+        assert total(found, METRICS.FAILURES, **queue, **transient) == 2
     finally:
         await setup.cleanup(amqp, config)
 

@@ -6,12 +6,13 @@ import logging
 
 import pytest
 
-from faststream_retry.core.advice import Mismatch, Refusal, migrate_command
-from faststream_retry.core.topology import TopologyOptions
+from faststream_retry.core.advice import Mismatch, Refusal, migrate_command, series_advice
+from faststream_retry.core.topology import Route, TopologyOptions
 from faststream_retry.ops.diagnosis import (
     Finding,
     QueueState,
     Report,
+    backlog_findings,
     cut_short_findings,
     limit_findings,
     mismatch_findings,
@@ -19,6 +20,7 @@ from faststream_retry.ops.diagnosis import (
     old_tier_findings,
     queue_findings,
     refusal_findings,
+    series_findings,
     stranded_findings,
     tier_candidates,
     version_finding,
@@ -167,3 +169,36 @@ def test_a_cut_short_migration_is_finished_by_running_it_again() -> None:
     assert finding.fix.endswith(
         "faststream-retry migrate o.retry --queue-type quorum --prefix p --delivery-limit 9"
     )
+
+
+def test_a_missing_work_queue_is_a_warning_that_points_at_the_management_api() -> None:
+    """The app declares it at start: missing before a first deploy is no action, but copies
+    for a deleted one are what AMQP cannot count."""
+    (finding,) = queue_findings([QueueState("gone", "missing-work", 0, 0)])
+    assert (finding.severity, finding.subject) == ("warning", "gone")
+    assert finding.what == "work queue 'gone' does not exist"
+    assert "--management-url" in finding.fix
+
+
+def test_copies_a_tier_cannot_hand_back_need_action_and_only_the_tiers_are_named() -> None:
+    backlog = {"p.delay.100": 3, "p.delay.200": 0, "orders": 7}
+    (finding,) = backlog_findings(backlog, ["p.delay.100", "p.delay.200"])
+    assert (finding.severity, finding.check, finding.subject) == (
+        "action",
+        "undeliverable",
+        "p.delay.100",
+    )
+    assert finding.what == "tier 'p.delay.100' holds 3 copies that its queue would not take"
+    (one,) = backlog_findings({"p.delay.100": 1}, ["p.delay.100"])
+    assert "holds 1 copy that" in one.what
+    assert backlog_findings(None, ["p.delay.100"]) == []
+
+
+def test_a_transient_work_queue_needs_action_where_the_broker_refuses_it() -> None:
+    found = series_advice([Route("a", (), transient=True)], (4, 3))
+    (warning,) = series_findings(found)
+    assert warning.severity == "warning"
+    (action,) = series_findings(found, transient_refused=True)
+    assert (action.severity, action.subject) == ("action", "a")
+    assert "the app cannot start" in action.why
+    assert action.fix == warning.fix

@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faststream_retry.core import headers as h
-from faststream_retry.core.events import Reason
+from faststream_retry.core.events import Reason, Rule, Verdict
 from faststream_retry.core.intake import (
+    DELAY,
     PERMANENT,
     DeadLetter,
     Death,
@@ -19,6 +20,7 @@ from faststream_retry.core.intake import (
     Retry,
     intake_step,
     newest_death,
+    without_consumer_word,
 )
 from faststream_retry.core.policy import Exponential, Fixed, Schedule
 from faststream_retry.core.tiers import Tiers
@@ -291,3 +293,152 @@ class TestDeadLetter:
         else:
             assert isinstance(result, DeadLetter)
             assert result.reason is Reason.EXHAUSTED
+
+
+class TestClassification:
+    """One meaning, the middleware's: transient may pass (retried, then exhausted), permanent not."""
+
+    def test_a_retry_and_an_exhausted_dead_letter_are_transient(self) -> None:
+        retried = step(died())
+        exhausted = step(died(extra={h.ATTEMPT: 2}))
+        assert isinstance(retried, Retry)
+        assert isinstance(exhausted, DeadLetter)
+        assert retried.rule is Rule.DEAD_LETTERING
+        assert (exhausted.classification, exhausted.rule) == (
+            Verdict.TRANSIENT,
+            Rule.DEAD_LETTERING,
+        )
+
+    def test_a_dead_letter_at_once_is_permanent(self) -> None:
+        for reason in ("delivery_limit", "expired", "maxlen"):
+            result = step(died(reason=reason))
+            assert isinstance(result, DeadLetter)
+            assert (result.classification, result.rule) == (
+                Verdict.PERMANENT,
+                Rule.DEAD_LETTERING,
+            ), reason
+
+    def test_the_consumer_s_word_is_the_explicit_rule(self) -> None:
+        marked = step(died(extra={PERMANENT: "no"}))
+        assert isinstance(marked, DeadLetter)
+        assert (marked.classification, marked.rule) == (Verdict.PERMANENT, Rule.EXPLICIT)
+        later = step(died(extra={DELAY: "2s"}))
+        assert isinstance(later, Retry)
+        assert later.rule is Rule.EXPLICIT
+
+
+class TestConsumerWord:
+    """What a consumer says on a marked copy it rejects: how it failed, when, or that it gives up."""
+
+    def test_the_failure_it_describes_is_the_one_recorded(self) -> None:
+        said = {h.EXCEPTION: "PaymentDeclined", h.ERROR: "card expired", h.TRACEBACK: "at pay"}
+        retried = step(died(extra=said))
+        assert isinstance(retried, Retry)
+        assert failure(retried) == (1, 10_000, "PaymentDeclined", "card expired", 1000)
+        exhausted = step(died(extra={**said, h.ATTEMPT: 2}))
+        assert isinstance(exhausted, DeadLetter)
+        assert failure(exhausted)[2:4] == ("PaymentDeclined", "card expired")
+        assert exhausted.traceback == "at pay"
+        assert retried.failure.exception == "PaymentDeclined"
+
+    def test_a_description_is_cut_to_the_header_limits_and_only_text_counts(self) -> None:
+        said = {h.EXCEPTION: "E" * 500, h.ERROR: "x" * 5000, h.TRACEBACK: "t" * 10_000}
+        result = step(died(extra={**said, h.ATTEMPT: 2}))
+        assert isinstance(result, DeadLetter)
+        assert len(result.failure.exception.encode()) == h.EXCEPTION_LIMIT
+        assert len(result.failure.error.encode()) == h.ERROR_LIMIT
+        assert len(result.traceback.encode()) == h.TRACEBACK_LIMIT
+        odd = step(died(extra={h.EXCEPTION: 5, h.ERROR: [1], h.TRACEBACK: {"a": 1}}))
+        assert isinstance(odd, Retry)
+        assert failure(odd)[2:4] == ("rejected", "rejected (requeue=false) by a consumer of orders")
+        plain = step(died(extra={h.ATTEMPT: 2}))
+        assert isinstance(plain, DeadLetter)
+        assert plain.traceback == ""
+
+    def test_giving_up_records_the_consumer_s_exception_and_error(self) -> None:
+        said = {PERMANENT: True, h.EXCEPTION: "InvalidAddress", h.ERROR: "no @ in x"}
+        result = step(died(extra={**said, h.ATTEMPT: 1}))
+        assert isinstance(result, DeadLetter)
+        assert result.reason is Reason.PERMANENT
+        assert failure(result) == (2, 10_000, "InvalidAddress", "no @ in x", 0)
+        texted = step(died(extra={PERMANENT: "gone", h.ERROR: "said"}))
+        assert isinstance(texted, DeadLetter)
+        assert texted.failure.error == "said"  # retry-error says it better than a flag
+
+    def test_a_delay_it_asks_for_is_the_delay_rounded_to_the_tick(self) -> None:
+        cases: list[tuple[object, int]] = [
+            ("30s", 30_000),
+            ("1m", 60_000),
+            ("250ms", 500),
+            (b"3s", 3000),
+            (bytearray(b"4s"), 4000),
+            (2.2, 2500),
+            (7, 7000),
+            (0, 500),
+        ]
+        for asked, delay in cases:
+            result = step(died(extra={DELAY: asked}))
+            assert isinstance(result, Retry), asked
+            assert (result.delay_ms, result.failure.delay_ms) == (delay, delay), asked
+            assert result.failure.error == "rejected (requeue=false) by a consumer of orders"
+
+    def test_no_delay_asked_is_the_queue_s_backoff(self) -> None:
+        for absent in ("", b"", None):
+            result = step(died(extra={DELAY: absent}))
+            assert isinstance(result, Retry)
+            assert (result.delay_ms, result.rule) == (1000, Rule.DEAD_LETTERING), absent
+
+    def test_a_delay_beyond_max_delay_is_cut_and_says_so(self) -> None:
+        result = step(died(extra={DELAY: "2m"}))
+        assert isinstance(result, Retry)
+        assert result.delay_ms == 60_000
+        assert result.failure.error == (
+            "rejected (requeue=false) by a consumer of orders "
+            "(retry-delay 2 min cut to max_delay 1 min)"
+        )
+        exact = step(died(extra={DELAY: "1m"}))
+        assert isinstance(exact, Retry)
+        assert "cut" not in exact.failure.error
+
+    def test_an_unusable_delay_is_the_consumer_s_bug_dead_lettered_as_permanent(self) -> None:
+        for asked in ("soon", -1, True, float("nan"), [1], "30"):
+            result = step(died(extra={DELAY: asked, h.ERROR: "boom"}))
+            assert isinstance(result, DeadLetter), asked
+            assert (result.reason, result.classification, result.rule) == (
+                Reason.PERMANENT,
+                Verdict.PERMANENT,
+                Rule.EXPLICIT,
+            )
+            assert result.failure.error.startswith("retry-delay "), asked
+            assert result.failure.error.endswith(f"got {asked!r} (boom)"), result.failure.error
+        garbled = step(died(extra={DELAY: b"\xff3s"}))  # not UTF-8: read, refused, kept
+        assert isinstance(garbled, DeadLetter)
+        assert "'\ufffd3s'" in garbled.failure.error
+        long = step(died(extra={DELAY: "x" * 1000}))
+        assert isinstance(long, DeadLetter)
+        assert len(long.failure.error.encode()) <= h.HISTORY_ERROR_LIMIT + len(
+            " (rejected (requeue=false) by a consumer of orders)"
+        )
+
+    def test_a_delay_counts_as_an_attempt(self) -> None:
+        result = step(died(extra={DELAY: "5s", h.ATTEMPT: 2}))
+        assert isinstance(result, DeadLetter)
+        assert (result.reason, result.classification, result.rule) == (
+            Reason.EXHAUSTED,
+            Verdict.TRANSIENT,
+            Rule.EXPLICIT,
+        )
+
+    def test_giving_up_and_a_death_at_once_win_over_a_delay(self) -> None:
+        marked = step(died(extra={DELAY: "5s", PERMANENT: "no"}))
+        assert isinstance(marked, DeadLetter)
+        assert marked.reason is Reason.PERMANENT
+        poison = step(died(reason="delivery_limit", extra={DELAY: "soon"}))
+        assert isinstance(poison, DeadLetter)
+        assert poison.reason is Reason.POISON
+
+    def test_the_word_is_left_out_of_what_a_copy_starts_from(self) -> None:
+        headers = {PERMANENT: "x", DELAY: "1s", h.ERROR: "e", "tenant": "t"}
+        assert without_consumer_word(headers) == {h.ERROR: "e", "tenant": "t"}
+        assert without_consumer_word(None) is None
+        assert without_consumer_word({}) == {}

@@ -17,7 +17,15 @@ from pamqp.encode import field_table as encode_table
 
 from faststream_retry.core import headers as h
 from faststream_retry.ops.common import OperationError
-from faststream_retry.ops.records import DeadLetter, Selection, decode_body, parse_time, selection
+from faststream_retry.ops.records import (
+    DeadLetter,
+    Selection,
+    decode_body,
+    iso_time,
+    moment,
+    parse_time,
+    selection,
+)
 from faststream_retry.ops.wire import (
     Record,
     decode_value,
@@ -244,3 +252,62 @@ class TestFingerprints:
         assert fingerprint(*self.message(headers=counted, user_id="ops")) == fingerprint(
             *self.message()
         )
+
+
+HOSTILE_TIMES: list[object] = [
+    2**53 - 1,  # read_ms's own bound: year 285,428
+    253_402_300_800_000,  # 10000-01-01
+    10**30,
+    -5,
+    "abc",
+    "[/bold]",
+    b"\xff",
+    [1, 2],
+    {"a": 1},
+    decimal.Decimal("NaN"),
+    float("nan"),
+    float("inf"),
+    True,
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_TIMES, ids=repr)
+def test_a_time_that_names_no_moment_is_shown_as_text_everywhere(value: object) -> None:
+    """A producer's retry-* time past year 9999, or of another type: text, never a raise."""
+    from faststream_retry.cli.dlq import _when  # noqa: PLC0415
+    from faststream_retry.web.app import _ms_text  # noqa: PLC0415
+
+    for shown in (iso_time(value), _ms_text(value), _when(value), _when(value, short=True)):
+        assert isinstance(shown, str)
+        assert shown.startswith("not a time: ")
+        assert len(shown) < 60
+    assert _when(value, clock=True).startswith("not a time: ")
+    assert moment(value) is None
+
+
+def test_the_last_moment_a_calendar_holds_is_still_a_time() -> None:
+    assert iso_time(253_402_300_799_999) == "9999-12-31T23:59:59.999+00:00"
+    assert iso_time(1) == "1970-01-01T00:00:00.001+00:00"
+    assert iso_time(0) is None
+    assert iso_time(None) is None
+
+
+def test_a_dead_letter_with_hostile_times_reads_and_answers() -> None:
+    """Every retry-* time at year 285,428: list and show answers are whole."""
+    far = 2**53 - 1
+    letter = DeadLetter.read(
+        1,
+        b"{}",
+        {"message_id": "m1"},
+        {
+            "retry-first-failed-at": far,
+            "retry-last-failed-at": far,
+            "retry-history": [{"attempt": 1, "at": far, "exception": "E", "delay": far}],
+            "retry-replayed": [{"at": far}, {"at": b"\x00"}, "not a record"],
+        },
+    )
+    assert letter.summary()["last_failed_at"] == f"not a time: {far}"
+    details = letter.details()
+    assert details["history"][0]["at"] == f"not a time: {far}"
+    assert details["replayed"][1] == {"at": {"$bytes": "AA=="}}
+    json.dumps(details, allow_nan=False)

@@ -16,7 +16,7 @@ from faststream_retry.core import steps
 from faststream_retry.core.classify import Classification
 from faststream_retry.core.decision import Action, Decision
 from faststream_retry.core.events import EventKind, Reason, RetryEvent, Rule, Verdict
-from faststream_retry.core.intake import DeadLetter, Refuse, Retry
+from faststream_retry.core.intake import DELAY, PERMANENT, DeadLetter, Refuse, Retry
 from faststream_retry.core.steps import Copy, Step
 from faststream_retry.core.topology import Handler, Plan, Route, TopologyOptions, plan
 
@@ -503,6 +503,51 @@ class TestStuck:
         assert at is not None
         assert at.copy.headers[h.ERROR].endswith("came back 3 times (the delivery limit is 3)")
 
+    def test_a_held_message_counts_each_placement_and_says_its_handler_ran_once(self) -> None:
+        """Held, not requeued: each placement counts toward the limit, on top of the requeues."""
+        under = steps.stuck(
+            HOME,
+            hopped(),
+            BACK,
+            now_ms=0,
+            limit=4,
+            max_delay_ms=8000,
+            outcome="x",
+            requeued=1,
+            held=2,
+        )
+        assert under is None
+        at = steps.stuck(
+            HOME,
+            hopped(),
+            BACK,
+            now_ms=0,
+            limit=4,
+            max_delay_ms=8000,
+            outcome="refused",
+            requeued=1,
+            held=3,
+        )
+        assert at is not None
+        assert at.copy.headers[h.ERROR] == (
+            "its hop copy to 'p.delay.1000' was not confirmed (refused) and it was placed "
+            "again 3 times while the message was held, its handler not run again (each "
+            "counts as a requeue: 4 of the delivery limit of 4)"
+        )
+        once = steps.stuck(
+            HOME,
+            hopped(),
+            BACK,
+            now_ms=0,
+            limit=2,
+            max_delay_ms=8000,
+            outcome="x",
+            requeued=1,
+            held=1,
+        )
+        assert once is not None
+        assert "was placed again once while" in once.copy.headers[h.ERROR]
+
     def test_without_either_count_nothing_came_back(self) -> None:
         """A first failure with a limit of 1: requeued once before it is stuck."""
         got = steps.stuck(HOME, hopped(), BACK, now_ms=0, limit=1, max_delay_ms=8000, outcome="x")
@@ -604,6 +649,43 @@ class TestIntake:
             rule=Rule.DEAD_LETTERING,
             classification=Verdict.PERMANENT,
         )
+
+    def test_classification_rule_and_traceback_are_the_decision_s(self) -> None:
+        """An exhausted dead letter is transient, as the middleware's is; the rest is passed on."""
+        decided = DeadLetter(
+            "orders", 5, 5, Reason.EXHAUSTED, failure(), Verdict.TRANSIENT, Rule.EXPLICIT, "at x"
+        )
+        step = steps.intake(a_plan(), HOME, "m1", INCOMING, decided)
+        assert (step.event.classification, step.event.rule) == (Verdict.TRANSIENT, Rule.EXPLICIT)
+        assert step.copy.headers[h.TRACEBACK] == "at x"
+        retried = steps.intake(
+            a_plan(),
+            HOME,
+            "m1",
+            INCOMING,
+            Retry("orders", 2, 5, 4000, failure(4000), Rule.EXPLICIT),
+        )
+        assert (retried.event.classification, retried.event.rule) == (
+            Verdict.TRANSIENT,
+            Rule.EXPLICIT,
+        )
+
+    def test_the_consumer_s_word_is_answered_and_left_out_of_every_copy(self) -> None:
+        """retry-permanent and retry-delay never ride on: a retry or a replay starts afresh."""
+        said = {**INCOMING, PERMANENT: "gone", DELAY: "5s", h.ERROR: "e"}
+        kept = {k: v for k, v in said.items() if k not in (PERMANENT, DELAY)}
+        letter = steps.intake(
+            a_plan(), HOME, "m1", said, DeadLetter("orders", 2, 5, Reason.PERMANENT, failure())
+        )
+        retried = steps.intake(a_plan(), HOME, "m1", said, Retry("orders", 2, 5, 4000, failure()))
+        for step in (letter, retried):
+            assert PERMANENT not in step.copy.headers
+            assert DELAY not in step.copy.headers
+            assert step.copy.headers["tenant"] == "acme"
+        assert letter == steps.intake(
+            a_plan(), HOME, "m1", kept, DeadLetter("orders", 2, 5, Reason.PERMANENT, failure())
+        )
+        assert h.ERROR not in retried.copy.headers  # a retry's copy drops the description
 
 
 class TestRefused:

@@ -9,6 +9,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.dlq import Outcome
 from faststream_retry.ops.records import DeadLetter
 from faststream_retry.ops.walk import Pass
 from faststream_retry.web import create_app
@@ -17,6 +18,7 @@ from faststream_retry.web.groups import group, normalise
 from faststream_retry.web.guard import CSRF_COOKIE, Guard, is_loopback
 from faststream_retry.web.history import History, sparkline
 from faststream_retry.web.jobs import Job, Jobs
+from faststream_retry.web.reads import Reads
 
 # Nothing listens there: a test that reached the broker would fail loudly.
 NOWHERE = "amqp://guest:guest@127.0.0.1:1/"
@@ -24,8 +26,14 @@ LOCAL = ("127.0.0.1", 50000)
 REMOTE = ("203.0.113.7", 50000)
 
 
-def client(*, at: tuple[str, int] = LOCAL, **options: object) -> TestClient:
-    return TestClient(create_app(NOWHERE, **options), client=at)  # type: ignore[arg-type]
+BASE = "http://127.0.0.1:8765"
+"""Where the tests' page is: a loopback name on the port it serves."""
+
+
+def client(*, at: tuple[str, int] = LOCAL, base: str = BASE, **options: object) -> TestClient:
+    """The page as ``faststream-retry web`` serves it: nothing forwards to it."""
+    options.setdefault("trusted_proxies", ())
+    return TestClient(create_app(NOWHERE, **options), base_url=base, client=at)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -158,7 +166,7 @@ def test_a_purge_needs_the_dlqs_name_typed() -> None:
 
 def test_the_audit_names_who_without_the_token() -> None:
     guard = Guard(token="s3cret", actions=True)
-    request = type("R", (), {"client": type("C", (), {"host": "10.1.2.3"})()})()
+    request = type("R", (), {"client": type("C", (), {"host": "10.1.2.3"})(), "headers": {}})()
     who = guard.who(request)
     assert who.startswith("10.1.2.3 token:")
     assert "s3cret" not in who
@@ -242,6 +250,9 @@ def test_hostile_bodies_and_headers_render_as_text() -> None:
         properties=hostile.details()["properties"],
         trace_id=None,
         trace_url=None,
+        read=Reads().put("orders", Outcome("orders.dlq", taken=[hostile]), "tester"),
+        body_more=0,
+        short=False,
         csrf="t",
         csrf_field="csrf",
         actions=True,
@@ -277,7 +288,7 @@ def test_the_history_keeps_the_last_hour_per_queue() -> None:
 def test_a_chart_is_numbers_only() -> None:
     history = History()
     for i, dlq in enumerate([0, 3, 1]):
-        history.record({"queues": [{"queue": "<b>q</b>", "dlq": {"messages": dlq}}]}, now=i)
+        history.record({"queues": [{"queue": "<b>q</b>", "dlq": {"messages": dlq}}]}, now=i * 15)
     svg = sparkline(history.of("<b>q</b>"), "dlq")
     assert svg.startswith('<svg class="spark dead"')
     assert "<b>" not in svg
