@@ -1,0 +1,360 @@
+"""The NATS transport on a real nats-server: the RabbitMQ suite's scenarios that mean something
+on JetStream, counted by id (sent = processed + dead-lettered)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from nats.js.api import ConsumerConfig, RetentionPolicy
+
+from faststream_retry import (
+    Fixed,
+    PermanentError,
+    RetryConfigError,
+    RetryLater,
+    RetryPolicy,
+    retry_policy,
+)
+from faststream_retry.middleware.middleware import RetryMiddleware
+from tests.nats.helpers import eventually, stream_count, stream_messages
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from nats.js import JetStreamContext
+
+    from tests.nats.conftest import Names
+
+pytestmark = pytest.mark.timeout(180)
+
+FAST = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(milliseconds=200)))
+
+
+def middleware(names: Names, default: RetryPolicy = FAST) -> RetryMiddleware:
+    """The plugin as a test wires it: its own prefix, a 100 ms tick, tiers up to 2 min."""
+    return RetryMiddleware(
+        default, prefix=names.prefix, tick=timedelta(milliseconds=100), max_delay=120
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(broker: NatsBroker) -> AsyncIterator[NatsBroker]:
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
+
+
+def attempt_of(msg: NatsMessage) -> int:
+    return int(msg.headers.get("retry-attempt", "0"))
+
+
+async def test_a_transient_failure_is_retried_until_it_succeeds(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Fails twice, then succeeds: three calls, the copies waited on the server, nothing dead."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[tuple[str, int, str]] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append((body, attempt_of(msg), msg.raw_message.subject))
+        if len(calls) < 3:
+            raise ConnectionError("flaky")
+
+    async with running(broker):
+        started = time.monotonic()
+        await broker.publish("hello", subject, stream=stream)
+        await eventually(lambda: len(calls) == 3, what="three calls")
+        took = time.monotonic() - started
+        await asyncio.sleep(0.5)  # nothing more comes
+    assert calls == [("hello", 0, subject), ("hello", 1, subject), ("hello", 2, subject)]
+    assert took >= 0.4  # two 200 ms waits, never early
+    assert await stream_count(js, f"{names.prefix}-dlq-{stream}") == 0
+    assert await stream_count(js, f"{names.prefix}-delay") == 0
+
+
+async def test_an_exhausted_message_is_dead_lettered_with_its_record(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Always failing: max_attempts calls, then the dead-letter stream, body untouched."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: bytes, msg: NatsMessage) -> None:
+        calls.append(attempt_of(msg))
+        raise ConnectionError("down")
+
+    dlq = f"{names.prefix}-dlq-{stream}"
+    body = b"\x00\xffnot utf-8\r\n"
+    async with running(broker):
+        await broker.publish(body, subject, stream=stream, headers={"app": "kept"})
+        await eventually(lambda: len(calls) == 3, what="three calls")
+        letters: list[Any] = []
+
+        async def one_letter() -> bool:
+            letters[:] = await stream_messages(js, dlq)
+            return len(letters) == 1
+
+        deadline = time.monotonic() + 10
+        while not await one_letter():
+            assert time.monotonic() < deadline, "no dead letter"
+            await asyncio.sleep(0.05)
+    assert calls == [0, 1, 2]
+    letter_subject, letter_body, headers = letters[0]
+    assert letter_subject == f"{names.prefix}.dlq.{stream}.d"
+    assert letter_body == body
+    assert headers["retry-reason"] == "exhausted"
+    assert headers["retry-attempt"] == 3
+    assert headers["retry-exception"] == "ConnectionError"
+    assert headers["retry-origin-queue"] == f"{stream}.d"
+    assert headers["retry-subject"] == subject
+    assert [e["attempt"] for e in headers["retry-history"]] == [1, 2, 3]
+    assert "ConnectionError: down" in headers["retry-traceback"]
+    assert headers["app"] == "kept"
+    assert await stream_count(js, f"{names.prefix}-delay") == 0
+
+
+async def test_a_permanent_failure_is_dead_lettered_at_once(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """PermanentError: one call, then the dead-letter stream (reason permanent)."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(attempt_of(msg))
+        raise PermanentError("bad input")
+
+    dlq = f"{names.prefix}-dlq-{stream}"
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        deadline = time.monotonic() + 10
+        while await stream_count(js, dlq) < 1:
+            assert time.monotonic() < deadline, "no dead letter"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # and no retry
+    assert calls == [0]
+    [(_, _, headers)] = await stream_messages(js, dlq)
+    assert headers["retry-reason"] == "permanent"
+    assert headers["retry-attempt"] == 1
+
+
+async def test_retry_later_waits_as_long_as_the_handler_asks(nats_url: str, names: Names) -> None:
+    """RetryLater(0.7 s): the retry comes no earlier than that (through tiers of 400, 200 and
+    100 ms, each re-check checking the due time), and not seconds late."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    seen: list[float] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str) -> None:
+        seen.append(time.monotonic())
+        if len(seen) == 1:
+            raise RetryLater(delay=timedelta(milliseconds=700))
+
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        await eventually(lambda: len(seen) == 2, what="the retry")
+    waited = seen[1] - seen[0]
+    assert 0.7 <= waited < 0.7 + 3.0
+
+
+async def test_a_handler_policy_overrides_the_default(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """@retry_policy(max_attempts=2) on one handler; the other keeps the default's 3."""
+    stream = names.stream()
+    one, two = names.subject("one"), names.subject("two")
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: dict[str, int] = {"one": 0, "two": 0}
+    jstream = JStream(stream, subjects=[one, two])
+
+    @broker.subscriber(one, stream=jstream, durable="one")
+    @retry_policy(max_attempts=2)
+    async def first(body: str) -> None:
+        calls["one"] += 1
+        raise ConnectionError("down")
+
+    @broker.subscriber(two, stream=jstream, durable="two")
+    async def second(body: str) -> None:
+        calls["two"] += 1
+        raise ConnectionError("down")
+
+    dlq = f"{names.prefix}-dlq-{stream}"
+    async with running(broker):
+        await broker.publish("x", one, stream=stream)
+        await broker.publish("x", two, stream=stream)
+        deadline = time.monotonic() + 15
+        while await stream_count(js, dlq) < 2:
+            assert time.monotonic() < deadline, "not both dead-lettered"
+            await asyncio.sleep(0.05)
+    assert calls == {"one": 2, "two": 3}
+    origins = {
+        h["retry-origin-queue"]: h["retry-attempt"] for _, _, h in await stream_messages(js, dlq)
+    }
+    assert origins == {f"{stream}.one": 2, f"{stream}.two": 3}
+
+
+async def test_only_the_failing_consumer_sees_its_retry(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Two durable consumers of one subject (interest retention): one fails once; the other
+    is called once, not again for the first one's retry."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    billing: list[int] = []
+    shipping: list[int] = []
+    jstream = JStream(stream, subjects=[subject], retention=RetentionPolicy.INTEREST)
+
+    @broker.subscriber(subject, stream=jstream, durable="billing")
+    async def bill(body: str, msg: NatsMessage) -> None:
+        billing.append(attempt_of(msg))
+        if len(billing) == 1:
+            raise ConnectionError("once")
+
+    @broker.subscriber(subject, stream=jstream, durable="shipping")
+    async def ship(body: str, msg: NatsMessage) -> None:
+        shipping.append(attempt_of(msg))
+
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        await eventually(lambda: len(billing) == 2, what="billing's retry")
+        await asyncio.sleep(0.5)
+    assert billing == [0, 1]
+    assert shipping == [0]
+
+
+async def test_every_message_is_processed_or_dead_lettered_once(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """300 messages: a third always fail, a third fail once, a third succeed. By id:
+    sent = processed + dead-lettered, none twice."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    processed: list[str] = []
+    failed_once: set[str] = set()
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=20),
+    )
+    async def handle(body: str) -> None:
+        kind, _ = body.split(":")
+        if kind == "bad":
+            raise ConnectionError(body)
+        if kind == "flaky" and body not in failed_once:
+            failed_once.add(body)
+            raise ConnectionError(body)
+        processed.append(body)
+
+    sent = [f"{kind}:{i}" for i in range(100) for kind in ("ok", "flaky", "bad")]
+    dlq = f"{names.prefix}-dlq-{stream}"
+    async with running(broker):
+        await asyncio.gather(*(broker.publish(b, subject, stream=stream) for b in sent))
+        deadline = time.monotonic() + 60
+        while len(processed) < 200 or await stream_count(js, dlq) < 100:
+            assert time.monotonic() < deadline, (len(processed), await stream_count(js, dlq))
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # nothing more comes
+    dead = [body.decode() for _, body, _ in await stream_messages(js, dlq)]
+    assert sorted(processed + dead) == sorted(sent)
+    assert len(set(processed)) == len(processed)
+    assert len(set(dead)) == len(dead)
+    assert all(d.startswith("bad:") for d in dead)
+    assert await stream_count(js, f"{names.prefix}-delay") == 0
+
+
+async def test_a_core_nats_subscriber_is_refused_at_start(nats_url: str, names: Names) -> None:
+    """A subscriber with no stream: the start fails with one error that names the fix."""
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    subject = names.subject()
+
+    @broker.subscriber(subject)
+    async def handle(body: str) -> None:
+        raise ConnectionError(body)
+
+    retry = broker.middlewares[0]
+    assert isinstance(retry, RetryMiddleware)
+    retry.install(broker)
+    with pytest.raises(RetryConfigError) as refused:
+        await broker.start()
+    await broker.stop()
+    text = str(refused.value)
+    assert "core-NATS subscriber" in text
+    assert subject in text
+    assert "stream=JStream(" in text
+    assert "@retry_policy(enabled=False)" in text
+
+
+async def test_a_core_nats_subscriber_with_retries_off_starts(nats_url: str, names: Names) -> None:
+    """Retries off for it: nothing to keep, nothing refused; its failures stay FastStream's."""
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    subject = names.subject()
+    calls: list[str] = []
+
+    @broker.subscriber(subject)
+    @retry_policy(enabled=False)
+    async def handle(body: str) -> None:
+        calls.append(body)
+
+    broker.middlewares[0].install(broker)  # type: ignore[attr-defined]
+    async with running(broker):
+        await broker.publish("x", subject)
+        await eventually(lambda: calls == ["x"], what="the call")
+
+
+@pytest.mark.timeout(240)
+async def test_failures_waiting_out_a_long_delay_never_stall_the_consumer(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """The held-out stall test: max_ack_pending=100, 1,000 messages failing with a 60 s
+    delay, then 1,000 good ones: every good one is handled within seconds, not after the
+    delay (plain nak(delay) leaves the consumer at 100 pending, taking nothing new)."""
+    stream, subject = names.stream(), names.subject()
+    policy = RetryPolicy(max_attempts=2, backoff=Fixed(timedelta(seconds=60)))
+    broker = NatsBroker(nats_url, middlewares=[middleware(names, policy)], logger=None)
+    good: dict[str, float] = {}
+    bad: list[str] = []
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=20),
+        config=ConsumerConfig(max_ack_pending=100),
+    )
+    async def handle(body: str) -> None:
+        if body.startswith("bad"):
+            bad.append(body)
+            raise ConnectionError(body)
+        good[body] = time.monotonic()
+
+    async with running(broker):
+        await asyncio.gather(
+            *(broker.publish(f"bad:{i}", subject, stream=stream) for i in range(1000))
+        )
+        sent_at = time.monotonic()
+        await asyncio.gather(
+            *(broker.publish(f"good:{i}", subject, stream=stream) for i in range(1000))
+        )
+        await eventually(lambda: len(good) == 1000, timeout=30, what="every good message")
+        slowest = max(good.values()) - sent_at
+        waiting = await stream_count(js, f"{names.prefix}-delay")
+    assert slowest < 30  # seconds, against the 60 s a stalled consumer would take
+    assert len(bad) == 1000  # each failed once, and waits for its retry on the server
+    assert waiting == 1000
