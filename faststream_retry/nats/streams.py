@@ -58,10 +58,12 @@ async def declare_delay_stream(js: JetStreamContext, prefix: str) -> None:
         return
     have = info.config
     missing = sorted(set(wanted.subjects or ()) - set(have.subjects or ()))
-    if missing or have.retention is not RetentionPolicy.WORK_QUEUE:
+    # nats-py gives the retention back as the server's word, not always as the enum.
+    retention = getattr(have.retention, "value", have.retention)
+    if missing or retention != RetentionPolicy.WORK_QUEUE.value:
         raise RetryTopologyError(
             f"the stream {name!r} exists with subjects {have.subjects} and retention "
-            f"{getattr(have.retention, 'value', have.retention)}; the plugin needs subjects "
+            f"{retention}; the plugin needs subjects "
             f"{wanted.subjects} and work-queue retention. Delete it if it is a leftover "
             f"(nats stream rm {name}), or pass RetryMiddleware(prefix=...) another prefix"
         )

@@ -358,3 +358,68 @@ async def test_failures_waiting_out_a_long_delay_never_stall_the_consumer(
     assert slowest < 30  # seconds, against the 60 s a stalled consumer would take
     assert len(bad) == 1000  # each failed once, and waits for its retry on the server
     assert waiting == 1000
+
+
+async def test_an_ephemeral_push_subscriber_is_covered(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """No durable name: keyed by its subject, its retry comes back to it all the same."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]))
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(attempt_of(msg))
+        if len(calls) == 1:
+            raise ConnectionError("once")
+
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        await eventually(lambda: len(calls) == 2, what="the retry")
+    assert calls == [0, 1]
+    assert await stream_count(js, f"{names.prefix}-delay") == 0
+
+
+async def test_a_waiting_copy_outlives_the_app(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """The app stops while a copy waits out its delay on the server (the re-check holding
+    it gives it back); a new process of the same app (same durable consumers) gets the
+    retry once it is due."""
+    stream, subject = names.stream(), names.subject()
+    calls: list[tuple[int, int]] = []
+    policy = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=2)))
+
+    def app(run: int) -> NatsBroker:
+        # install(): the plugin starts with the broker, not at its first message (the
+        # second process gets none but the retry).
+        broker = middleware(names, policy).install(NatsBroker(nats_url, logger=None))
+
+        @broker.subscriber(
+            subject,
+            stream=JStream(stream, subjects=[subject]),
+            durable="d",
+            pull_sub=PullSub(batch_size=5),
+        )
+        async def handle(body: str, msg: NatsMessage) -> None:
+            calls.append((run, attempt_of(msg)))
+            if run == 1:
+                raise ConnectionError("down")
+
+        return broker
+
+    async with running(app(1)) as first:
+        await first.publish("x", subject, stream=stream)
+        await eventually(lambda: calls == [(1, 0)], what="the first call")
+        deadline = time.monotonic() + 5
+        while await stream_count(js, f"{names.prefix}-delay") < 1:
+            assert time.monotonic() < deadline, "no copy"
+            await asyncio.sleep(0.02)
+    assert calls == [(1, 0)]
+    async with running(app(2)):
+        # Within seconds of its due time, not after the re-check's ack_wait (30 s).
+        await eventually(lambda: len(calls) == 2, timeout=15, what="the retry in the new app")
+        await asyncio.sleep(0.5)
+    assert calls == [(1, 0), (2, 1)]
+    assert await stream_count(js, f"{names.prefix}-delay") == 0
