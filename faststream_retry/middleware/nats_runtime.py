@@ -14,13 +14,13 @@ mode (refused), and subscribers that join a running broker (left to FastStream).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core.durations import format_ms
-from faststream_retry.core.topology import Handler, Route, plan
-from faststream_retry.errors import RetryConfigError, RetryTopologyError
+from faststream_retry.core.topology import Handler, Route
+from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals, checks, nats_subscribers
+from faststream_retry.middleware.planned import Planned
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["NatsRuntime"]
 
 
-class NatsRuntime:
+class NatsRuntime(Planned):
     """Everything the plugin holds for one ``NatsBroker``."""
 
     def __init__(
@@ -46,35 +46,8 @@ class NatsRuntime:
         testing: Testing,
     ) -> None:
         """Prepare; nothing touches the network before ``open``."""
-        self.config = config
-        self.reporter = reporter
-        self.broker = broker
-        self._testing = testing
-        self._plan: Plan | None = None
+        super().__init__(config, reporter, broker, testing)
         self.live: NatsLive | None = None
-        self.started = False
-        self.refused: RetryConfigError | RetryTopologyError | None = None
-        self.bypass: str | None = None
-        self.starting = asyncio.Lock()
-
-    @property
-    def plan(self) -> Plan:
-        """Return the plan; planned from the broker's subscribers when first needed."""
-        if self._plan is None:
-            self._plan = self.replan()
-        return self._plan
-
-    def replan(self) -> Plan:
-        """Plan from the JetStream subscribers the broker has now (no network)."""
-        self._plan = plan(
-            _internals.routes_of(self.broker), self.config.default, self.config.topology
-        )
-        return self._plan
-
-    def route(self, queue: str) -> Route | None:
-        """Return the route of the subscriber keyed ``queue`` if the plugin covers it."""
-        live = self.live
-        return (live.plan if live is not None else self.plan).route(queue)
 
     def sink(self) -> NatsSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running."""

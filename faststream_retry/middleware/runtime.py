@@ -31,11 +31,12 @@ from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.registry import retry_queues_in_use, survey
 from faststream_retry.core.advice import series_advice, work_queue_findings
 from faststream_retry.core.durations import format_ms
-from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
+from faststream_retry.core.topology import Plan, Route, merge_routes, retry_queue_name
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
 from faststream_retry.middleware import _internals, checks, nats_subscribers, settled
 from faststream_retry.middleware.nats_runtime import NatsRuntime
+from faststream_retry.middleware.planned import Planned
 from faststream_retry.middleware.sink import LiveSink
 from faststream_retry.middleware.test_mode import TestSink
 from faststream_retry.reporting.log import log
@@ -62,52 +63,16 @@ Covered = TypeVar("Covered", "RabbitBroker", "NatsBroker")
 _INSTALLED_ATTR = "__faststream_retry_installed__"
 
 
-class Runtime:
+class Runtime(Planned):
     """Everything the plugin holds for one broker: the plan, and its live parts once started."""
 
     def __init__(
         self, config: RetryConfig, reporter: Reporter, broker: RabbitBroker, testing: Testing
     ) -> None:
         """Prepare; nothing touches the network before ``start``."""
-        self.config = config
-        self.reporter = reporter
-        self.broker = broker
-        self._testing = testing
-        self._plan: Plan | None = None
+        super().__init__(config, reporter, broker, testing)
         self.live: Live | None = None
         """The connected parts, from ``start`` to ``stop``."""
-        self.started = False
-        """Whether the plugin ever started on this broker (a stopped one does not start late)."""
-        self.refused: RetryConfigError | RetryTopologyError | None = None
-        """Why a late start refused to run (``Plugin.start_late``): it is not tried again."""
-        self.bypass: str | None = None
-        """Why the plugin leaves this broker's messages to FastStream, untouched (a broker it
-        does not cover, a connection that is not aio-pika's); ``None``: it does not."""
-        self.starting = asyncio.Lock()
-        """Held by a late start: the messages that arrive meanwhile wait for it."""
-
-    @property
-    def plan(self) -> Plan:
-        """Return the plan; planned from the broker's subscribers when first needed.
-
-        ``start`` plans again, from the subscribers the broker has then. In-memory
-        tests never start the plugin and use the plan made on their first failure.
-        """
-        if self._plan is None:
-            self._plan = self.replan()
-        return self._plan
-
-    def replan(self) -> Plan:
-        """Plan from the subscribers the broker has now (no network)."""
-        self._plan = plan(
-            _internals.routes_of(self.broker), self.config.default, self.config.topology
-        )
-        return self._plan
-
-    def route(self, queue: str) -> Route | None:
-        """Return the route of ``queue`` if the plugin covers it: the live plan's once started."""
-        live = self.live
-        return (live.plan if live is not None else self.plan).route(queue)
 
     def sink(self) -> Sink | None:
         """Choose where this broker's failures go now; ``None``: nowhere, the plugin is not running.

@@ -12,7 +12,8 @@ from is acked.
 One file per job: ``naming`` (names, subjects, message ids), ``wire`` (the ``retry-*``
 headers as NATS carries them), ``publisher`` (PubAck), ``streams`` (the delay stream),
 ``dead_letters`` (the dead-letter streams), ``recheck`` (a tier's re-check consumer),
-``ready`` (the hand-over), ``checks`` (what a covered subscriber must be), ``sink`` (a
-handler's failure carried out), ``live`` (the running parts). Nothing here imports
-FastStream or aio-pika; the FastStream side is ``middleware.nats_runtime``.
+``ready`` (the hand-over), ``fetch`` (one pull of their loops), ``checks`` (what a
+covered subscriber must be), ``sink`` (a handler's failure carried out), ``live`` (the
+running parts). Nothing here imports FastStream or aio-pika; the FastStream side is
+``middleware.nats_runtime``.
 """

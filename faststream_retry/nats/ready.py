@@ -16,10 +16,10 @@ import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
-import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from faststream_retry.nats import naming, wire
+from faststream_retry.nats.fetch import fetch
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -93,16 +93,11 @@ class Ready:
 
     async def _loop(self) -> None:
         while self._running:
-            try:
-                batch = await self._sub.fetch(FETCH, timeout=0.5)
-            except (asyncio.TimeoutError, nats.errors.TimeoutError):
-                continue
-            except nats.errors.ConnectionClosedError:
+            batch = await fetch(
+                self._sub, FETCH, 0.5, pause_s=self._pause_s, what=f"hand-over of {self._key}"
+            )
+            if batch is None:
                 return
-            except Exception as exc:  # a server hiccup: fetch again after a pause
-                log.warning("faststream-retry: hand-over of %s: %r", self._key, exc)
-                await asyncio.sleep(self._pause_s)
-                continue
             if not self._running:  # stopped meanwhile: back to the stream for the next start
                 for msg in batch:
                     with contextlib.suppress(Exception):

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from faststream_retry.core import headers as h
@@ -24,6 +23,7 @@ from faststream_retry.core import steps
 from faststream_retry.core.events import EventKind
 from faststream_retry.core.topology import Route
 from faststream_retry.nats import naming, wire
+from faststream_retry.nats.fetch import fetch
 from faststream_retry.nats.publisher import confirmed
 from faststream_retry.nats.streams import RECHECK_ACK_WAIT_S
 from faststream_retry.reporting.log import log
@@ -110,16 +110,12 @@ class Recheck:
         held: list[Msg] = []
         try:
             while not self._stopping.is_set():
-                try:
-                    held = await self._sub.fetch(FETCH, timeout=1.0)
-                except (asyncio.TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except nats.errors.ConnectionClosedError:
+                fetched = await fetch(
+                    self._sub, FETCH, 1.0, pause_s=self._pause_s, what=f"re-check {self._tier_ms}"
+                )
+                if fetched is None:
                     return
-                except Exception as exc:  # a server hiccup: fetch again after a pause
-                    log.warning("faststream-retry: re-check of tier %d: %r", self._tier_ms, exc)
-                    await asyncio.sleep(self._pause_s)
-                    continue
+                held = fetched
                 while held:
                     await self._hold_until(stored_ms(held[0]) + self._tier_ms, held)
                     now = h.now_ms()

@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
-import pytest
 from nats.js.errors import NotFoundError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from nats.js import JetStreamContext
-
-
-async def eventually(
-    condition: Callable[[], bool], timeout: float = 15.0, what: str = "condition"
-) -> None:
-    """Wait until ``condition()`` holds, failing the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def stream_messages(
     js: JetStreamContext, stream: str
 ) -> list[tuple[str, bytes, dict[str, Any]]]:
-    """Every message in ``stream`` by direct get: subject, body, headers (``retry-*`` decoded)."""
+    """Every message in ``stream``, read by sequence (nothing consumed): subject, body, headers."""
     try:
         info = await js.stream_info(stream)
     except NotFoundError:

@@ -22,7 +22,8 @@ from faststream_retry import (
     retry_policy,
 )
 from faststream_retry.middleware.middleware import RetryMiddleware
-from tests.nats.helpers import eventually, stream_count, stream_messages
+from tests.nats.helpers import stream_count, stream_messages
+from tests.rabbit import eventually
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
     from tests.nats.conftest import Names
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.nats, pytest.mark.timeout(180)]
 
 FAST = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(milliseconds=200)))
 

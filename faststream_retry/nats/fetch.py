@@ -1,0 +1,41 @@
+"""One pull from one of the plugin's consumers, as its loops take it (re-check, hand-over).
+
+Nothing there yet is no news; a server hiccup is logged and waited out for a pause (no
+hot loop); a closed connection ends the loop (the broker is stopping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import nats.errors
+
+from faststream_retry.reporting.log import log
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+__all__ = ["fetch"]
+
+
+async def fetch(
+    sub: Any,  # noqa: ANN401 - nats-py's PullSubscription
+    batch: int,
+    timeout_s: float,
+    *,
+    pause_s: float,
+    what: str,
+) -> list[Msg] | None:
+    """Return what one pull of up to ``batch`` brought; ``None``: the connection closed."""
+    try:
+        fetched: list[Msg] = await sub.fetch(batch, timeout=timeout_s)
+    except (asyncio.TimeoutError, nats.errors.TimeoutError):
+        return []
+    except nats.errors.ConnectionClosedError:
+        return None
+    except Exception as exc:  # a server hiccup: pull again after a pause
+        log.warning("faststream-retry: %s: %r", what, exc)
+        await asyncio.sleep(pause_s)
+        return []
+    return fetched
