@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from nats.js.errors import NotFoundError
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from nats.js import JetStreamContext
+
+
+async def until(
+    condition: Callable[[], Awaitable[bool]], timeout: float = 15.0, what: str = "condition"
+) -> None:
+    """Wait until the server says ``condition()``, failing the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def drained(js: JetStreamContext, prefix: str, timeout: float = 10.0) -> None:
+    """Wait until the delay stream of ``prefix`` holds nothing: every copy settled.
+
+    A copy's ack or term reaches the server after what the test saw (the handler's call,
+    the dead letter's PubAck), so it is waited for, not read at once.
+    """
+
+    async def empty() -> bool:
+        return await stream_count(js, f"{prefix}-delay") == 0
+
+    await until(empty, timeout, f"the delay stream of {prefix} to empty")
 
 
 async def stream_messages(
