@@ -159,7 +159,7 @@ class Recheck:
         plan = self._plan()
         route = plan.route(key) or Route(key, ())
         incoming = wire.decode(msg.headers)
-        message_id = _text(incoming.get("message_id"))
+        message_id = _text(incoming.get(wire.MESSAGE_ID))
         step = steps.recheck(plan, route, message_id, incoming, now_ms=h.now_ms())
         meta = msg.metadata
         subject, stream, kind = self.destination(step, key)

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["MSG_ID", "SUBJECT", "decode", "encode"]
+__all__ = ["MESSAGE_ID", "MSG_ID", "SUBJECT", "decode", "encode"]
 
 MSG_ID = "Nats-Msg-Id"
+MESSAGE_ID = "message_id"
+"""FastStream's header for a NATS message's id (its parser makes a new one without it)."""
 SUBJECT = "retry-subject"
 """The subject the failed message came on: a ready copy arrives on the plugin's subject,
 and the handler is given this one back (a subscriber with a subject pattern parses it)."""

@@ -68,24 +68,29 @@ def attempt_of(msg: NatsMessage) -> int:
 async def test_a_transient_failure_is_retried_until_it_succeeds(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:
-    """Fails twice, then succeeds: three calls, the copies waited on the server, nothing dead."""
+    """Fails twice, then succeeds: three calls, the copies waited on the server, nothing dead.
+    Each call sees the message as it came: its subject, and one id (published by a plain
+    NATS client, with no id of FastStream's)."""
     stream, subject = names.stream(), names.subject()
     broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
     calls: list[tuple[str, int, str]] = []
+    ids: set[str] = set()
 
     @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
     async def handle(body: str, msg: NatsMessage) -> None:
         calls.append((body, attempt_of(msg), msg.raw_message.subject))
+        ids.add(msg.message_id)
         if len(calls) < 3:
             raise ConnectionError("flaky")
 
     async with running(broker):
         started = time.monotonic()
-        await broker.publish("hello", subject, stream=stream)
+        await js.publish(subject, b"hello", stream=stream)
         await eventually(lambda: len(calls) == 3, what="three calls")
         took = time.monotonic() - started
         await asyncio.sleep(0.5)  # nothing more comes
     assert calls == [("hello", 0, subject), ("hello", 1, subject), ("hello", 2, subject)]
+    assert len(ids) == 1
     assert took >= 0.4  # two 200 ms waits, never early
     assert await stream_count(js, f"{names.prefix}-dlq-{stream}") == 0
     await drained(js, names.prefix)
