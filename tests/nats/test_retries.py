@@ -21,6 +21,7 @@ from faststream_retry import (
     RetryPolicy,
     retry_policy,
 )
+from faststream_retry.core import headers as h
 from faststream_retry.middleware.middleware import RetryMiddleware
 from tests.nats.helpers import drained, stream_count, stream_messages, until
 from tests.rabbit import eventually
@@ -430,4 +431,41 @@ async def test_a_waiting_copy_outlives_the_app(
         await eventually(lambda: len(calls) == 2, timeout=15, what="the retry in the new app")
         await asyncio.sleep(0.5)
     assert calls == [(1, 0), (2, 1)]
+    await drained(js, names.prefix)
+
+
+async def test_hostile_headers_neither_crash_nor_misroute_a_retry(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A message whose publisher set garbled ``retry-*`` headers, a forged subject and a
+    server instruction (``Nats-Rollup``, which the delay stream would refuse) is retried
+    like any other, on its own subject: its copy carries none of them, nothing is left."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+    subjects: list[str] = []
+
+    jstream = JStream(stream, subjects=[subject], allow_rollup_hdrs=True)
+
+    @broker.subscriber(subject, stream=jstream, durable="d")
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(h.read_attempt(msg.headers))
+        subjects.append(msg.raw_message.subject)
+        if len(calls) == 1:
+            raise ConnectionError("once")
+
+    hostile = {
+        "Nats-Expected-Stream": stream,
+        "Nats-Rollup": "sub",
+        "retry-attempt": "not json",
+        "retry-due": "99999999999999999999",
+        "retry-history": '[{"attempt": "x"',
+        "retry-subject": '"elsewhere.subject"',
+    }
+    async with running(broker):
+        await js.publish(subject, b"x", stream=stream, headers=hostile)
+        await eventually(lambda: len(calls) == 2, what="the retry")
+        await asyncio.sleep(0.3)
+    assert calls == [0, 1]
+    assert subjects == [subject, subject]
     await drained(js, names.prefix)
