@@ -6,8 +6,9 @@ its tier's subject of the delay stream, confirmed by its PubAck before the origi
 acked; a dead letter is a copy into the dead-letter stream of the subscriber's stream,
 confirmed before the original is terminated (``term``: JetStream will not deliver it
 again). A copy the server will not take keeps the original, held (``in_progress``) and
-placed again after each pause; after ``delivery_limit`` tries it goes back to the
-consumer (``nak``), which redelivers it.
+placed again after each pause; after ``delivery_limit`` tries it is dead-lettered as
+``stuck`` (``core.steps.stuck``), the handler not run again, or, if even that is not
+taken, goes back to the consumer (``nak``), which redelivers it.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.decision import Action
+from faststream_retry.core.events import EventKind
 from faststream_retry.nats import naming, wire
-from faststream_retry.nats.publisher import confirmed
+from faststream_retry.nats.publisher import Outcome, confirmed
 
 if TYPE_CHECKING:
     from faststream_retry.core.decision import Decision
-    from faststream_retry.core.steps import Copy
+    from faststream_retry.core.steps import Copy, Step
     from faststream_retry.core.topology import Route
     from faststream_retry.nats.live import NatsLive
     from faststream_retry.reporting.reporter import Reporter
@@ -100,37 +102,70 @@ class NatsSink:
             incoming=incoming,
             now_ms=h.now_ms(),
         )
-        prefix = live.prefix
-        meta = raw.metadata
-        if decision.action is Action.DEAD_LETTER:
-            subject = naming.dlq_subject(prefix, route.queue)
-            stream = naming.dlq_stream(prefix, naming.key_stream(route.queue))
-            kind = "dead"
+        held = 0
+        while True:
+            outcomes: list[Outcome] = []
+            if await self._place(msg, step, incoming, exc, outcomes):
+                return
+            held += 1
+            if not live.running or held >= live.delivery_limit:
+                break
+            # Held: the server is told it is in hand, and the copy placed again.
+            await asyncio.gather(raw.in_progress(), return_exceptions=True)
+            await asyncio.sleep(self._pause_s)
+        # A copy the server keeps refusing (a full delay stream): dead-lettered as stuck,
+        # the handler not run again for it; failing that, back to the consumer.
+        letter = steps.stuck(
+            route,
+            step,
+            incoming,
+            now_ms=h.now_ms(),
+            limit=live.delivery_limit,
+            max_delay_ms=live.plan.tiers.max_delay_ms,
+            outcome=(outcomes or [Outcome.REFUSED])[-1].value,
+            held=held,
+        )
+        if live.running and letter is not None and await self._place(msg, letter, incoming, exc):
+            return
+        await msg.nack()  # back to the consumer, which redelivers it
+
+    async def _place(
+        self,
+        msg: Message,
+        step: Step,
+        incoming: dict[str, Any],
+        exc: BaseException,
+        outcomes: list[Outcome] | None = None,
+    ) -> bool:
+        """Publish ``step``'s copy, report it, and settle ``msg`` once it is confirmed."""
+        live = self._live
+        raw = msg.raw_message
+        prefix, key = live.prefix, step.event.queue
+        dead = step.event.kind is EventKind.DEAD_LETTERED
+        if dead:
+            subject = naming.dlq_subject(prefix, key)
+            stream = naming.dlq_stream(prefix, naming.key_stream(key))
         else:
             tier = step.tier_ms or live.plan.tiers.tick_ms
-            subject = naming.delay_subject(prefix, tier, route.queue)
+            subject = naming.delay_subject(prefix, tier, key)
             stream = naming.delay_stream(prefix)
-            kind = "retry"
-        ident = naming.msg_id(meta.stream, meta.sequence.stream, kind)
+        meta = raw.metadata
+        ident = naming.msg_id(meta.stream, meta.sequence.stream, "dead" if dead else "retry")
+        seen: list[Outcome] = [] if outcomes is None else outcomes
 
         async def send(copy: Copy) -> bool:
             outcome = await live.publisher.publish(
                 subject, raw.data, copy.headers, msg_id=ident, stream=stream
             )
+            seen.append(outcome)
             return confirmed(outcome)
 
-        for _ in range(live.delivery_limit):
-            if await self._reporter.publish(
-                step.event, step.copy, send, incoming=incoming, exception=exc, tier_ms=step.tier_ms
-            ):
-                if decision.action is Action.DEAD_LETTER:
-                    await msg.reject()  # term: never delivered again
-                else:
-                    await msg.ack()
-                return
-            if not live.running:
-                break
-            # Held: the server is told it is in hand, and the copy placed again.
-            await asyncio.gather(raw.in_progress(), return_exceptions=True)
-            await asyncio.sleep(self._pause_s)
-        await msg.nack()  # back to the consumer, which redelivers it
+        if not await self._reporter.publish(
+            step.event, step.copy, send, incoming=incoming, exception=exc, tier_ms=step.tier_ms
+        ):
+            return False
+        if dead:
+            await msg.reject()  # term: never delivered again
+        else:
+            await msg.ack()
+        return True

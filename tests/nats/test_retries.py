@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
-from nats.js.api import ConsumerConfig, RetentionPolicy
+from nats.js.api import ConsumerConfig, DiscardPolicy, RetentionPolicy, StreamConfig
 
 from faststream_retry import (
     Fixed,
@@ -469,3 +469,52 @@ async def test_hostile_headers_neither_crash_nor_misroute_a_retry(
     assert calls == [0, 1]
     assert subjects == [subject, subject]
     await drained(js, names.prefix)
+
+
+async def test_a_copy_the_server_keeps_refusing_is_dead_lettered_as_stuck(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A full delay stream (made so by an operator: one message at most, new ones refused):
+    the second failure's copy is placed again while its message is held, then the
+    message is dead-lettered as stuck; its handler ran once. Counted: 2 sent = 1 waiting
+    + 1 dead-lettered."""
+    stream, subject = names.stream(), names.subject()
+    await js.add_stream(
+        StreamConfig(
+            name=f"{names.prefix}-delay",
+            subjects=[f"{names.prefix}.delay.>", f"{names.prefix}.ready.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            max_msgs=1,
+            discard=DiscardPolicy.NEW,
+        )
+    )
+    policy = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=60)))
+    retry = RetryMiddleware(
+        policy,
+        prefix=names.prefix,
+        tick=timedelta(milliseconds=100),
+        max_delay=120,
+        delivery_limit=2,
+        publish_failure_pause=timedelta(milliseconds=100),
+    )
+    broker = NatsBroker(nats_url, middlewares=[retry], logger=None)
+    calls: list[str] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str) -> None:
+        calls.append(body)
+        raise ConnectionError(body)
+
+    dlq = f"{names.prefix}-dlq-{stream}"
+    async with running(broker):
+        await broker.publish("first", subject, stream=stream)
+        await until(lambda: counted(js, f"{names.prefix}-delay", 1), 10, "the first copy")
+        await broker.publish("second", subject, stream=stream)
+        await until(lambda: counted(js, dlq, 1), 10, "the stuck dead letter")
+        await asyncio.sleep(0.3)
+    assert calls == ["first", "second"]
+    [(_, body, headers)] = await stream_messages(js, dlq)
+    assert body == b"second"
+    assert headers["retry-reason"] == "stuck"
+    assert "placed again" in headers["retry-error"]
+    assert await stream_count(js, f"{names.prefix}-delay") == 1
