@@ -48,8 +48,10 @@ async def stream_messages(
         info = await js.stream_info(stream)
     except NotFoundError:
         return []
-    found = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+    found: list[tuple[str, bytes, dict[str, Any]]] = []
+    if not info.state.messages:  # an empty stream's first sequence is 0, which get_msg refuses
+        return found
+    for seq in range(max(info.state.first_seq, 1), info.state.last_seq + 1):
         try:
             msg = await js.get_msg(stream, seq)
         except NotFoundError:
