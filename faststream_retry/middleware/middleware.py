@@ -65,6 +65,10 @@ __all__ = ["RetryMiddleware"]
 class RetryMiddleware:
     """Retries for a FastStream ``RabbitBroker``, held by RabbitMQ itself.
 
+    On a ``NatsBroker`` it covers the JetStream subscribers, their retries held by
+    JetStream (``faststream_retry.nats``; a first slice: docs/explanation/nats-design.md
+    says what it does not do yet). It picks its transport from the broker.
+
     Pass it in ``RabbitBroker(middlewares=[retry])``: the plugin starts at the first
     message the broker consumes (it plans, checks and declares its topology, then
     starts its re-check consumers) before the handler sees it. ``retry.install(broker)``
@@ -365,8 +369,9 @@ class _RetryScope(BaseMiddleware):
     def _covers(self, broker: Any, runtime: Runtime | NatsRuntime) -> bool:  # noqa: ANN401 - any broker
         """Whether the plugin runs on ``broker``; if not, said once, and its messages pass.
 
-        A broker other than a ``RabbitBroker`` (NATS, Redis, Kafka, ...): the plugin would
-        run RabbitMQ's topology check on its client, and hold its messages.
+        A broker other than a ``RabbitBroker`` or a ``NatsBroker`` (Redis, Kafka, ...): the
+        plugin would run a topology check on a client it does not know, and hold its
+        messages. A ``NatsBroker`` under ``TestNatsBroker``: test mode is not on NATS yet.
         """
         text = checks.unsupported(broker)
         if text is None:
