@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from faststream_retry.nats import naming, wire
-from faststream_retry.nats.fetch import fetch
+from faststream_retry.nats.fetch import fetch, stop_loop
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -82,14 +82,8 @@ class Ready:
     async def stop(self) -> None:
         """Stop taking copies, let those in hand finish, and unbind."""
         self._running = False
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        await stop_loop(self._task, self._sub, cancel=False)
+        self._task, self._sub = None, None
 
     async def _loop(self) -> None:
         while self._running:

@@ -23,7 +23,7 @@ from faststream_retry.core import steps
 from faststream_retry.core.events import EventKind
 from faststream_retry.core.topology import Route
 from faststream_retry.nats import naming, wire
-from faststream_retry.nats.fetch import fetch
+from faststream_retry.nats.fetch import fetch, stop_loop
 from faststream_retry.nats.publisher import confirmed
 from faststream_retry.nats.streams import RECHECK_ACK_WAIT_S
 from faststream_retry.reporting.log import log
@@ -96,15 +96,8 @@ class Recheck:
     async def stop(self) -> None:
         """Stop; what it holds goes back to the stream at once (``nak``), for the next re-check."""
         self._stopping.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        await stop_loop(self._task, self._sub, cancel=True)
+        self._task, self._sub = None, None
 
     async def _loop(self) -> None:
         held: list[Msg] = []

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
-import pytest
 from nats.js.errors import NotFoundError
 
+from tests.rabbit import eventually_async
+
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from nats.js import JetStreamContext
-
-
-async def until(
-    condition: Callable[[], Awaitable[bool]], timeout: float = 15.0, what: str = "condition"
-) -> None:
-    """Wait until the server says ``condition()``, failing the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def drained(js: JetStreamContext, prefix: str, timeout: float = 10.0) -> None:
@@ -37,7 +23,7 @@ async def drained(js: JetStreamContext, prefix: str, timeout: float = 10.0) -> N
     async def empty() -> bool:
         return await stream_count(js, f"{prefix}-delay") == 0
 
-    await until(empty, timeout, f"the delay stream of {prefix} to empty")
+    await eventually_async(empty, timeout, f"the delay stream of {prefix} to empty")
 
 
 async def stream_messages(

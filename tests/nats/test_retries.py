@@ -23,8 +23,9 @@ from faststream_retry import (
 )
 from faststream_retry.core import headers as h
 from faststream_retry.middleware.middleware import RetryMiddleware
-from tests.nats.helpers import drained, stream_count, stream_messages, until
+from tests.nats.helpers import drained, stream_count, stream_messages
 from tests.rabbit import eventually
+from tests.rabbit import eventually_async as until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
