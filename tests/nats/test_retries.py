@@ -519,3 +519,41 @@ async def test_a_copy_the_server_keeps_refusing_is_dead_lettered_as_stuck(
     assert headers["retry-reason"] == "stuck"
     assert "placed again" in headers["retry-error"]
     assert await stream_count(js, f"{names.prefix}-delay") == 1
+
+
+async def test_two_processes_of_one_app_share_the_retries(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Two instances of one app (same durable consumers, same prefix, both re-checking and
+    handing over): 200 messages, half failing once, each processed exactly once, whichever
+    instance took it or its retry."""
+    stream, subject = names.stream(), names.subject()
+    processed: list[tuple[int, str]] = []
+    failed: set[str] = set()
+
+    def app(n: int) -> NatsBroker:
+        broker = middleware(names).install(NatsBroker(nats_url, logger=None))
+
+        @broker.subscriber(
+            subject,
+            stream=JStream(stream, subjects=[subject]),
+            durable="d",
+            pull_sub=PullSub(batch_size=10),
+        )
+        async def handle(body: str) -> None:
+            if body.startswith("flaky") and body not in failed:
+                failed.add(body)
+                raise ConnectionError(body)
+            processed.append((n, body))
+
+        return broker
+
+    sent = [f"{kind}:{i}" for i in range(100) for kind in ("ok", "flaky")]
+    async with running(app(1)) as first, running(app(2)):
+        await asyncio.gather(
+            *(first.publish(b, subject, stream=stream, timeout=BULK) for b in sent)
+        )
+        await eventually(lambda: len(processed) >= 200, timeout=60, what="200 processed")
+        await asyncio.sleep(1.0)  # nothing more comes
+    assert sorted(body for _, body in processed) == sorted(sent)
+    await drained(js, names.prefix)
