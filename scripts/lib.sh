@@ -134,11 +134,40 @@ start_series() {
 }
 stop_started() {
   local port
-  [[ -f "$STARTED_FILE" ]] || return 0
-  while read -r port; do
-    RMQ_PORT="$port" bash "$ROOT/scripts/rabbitmq/stop.sh" >/dev/null 2>&1 || true
-  done <"$STARTED_FILE"
-  rm -f "$STARTED_FILE"
+  if [[ -f "$STARTED_FILE" ]]; then
+    while read -r port; do
+      RMQ_PORT="$port" bash "$ROOT/scripts/rabbitmq/stop.sh" >/dev/null 2>&1 || true
+    done <"$STARTED_FILE"
+    rm -f "$STARTED_FILE"
+  fi
+  if [[ -f "$NATS_STARTED_FILE" ]]; then
+    while read -r port; do
+      NATS_PORT="$port" bash "$ROOT/scripts/nats/stop.sh" >/dev/null 2>&1 || true
+    done <"$NATS_STARTED_FILE"
+    rm -f "$NATS_STARTED_FILE"
+  fi
+}
+
+# NATS JetStream (issue 39): each nats-server series on ports of its own
+# (scripts/nats/start.sh), as for RabbitMQ: the suite's server, the node the fault suite
+# restarts, and the first of its three-node cluster (routes on each client port + 100).
+declare -A NATS_SERIES_PORT=([2.9]=4301 [2.15]=4302)
+declare -A NATS_SERIES_RESTART_PORT=([2.9]=4303 [2.15]=4304)
+declare -A NATS_SERIES_CLUSTER_PORT=([2.9]=4305 [2.15]=4308)
+
+# start_nats_series SERIES PORT: start nats-server SERIES on PORT and print its URL; one
+# this call started is stopped by stop_started, one that was running is left as it was.
+NATS_STARTED_FILE="${TMPDIR:-/tmp}/faststream-retry-nats-started.$$"
+start_nats_series() {
+  local series="$1" port="$2" err url
+  err="$(mktemp)"
+  if ! url="$(NATS_SERIES="$series" NATS_PORT="$port" bash "$ROOT/scripts/nats/start.sh" 2>"$err")"; then
+    cat "$err" >&2; rm -f "$err"; return 1
+  fi
+  grep -q "reusing running node" "$err" || echo "$port" >>"$NATS_STARTED_FILE"
+  grep -E "ready in|reusing" "$err" | sed "s/^/[nats $series] /" >&2
+  rm -f "$err"
+  echo "$url"
 }
 
 # ensure_promtool: print the path of Prometheus's promtool, which the metrics tests run

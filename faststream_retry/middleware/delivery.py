@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from faststream_retry.core.policy import HandlerPolicy
     from faststream_retry.core.topology import Route
+    from faststream_retry.middleware.nats_runtime import NatsRuntime
     from faststream_retry.middleware.runtime import Runtime
 
 __all__ = ["Delivery"]
@@ -21,7 +22,7 @@ __all__ = ["Delivery"]
 class Delivery(NamedTuple):
     """A message of a queue the plugin covers, as the plugin sees it."""
 
-    runtime: Runtime
+    runtime: Runtime | NatsRuntime
     """The plugin's runtime of the broker the message came from."""
     route: Route
     """The route of the queue the message came from."""
@@ -36,7 +37,9 @@ class Delivery(NamedTuple):
         return self.route.queue
 
     @classmethod
-    def of(cls, runtime: Runtime, route: Route, handler: HandlerPolicy | None) -> Delivery:
+    def of(
+        cls, runtime: Runtime | NatsRuntime, route: Route, handler: HandlerPolicy | None
+    ) -> Delivery:
         """Resolve a message of ``route``'s queue that ``handler`` took (``select_policy``)."""
         default = runtime.config.default
         # effective_policy(handler, default).enabled, without building a policy per message.

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import inspect
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from faststream import BaseMiddleware, SourceType
 from faststream.exceptions import IgnoredException
@@ -31,7 +31,7 @@ from faststream_retry.errors import RetryConfigError, RetryTopologyError
 from faststream_retry.middleware import _internals, checks, settled
 from faststream_retry.middleware.delivery import Delivery
 from faststream_retry.middleware.gate import gate_of
-from faststream_retry.middleware.runtime import Plugin, Runtime, cover_failed
+from faststream_retry.middleware.runtime import Covered, Plugin
 from faststream_retry.middleware.schema import RetrySpecification
 from faststream_retry.middleware.sink import requeue_after_pause
 from faststream_retry.middleware.testing import RetryRecorder, Testing
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from faststream._internal.context import ContextRepo
     from faststream.message import StreamMessage
+    from faststream.nats import NatsBroker
     from faststream.rabbit import RabbitBroker
     from faststream.specification.base import SpecificationFactory
     from opentelemetry.metrics import MeterProvider
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.core.topology import Route
     from faststream_retry.engine.outages import Gate
+    from faststream_retry.middleware.nats_runtime import NatsRuntime
+    from faststream_retry.middleware.runtime import Runtime
     from faststream_retry.middleware.sink import Sink
 
 __all__ = ["RetryMiddleware"]
@@ -61,6 +64,10 @@ __all__ = ["RetryMiddleware"]
 
 class RetryMiddleware:
     """Retries for a FastStream ``RabbitBroker``, held by RabbitMQ itself.
+
+    On a ``NatsBroker`` it covers the JetStream subscribers, their retries held by
+    JetStream (``faststream_retry.nats``; a first slice: docs/explanation/nats-design.md
+    says what it does not do yet). It picks its transport from the broker.
 
     Pass it in ``RabbitBroker(middlewares=[retry])``: the plugin starts at the first
     message the broker consumes (it plans, checks and declares its topology, then
@@ -177,7 +184,7 @@ class RetryMiddleware:
         """Return the prefix of the delay tiers."""
         return self._plugin.config.topology.prefix
 
-    def install(self, broker: RabbitBroker) -> RabbitBroker:
+    def install(self, broker: Covered) -> Covered:
         """Start the plugin with ``broker``, rather than at the first message it consumes.
 
         Optional: without it the plugin starts at the broker's first message. With it,
@@ -195,7 +202,8 @@ class RetryMiddleware:
             RetryConfigError: another ``RetryMiddleware`` is installed on ``broker``,
                 or the installed FastStream lacks an internal the plugin needs.
         """
-        return self._plugin.install(broker, self)
+        self._plugin.install(broker, self)
+        return broker
 
     def asyncapi(self, specification: SpecificationFactory | None = None) -> SpecificationFactory:
         """Return the app's AsyncAPI factory, whose document also shows where failed messages go.
@@ -216,7 +224,11 @@ class RetryMiddleware:
         inner = specification if specification is not None else AsyncAPI()
         return RetrySpecification(inner, self._plugin.config, self)
 
-    def runtime(self, broker: RabbitBroker) -> Runtime:
+    @overload
+    def runtime(self, broker: RabbitBroker) -> Runtime: ...
+    @overload
+    def runtime(self, broker: NatsBroker) -> NatsRuntime: ...
+    def runtime(self, broker: RabbitBroker | NatsBroker) -> Runtime | NatsRuntime:
         """Return this middleware's state for ``broker`` (plan, channels, consumers)."""
         return self._plugin.runtime(broker)
 
@@ -354,11 +366,12 @@ class _RetryScope(BaseMiddleware):
                 self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc, delivery, gate)
 
-    def _covers(self, broker: Any, runtime: Runtime) -> bool:  # noqa: ANN401 - any broker
+    def _covers(self, broker: Any, runtime: Runtime | NatsRuntime) -> bool:  # noqa: ANN401 - any broker
         """Whether the plugin runs on ``broker``; if not, said once, and its messages pass.
 
-        A broker other than a ``RabbitBroker`` (NATS, Redis, Kafka, ...): the plugin would
-        run RabbitMQ's topology check on its client, and hold its messages.
+        A broker other than a ``RabbitBroker`` or a ``NatsBroker`` (Redis, Kafka, ...): the
+        plugin would run a topology check on a client it does not know, and hold its
+        messages. A ``NatsBroker`` under ``TestNatsBroker``: test mode is not on NATS yet.
         """
         text = checks.unsupported(broker)
         if text is None:
@@ -417,9 +430,9 @@ class _RetryScope(BaseMiddleware):
             raw = msg.raw_message
             broker = _internals.current_broker(self.context)
             live = None if broker is None else self._plugin.runtime(broker).live
-            if live is None or raw.redelivered:
+            if live is None or h.expired_from(msg.headers) not in live.plan.exchanges:
                 return
-            if h.expired_from(msg.headers) not in live.plan.exchanges:
+            if getattr(raw, "redelivered", True):  # a NATS message has none: never a tier's
                 return
             sub = _internals.current_subscriber(self.context)
             queue = _internals.queue_of(sub) if sub is not None else None
@@ -616,7 +629,7 @@ class _RetryScope(BaseMiddleware):
         return Delivery.of(runtime, route, await _internals.select_policy(route, msg)), sink
 
     async def _sink_of(
-        self, runtime: Runtime, queue: str, msg: StreamMessage[Any], exc: Failure
+        self, runtime: Runtime | NatsRuntime, queue: str, msg: StreamMessage[Any], exc: Failure
     ) -> Sink | None:
         """Return where this failure goes; ``None``: not the plugin's to carry.
 
@@ -639,10 +652,15 @@ class _RetryScope(BaseMiddleware):
             await self._requeue_after_pause(msg, self._plugin.config.pause_s)
         return sink
 
-    async def _cover(self, runtime: Runtime, sub: Any, msg: StreamMessage[Any]) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
+    async def _cover(
+        self,
+        runtime: Runtime | NatsRuntime,
+        sub: Any,  # noqa: ANN401 - a subscriber
+        msg: StreamMessage[Any],
+    ) -> Route | None:
         """Cover a subscriber the plan does not; ``None``: nothing to cover, or it failed."""
         try:
-            return await cover_failed(runtime, sub)
+            return await runtime.cover_failed(sub)
         except Exception:  # its queues could not be declared: keep the message
             log.exception(
                 "faststream-retry could not cover %r; requeueing message %s",

@@ -14,13 +14,16 @@ its first failure (``cover_failed``), before its copy is published.
 
 Each runtime also says where its broker's failures go (``Runtime.sink``): the live sink
 while the plugin runs, test mode's under ``TestRabbitBroker``.
+
+A ``NatsBroker`` gets a ``nats_runtime.NatsRuntime`` instead, with a start and stop of
+its own (``_install_nats``); the rest of the plugin reads either through the same members.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aio_pika.abc import AbstractConnection
 
@@ -28,10 +31,12 @@ from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.registry import retry_queues_in_use, survey
 from faststream_retry.core.advice import series_advice, work_queue_findings
 from faststream_retry.core.durations import format_ms
-from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
+from faststream_retry.core.topology import Plan, Route, merge_routes, retry_queue_name
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import _internals, checks, settled
+from faststream_retry.middleware import _internals, checks, nats_subscribers, settled
+from faststream_retry.middleware.nats_runtime import NatsRuntime
+from faststream_retry.middleware.planned import Planned
 from faststream_retry.middleware.sink import LiveSink
 from faststream_retry.middleware.test_mode import TestSink
 from faststream_retry.reporting.log import log
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from aio_pika.abc import AbstractRobustConnection
+    from faststream.nats import NatsBroker
     from faststream.rabbit import RabbitBroker
 
     from faststream_retry.core.config import RetryConfig
@@ -49,57 +55,24 @@ if TYPE_CHECKING:
     from faststream_retry.middleware.testing import Testing
     from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["Plugin", "Runtime", "cover_failed", "follow", "watch"]
+__all__ = ["Covered", "Plugin", "Runtime", "cover_failed", "follow", "watch"]
+
+Covered = TypeVar("Covered", "RabbitBroker", "NatsBroker")
+"""A broker the plugin runs on."""
 
 _INSTALLED_ATTR = "__faststream_retry_installed__"
 
 
-class Runtime:
+class Runtime(Planned):
     """Everything the plugin holds for one broker: the plan, and its live parts once started."""
 
     def __init__(
         self, config: RetryConfig, reporter: Reporter, broker: RabbitBroker, testing: Testing
     ) -> None:
         """Prepare; nothing touches the network before ``start``."""
-        self.config = config
-        self.reporter = reporter
-        self.broker = broker
-        self._testing = testing
-        self._plan: Plan | None = None
+        super().__init__(config, reporter, broker, testing)
         self.live: Live | None = None
         """The connected parts, from ``start`` to ``stop``."""
-        self.started = False
-        """Whether the plugin ever started on this broker (a stopped one does not start late)."""
-        self.refused: RetryConfigError | RetryTopologyError | None = None
-        """Why a late start refused to run (``Plugin.start_late``): it is not tried again."""
-        self.bypass: str | None = None
-        """Why the plugin leaves this broker's messages to FastStream, untouched (a broker it
-        does not cover, a connection that is not aio-pika's); ``None``: it does not."""
-        self.starting = asyncio.Lock()
-        """Held by a late start: the messages that arrive meanwhile wait for it."""
-
-    @property
-    def plan(self) -> Plan:
-        """Return the plan; planned from the broker's subscribers when first needed.
-
-        ``start`` plans again, from the subscribers the broker has then. In-memory
-        tests never start the plugin and use the plan made on their first failure.
-        """
-        if self._plan is None:
-            self._plan = self.replan()
-        return self._plan
-
-    def replan(self) -> Plan:
-        """Plan from the subscribers the broker has now (no network)."""
-        self._plan = plan(
-            _internals.routes_of(self.broker), self.config.default, self.config.topology
-        )
-        return self._plan
-
-    def route(self, queue: str) -> Route | None:
-        """Return the route of ``queue`` if the plugin covers it: the live plan's once started."""
-        live = self.live
-        return (live.plan if live is not None else self.plan).route(queue)
 
     def sink(self) -> Sink | None:
         """Choose where this broker's failures go now; ``None``: nowhere, the plugin is not running.
@@ -113,6 +86,10 @@ class Runtime:
         if _internals.under_test_broker(self.broker):
             return TestSink(self.broker, self.plan, self.reporter, self._testing)
         return None
+
+    async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401 - a Rabbit subscriber
+        """Return the route for a failure of ``sub``, which the start plan does not cover."""
+        return await cover_failed(self, sub)
 
     async def cover(self, sub: Any, *, consume: bool) -> Route | None:  # noqa: ANN401
         """Cover a subscriber that joins the running broker; ``None``: nothing to cover.
@@ -270,39 +247,34 @@ class Plugin:
         self.reporter = reporter
         self.testing = testing
         """The middleware's open ``testing()`` blocks: test mode runs while one is open."""
-        self._runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+        self._runtimes: weakref.WeakKeyDictionary[Any, Runtime | NatsRuntime] = (
+            weakref.WeakKeyDictionary()
+        )
         self.middleware: Middleware | None = None
         """The ``RetryMiddleware`` this is the plugin of (set by it): a late start installs it."""
 
-    def runtime(self, broker: RabbitBroker) -> Runtime:
-        """Return the runtime of ``broker``."""
+    def runtime(self, broker: Any) -> Runtime | NatsRuntime:  # noqa: ANN401 - a broker
+        """Return the runtime of ``broker``: a ``NatsRuntime`` for a ``NatsBroker``."""
         runtime = self._runtimes.get(broker)
         if runtime is None:
-            runtime = self._runtimes[broker] = Runtime(
+            kind = NatsRuntime if nats_subscribers.is_nats(broker) else Runtime
+            runtime = self._runtimes[broker] = kind(
                 self.config, self.reporter, broker, self.testing
             )
         return runtime
 
-    def install(self, broker: RabbitBroker, middleware: Middleware) -> RabbitBroker:
+    def install(self, broker: Any, middleware: Middleware) -> None:  # noqa: ANN401 - a broker
         """Add ``middleware`` to ``broker`` if needed and wrap its start and stop."""
         checks.refuse_other_broker(broker)
-        installed = getattr(broker, _INSTALLED_ATTR, None)
-        if installed is middleware:
-            return broker
-        if installed is not None:
-            raise RetryConfigError("another RetryMiddleware is already installed on this broker")
-        _internals.check()
-        if middleware not in broker.middlewares:
-            # Outermost: a failure raised anywhere in the broker's middlewares is
-            # covered too. Pass it in middlewares= to choose its place yourself.
-            broker.insert_middleware(middleware)
-        settled.guard(broker)
-        # The plugin's lines go through this broker's logger unless logging is
-        # configured for them (see _log).
-        log.send_to(_internals.broker_outlet(broker), _internals.broker_level(broker))
+        if not _attach(broker, middleware):
+            return
+        runtime = self.runtime(broker)
+        if isinstance(runtime, NatsRuntime):
+            _install_nats(broker, runtime, middleware)
+            setattr(broker, _INSTALLED_ATTR, middleware)
+            return
         original_start = broker.start
         original_stop = broker.stop
-        runtime = self.runtime(broker)
 
         async def start() -> None:
             settled.guard(broker)  # still the first, whatever was inserted since install()
@@ -334,13 +306,12 @@ class Plugin:
             finally:
                 await runtime.stop()
 
-        broker.start = start  # type: ignore[method-assign]
-        broker.stop = stop  # type: ignore[method-assign]
+        broker.start = start
+        broker.stop = stop
         watch(broker, runtime, middleware)
         setattr(broker, _INSTALLED_ATTR, middleware)
-        return broker
 
-    async def start_late(self, broker: RabbitBroker) -> None:
+    async def start_late(self, broker: Any) -> None:  # noqa: ANN401 - a broker
         """Start on a broker that is consuming without ``install()``: at its first message.
 
         What ``install()`` does at the broker's start, done now: plan from the
@@ -364,11 +335,74 @@ class Plugin:
                 raise RetryConfigError("this plugin belongs to no RetryMiddleware")
             try:
                 self.install(broker, middleware)
-                await _start(broker, runtime, middleware)
+                if isinstance(runtime, NatsRuntime):
+                    await runtime.open(middleware)
+                else:
+                    await _start(broker, runtime, middleware)
             except (RetryConfigError, RetryTopologyError) as exc:
                 runtime.refused = exc
                 raise
             await runtime.start_consumers()
+
+
+def _attach(broker: Any, middleware: Middleware) -> bool:  # noqa: ANN401 - a broker
+    """Put ``middleware`` on ``broker``; ``False``: it is installed there already.
+
+    Raises:
+        RetryConfigError: another ``RetryMiddleware`` is installed there, or FastStream
+            lacks an internal the plugin reads.
+    """
+    installed = getattr(broker, _INSTALLED_ATTR, None)
+    if installed is middleware:
+        return False
+    if installed is not None:
+        raise RetryConfigError("another RetryMiddleware is already installed on this broker")
+    _internals.check()
+    if middleware not in broker.middlewares:
+        # Outermost: a failure raised anywhere in the broker's middlewares is
+        # covered too. Pass it in middlewares= to choose its place yourself.
+        broker.insert_middleware(middleware)
+    settled.guard(broker)
+    # The plugin's lines go through this broker's logger unless logging is
+    # configured for them (see _log).
+    log.send_to(_internals.broker_outlet(broker), _internals.broker_level(broker))
+    return True
+
+
+def _install_nats(broker: Any, runtime: NatsRuntime, middleware: Middleware) -> None:  # noqa: ANN401 - a NatsBroker
+    """Wrap a ``NatsBroker``'s start and stop.
+
+    Start: check and make the plugin's streams, let FastStream start its subscribers,
+    then start the re-checks and the hand-overs (they hand copies to running
+    subscribers). Stop: intake first, then the plugin's consumers, then FastStream's
+    drain, whose failures still publish; the plugin stops publishing last.
+    """
+    original_start = broker.start
+    original_stop = broker.stop
+
+    async def start() -> None:
+        settled.guard(broker)
+        if runtime.live is not None or runtime.bypass is not None:
+            await original_start()
+            return
+        await runtime.open(middleware)
+        await original_start()
+        await runtime.start_consumers()
+
+    async def stop(
+        exc_type: type[BaseException] | None = None,
+        exc_val: BaseException | None = None,
+        exc_tb: TracebackType | None = None,
+    ) -> None:
+        _internals.stop_intake(broker)
+        await runtime.stop_consumers()
+        try:
+            await original_stop(exc_type, exc_val, exc_tb)
+        finally:
+            await runtime.stop()
+
+    broker.start = start
+    broker.stop = stop
 
 
 async def _side_by_side(*steps: Awaitable[None]) -> None:

@@ -1,0 +1,92 @@
+"""What the plugin reads of FastStream's NATS subscribers and brokers (FastStream side).
+
+Duck-typed, as ``_internals`` reads RabbitMQ's: nothing here imports ``faststream.nats``
+or nats-py, so a RabbitMQ-only install needs neither. A JetStream subscriber has a
+``stream`` (FastStream's ``JStream``); a core-NATS one has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from faststream_retry.nats import naming
+
+__all__ = [
+    "ack_wait_s",
+    "consumer_config",
+    "is_nats",
+    "is_nats_subscriber",
+    "key_of",
+    "stream_of",
+    "subject_of",
+    "under_test_nats",
+]
+
+DEFAULT_ACK_WAIT_S = 30.0
+"""JetStream's ``ack_wait`` when a consumer sets none."""
+
+
+def is_nats(broker: object) -> bool:
+    """Whether ``broker`` is FastStream's ``NatsBroker`` (read without importing it)."""
+    return any(
+        cls.__name__ == "NatsBroker" and cls.__module__.startswith("faststream.nats")
+        for cls in type(broker).__mro__
+    )
+
+
+def is_nats_subscriber(sub: object) -> bool:
+    """Whether ``sub`` is one of FastStream's NATS subscribers."""
+    return type(sub).__module__.startswith("faststream.nats")
+
+
+def under_test_nats(broker: Any) -> bool:  # noqa: ANN401 - a NatsBroker
+    """Whether ``TestNatsBroker`` is active on ``broker`` (it swaps the producer)."""
+    producer = getattr(getattr(broker, "config", None), "producer", None)
+    kind = type(producer)
+    return kind.__name__ == "FakeProducer" and kind.__module__.startswith("faststream.nats")
+
+
+def stream_of(sub: Any) -> str | None:  # noqa: ANN401 - a NATS subscriber
+    """The stream a JetStream subscriber consumes; ``None``: a core-NATS subscriber."""
+    if not is_nats_subscriber(sub):
+        return None
+    name = getattr(getattr(sub, "stream", None), "name", None)
+    return name if isinstance(name, str) and name else None
+
+
+def subject_of(sub: Any) -> str:  # noqa: ANN401 - a NATS subscriber
+    """The subject a NATS subscriber is declared on, router prefix included."""
+    subject = getattr(sub, "subject", None)
+    address = getattr(subject, "broker_address", None)
+    if isinstance(address, str) and address:
+        return address
+    filters = getattr(sub, "filter_subjects", None) or ()
+    return ",".join(str(f) for f in filters) or str(subject or "?")
+
+
+def consumer_config(sub: Any) -> Any:  # noqa: ANN401 - nats-py's ConsumerConfig
+    """The ``ConsumerConfig`` FastStream makes the subscriber's consumer with."""
+    return getattr(sub, "config", None)
+
+
+def durable_of(sub: Any) -> str | None:  # noqa: ANN401 - a NATS subscriber
+    """The durable name of a JetStream subscriber's consumer; ``None``: ephemeral."""
+    options = getattr(sub, "extra_options", None) or {}
+    durable = options.get("durable") if isinstance(options, dict) else None
+    if not durable:
+        durable = getattr(consumer_config(sub), "durable_name", None)
+    return durable if isinstance(durable, str) and durable else None
+
+
+def key_of(sub: Any) -> str | None:  # noqa: ANN401 - a NATS subscriber
+    """The key of a JetStream subscriber (``nats.naming``); ``None`` for any other."""
+    stream = stream_of(sub)
+    if stream is None:
+        return None
+    return naming.key_of(stream, durable_of(sub), subject_of(sub))
+
+
+def ack_wait_s(sub: Any) -> float:  # noqa: ANN401 - a NATS subscriber
+    """The ``ack_wait`` of the subscriber's consumer, in seconds."""
+    wait = getattr(consumer_config(sub), "ack_wait", None)
+    return float(wait) if isinstance(wait, (int, float)) and wait > 0 else DEFAULT_ACK_WAIT_S

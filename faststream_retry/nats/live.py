@@ -1,0 +1,103 @@
+"""The NATS transport's running parts for one broker: streams, publisher, re-checks, hand-overs.
+
+``open`` makes the delay stream and the dead-letter stream of every covered stream;
+``start_consumers`` starts a re-check consumer per tier and a hand-over per covered
+subscriber; ``stop_consumers`` stops them (the hand-overs first: they feed handlers);
+``close`` forgets the connection, which the broker owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from faststream_retry.nats import naming
+from faststream_retry.nats.dead_letters import declare_dead_letter_stream
+from faststream_retry.nats.publisher import Publisher
+from faststream_retry.nats.ready import Ready
+from faststream_retry.nats.recheck import Recheck
+from faststream_retry.nats.streams import declare_delay_stream
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
+
+    from faststream_retry.core.config import RetryConfig
+    from faststream_retry.core.topology import Plan
+    from faststream_retry.reporting.reporter import Reporter
+
+__all__ = ["HandOver", "NatsLive"]
+
+
+class HandOver:
+    """A covered subscriber as the hand-over sees it: its key, its pipeline, its ack_wait."""
+
+    __slots__ = ("ack_wait_s", "consume", "key")
+
+    def __init__(
+        self, key: str, consume: Callable[[Msg], Awaitable[Any]], ack_wait_s: float
+    ) -> None:
+        """Hand ``key``'s ready copies to ``consume``."""
+        self.key = key
+        self.consume = consume
+        self.ack_wait_s = ack_wait_s
+
+
+class NatsLive:
+    """What the plugin runs on one connected ``NatsBroker``."""
+
+    outages: None = None
+    """Outage mode is not on NATS yet (refused at start)."""
+
+    def __init__(
+        self, plan: Plan, js: JetStreamContext, config: RetryConfig, reporter: Reporter
+    ) -> None:
+        """Prepare; ``open`` touches the server."""
+        self.plan = plan
+        self.prefix = plan.options.prefix
+        self.delivery_limit = plan.options.delivery_limit
+        self.publisher = Publisher(js, config.publish_timeout_s)
+        self.running = False
+        self._js = js
+        self._config = config
+        self._reporter = reporter
+        self._rechecks: list[Recheck] = []
+        self._readies: list[Ready] = []
+
+    async def open(self, streams: Mapping[str, object]) -> None:
+        """Make the delay stream and the dead-letter stream of each of ``streams``."""
+        await declare_delay_stream(self._js, self.prefix)
+        await asyncio.gather(
+            *(declare_dead_letter_stream(self._js, self.prefix, s) for s in sorted(streams))
+        )
+        self.running = True
+
+    async def start_consumers(self, hand_overs: list[HandOver]) -> None:
+        """Start a re-check consumer per tier and a hand-over per covered subscriber."""
+        pause = self._config.pause_s
+        self._rechecks = [
+            Recheck(self._js, self.publisher, self._reporter, lambda: self.plan, t, pause_s=pause)
+            for t in self.plan.tiers.ttls_ms
+        ]
+        self._readies = [
+            Ready(self._js, self.prefix, o.key, o.consume, ack_wait_s=o.ack_wait_s, pause_s=pause)
+            for o in hand_overs
+        ]
+        await asyncio.gather(*(r.start() for r in self._rechecks))
+        await asyncio.gather(*(r.start() for r in self._readies))
+
+    async def stop_consumers(self) -> None:
+        """Stop the hand-overs (they feed handlers), then the re-checks."""
+        await asyncio.gather(*(r.stop() for r in self._readies))
+        await asyncio.gather(*(r.stop() for r in self._rechecks))
+        self._readies, self._rechecks = [], []
+
+    def close(self) -> None:
+        """Stop publishing: a handler still running keeps its message (not confirmed)."""
+        self.running = False
+
+    def delay_stream(self) -> str:
+        """The name of the delay stream."""
+        return naming.delay_stream(self.prefix)

@@ -1,0 +1,121 @@
+"""Names on NATS: the plugin's streams, subjects, consumers and message ids (pure).
+
+A covered JetStream subscriber is known by its *key*: ``<stream>.<durable>``, or
+``<stream>._<hash of its subject>`` for one without a durable name (stream and durable
+names cannot hold ``.``, ``*``, ``>`` or whitespace, so the key is two subject tokens).
+The key is the ``queue`` of its route, its events and its dead letters'
+``retry-origin-queue``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+__all__ = [
+    "delay_stream",
+    "delay_subject",
+    "dlq_stream",
+    "dlq_subject",
+    "ephemeral_key",
+    "key_of",
+    "key_stream",
+    "msg_id",
+    "ready_durable",
+    "ready_subject",
+    "recheck_durable",
+    "split_delay_subject",
+    "stream_safe",
+]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def stream_safe(text: str) -> str:
+    """Return ``text`` usable in a stream or consumer name (``.``, ``*``, ``>``, spaces out)."""
+    return _UNSAFE.sub("_", text)
+
+
+def key_of(stream: str, durable: str | None, subject: str) -> str:
+    """Return the key of a JetStream subscriber of ``stream``."""
+    if durable:
+        return f"{stream}.{durable}"
+    return ephemeral_key(stream, subject)
+
+
+def ephemeral_key(stream: str, subject: str) -> str:
+    """The key of a subscriber without a durable name: the same for the same subject."""
+    digest = hashlib.sha256(subject.encode()).hexdigest()[:12]
+    return f"{stream}._{digest}"
+
+
+def key_stream(key: str) -> str:
+    """Return the stream a key's subscriber consumes."""
+    return key.split(".", 1)[0]
+
+
+def delay_stream(prefix: str) -> str:
+    """The one delay stream of ``prefix``: every tier and every ready subject."""
+    return f"{stream_safe(prefix)}-delay"
+
+
+def delay_subject(prefix: str, tier_ms: int, key: str) -> str:
+    """Where a copy of ``key``'s subscriber waits out tier ``tier_ms``."""
+    return f"{prefix}.delay.{tier_ms}.{key}"
+
+
+def tier_filter(prefix: str, tier_ms: int) -> str:
+    """The filter of tier ``tier_ms``'s re-check consumer: every subscriber's copies."""
+    return f"{prefix}.delay.{tier_ms}.>"
+
+
+_DELAY = re.compile(r"\.delay\.([1-9][0-9]*)\.([^.*>\s]+\.[^.*>\s]+)\Z")
+
+
+def split_delay_subject(prefix: str, subject: str) -> tuple[int, str] | None:
+    """Return the tier and key a delay subject names; ``None``: not one of ``prefix``'s."""
+    if not subject.startswith(prefix):
+        return None
+    match = _DELAY.match(subject, len(prefix))
+    if match is None:
+        return None
+    return int(match[1]), match[2]
+
+
+def ready_subject(prefix: str, key: str) -> str:
+    """Where the re-check releases a due copy of ``key``'s subscriber."""
+    return f"{prefix}.ready.{key}"
+
+
+def recheck_durable(prefix: str, tier_ms: int) -> str:
+    """The durable name of tier ``tier_ms``'s re-check consumer (shared by every app)."""
+    return f"{stream_safe(prefix)}-recheck-{tier_ms}"
+
+
+def ready_durable(prefix: str, key: str) -> str:
+    """The durable name of the consumer that hands ``key``'s ready copies over."""
+    return f"{stream_safe(prefix)}-ready-{stream_safe(key)}"
+
+
+def dlq_stream(prefix: str, stream: str) -> str:
+    """The dead-letter stream of the covered stream ``stream``."""
+    return f"{stream_safe(prefix)}-dlq-{stream}"
+
+
+def dlq_subject(prefix: str, key: str) -> str:
+    """Where the dead letters of ``key``'s subscriber go (in its stream's dead-letter stream)."""
+    return f"{prefix}.dlq.{key}"
+
+
+def dlq_filter(prefix: str, stream: str) -> str:
+    """The subjects of ``stream``'s dead-letter stream."""
+    return f"{prefix}.dlq.{stream}.>"
+
+
+def msg_id(stream: str, sequence: int, kind: str) -> str:
+    """The ``Nats-Msg-Id`` of the ``kind`` copy made of message ``sequence`` of ``stream``.
+
+    The same delivery, redelivered after a crash between the PubAck and the ack, makes
+    the same id, and the server drops the second copy within the duplicate window.
+    """
+    return f"{stream}:{sequence}:{kind}"

@@ -1,0 +1,189 @@
+"""A tier's re-check consumer: waits for its head's due time, then hops or releases each copy.
+
+Every copy in a tier waits the tier's time from when the server stored it (JetStream's
+own timestamp, not a header), so the head of the tier is always the first one ready and
+waiting for it holds back nothing that is ready. Once a copy has spent its time there,
+``core.steps.recheck`` says what it is: due (released to its subscriber's ready subject),
+early (round the tier the rest of its wait takes) or a due time no delay explains
+(dead-lettered, ``invalid``). Each copy is confirmed by its PubAck before the tier's
+message is acked; while the consumer waits for a head it keeps what it holds alive with
+``in_progress``, so the copies of a re-check that died come back within ``ack_wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.events import EventKind
+from faststream_retry.core.topology import Route
+from faststream_retry.nats import naming, wire
+from faststream_retry.nats.fetch import fetch, stop_loop
+from faststream_retry.nats.publisher import confirmed
+from faststream_retry.nats.streams import RECHECK_ACK_WAIT_S
+from faststream_retry.reporting.log import log
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
+
+    from faststream_retry.core.steps import Copy, Step
+    from faststream_retry.core.topology import Plan
+    from faststream_retry.nats.publisher import Publisher
+    from faststream_retry.reporting.reporter import Reporter
+
+__all__ = ["FETCH", "Recheck", "stored_ms"]
+
+FETCH = 200
+"""Copies one fetch takes: at most this many are held while the head is waited for."""
+
+_KEEP_ALIVE_S = RECHECK_ACK_WAIT_S / 3
+
+
+def stored_ms(msg: Msg) -> int:
+    """When the server stored ``msg``, in epoch ms (JetStream's own timestamp)."""
+    return int(msg.metadata.timestamp.timestamp() * 1000)
+
+
+class Recheck:
+    """The re-check consumer of one tier of one prefix's delay stream."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        publisher: Publisher,
+        reporter: Reporter,
+        plan: Callable[[], Plan],
+        tier_ms: int,
+        *,
+        pause_s: float,
+    ) -> None:
+        """Re-check tier ``tier_ms``; ``plan`` returns the routes covered now."""
+        self._js = js
+        self._publisher = publisher
+        self._reporter = reporter
+        self._plan = plan
+        self._tier_ms = tier_ms
+        self._pause_s = pause_s
+        self._prefix = plan().options.prefix
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sub: Any = None
+
+    async def start(self) -> None:
+        """Bind the tier's durable consumer (made if missing) and start its loop."""
+        prefix, tier = self._prefix, self._tier_ms
+        self._sub = await self._js.pull_subscribe(
+            naming.tier_filter(prefix, tier),
+            durable=naming.recheck_durable(prefix, tier),
+            stream=naming.delay_stream(prefix),
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=RECHECK_ACK_WAIT_S,
+                max_ack_pending=-1,
+                max_deliver=-1,
+            ),
+        )
+        self._task = asyncio.create_task(self._loop(), name=f"faststream-retry recheck {tier}")
+
+    async def stop(self) -> None:
+        """Stop; what it holds goes back to the stream at once (``nak``), for the next re-check."""
+        self._stopping.set()
+        await stop_loop(self._task, self._sub, cancel=True)
+        self._task, self._sub = None, None
+
+    async def _loop(self) -> None:
+        held: list[Msg] = []
+        try:
+            while not self._stopping.is_set():
+                fetched = await fetch(
+                    self._sub, FETCH, 1.0, pause_s=self._pause_s, what=f"re-check {self._tier_ms}"
+                )
+                if fetched is None:
+                    return
+                held = fetched
+                while held:
+                    await self._hold_until(stored_ms(held[0]) + self._tier_ms, held)
+                    now = h.now_ms()
+                    ready = [m for m in held if stored_ms(m) + self._tier_ms <= now]
+                    held = held[len(ready) :]
+                    await asyncio.gather(*(self._step(m) for m in ready))
+        finally:
+            for msg in held:  # stopped while holding: back to the stream now, not after ack_wait
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+
+    async def _hold_until(self, due_ms: int, held: list[Msg]) -> None:
+        """Sleep until ``due_ms``, telling the server every so often that ``held`` is in hand."""
+        while (left_s := (due_ms - h.now_ms()) / 1000) > 0:
+            await asyncio.sleep(min(left_s, _KEEP_ALIVE_S))
+            if due_ms > h.now_ms():
+                await asyncio.gather(*(m.in_progress() for m in held), return_exceptions=True)
+
+    async def _step(self, msg: Msg) -> None:
+        """Carry out what ``core.steps.recheck`` says of one copy; never raises."""
+        try:
+            await self._carry(msg)
+        except Exception:  # one copy's trouble must not stop the tier
+            log.exception("faststream-retry: re-check of %r failed; it comes back", msg.subject)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=self._pause_s)
+
+    async def _carry(self, msg: Msg) -> None:
+        parsed = naming.split_delay_subject(self._prefix, msg.subject)
+        if parsed is None:
+            # Not a copy of the plugin's (published by hand on the tier's subjects): it
+            # names no subscriber to release it to, nor a dead-letter stream.
+            log.error(
+                "faststream-retry: %r in the delay stream names no subscriber "
+                "(<prefix>.delay.<ms>.<stream>.<consumer>): removed (term)",
+                msg.subject,
+            )
+            await msg.term()
+            return
+        _, key = parsed
+        plan = self._plan()
+        route = plan.route(key) or Route(key, ())
+        incoming = wire.decode(msg.headers)
+        message_id = _text(incoming.get(wire.MESSAGE_ID))
+        step = steps.recheck(plan, route, message_id, incoming, now_ms=h.now_ms())
+        meta = msg.metadata
+        subject, stream, kind = self.destination(step, key)
+        ident = naming.msg_id(meta.stream, meta.sequence.stream, kind)
+
+        async def send(copy: Copy) -> bool:
+            outcome = await self._publisher.publish(
+                subject, msg.data, copy.headers, msg_id=ident, stream=stream
+            )
+            return confirmed(outcome)
+
+        tier = step.event.delay_ms if step.event.kind is EventKind.HOP else None
+        if await self._reporter.publish(
+            step.event, step.copy, send, incoming=incoming, tier_ms=tier
+        ):
+            await msg.ack()
+        else:
+            await msg.nak(delay=self._pause_s)
+
+    def destination(self, step: Step, key: str) -> tuple[str, str, str]:
+        """Return the subject, stream and id kind of ``step``'s copy of ``key``'s message."""
+        prefix = self._prefix
+        kind = step.event.kind
+        if kind is EventKind.RELEASED:
+            return naming.ready_subject(prefix, key), naming.delay_stream(prefix), "release"
+        if kind is EventKind.HOP:
+            tier = step.event.delay_ms or self._tier_ms
+            return naming.delay_subject(prefix, tier, key), naming.delay_stream(prefix), "hop"
+        stream = naming.key_stream(key)
+        return naming.dlq_subject(prefix, key), naming.dlq_stream(prefix, stream), "dead"
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,171 @@
+"""Where a handler's failure goes on NATS: a confirmed copy in the delay or dead-letter stream.
+
+The same decisions as on RabbitMQ (``core.decision``, ``core.steps.failed``): an
+``immediate`` retry calls the handler again in the process; a later one is a copy into
+its tier's subject of the delay stream, confirmed by its PubAck before the original is
+acked; a dead letter is a copy into the dead-letter stream of the subscriber's stream,
+confirmed before the original is terminated (``term``: JetStream will not deliver it
+again). A copy the server will not take keeps the original, held (``in_progress``) and
+placed again after each pause; after ``delivery_limit`` tries it is dead-lettered as
+``stuck`` (``core.steps.stuck``), the handler not run again, or, if even that is not
+taken, goes back to the consumer (``nak``), which redelivers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol
+
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.decision import Action
+from faststream_retry.core.events import EventKind
+from faststream_retry.nats import naming, wire
+from faststream_retry.nats.publisher import Outcome, confirmed
+
+if TYPE_CHECKING:
+    from faststream_retry.core.decision import Decision
+    from faststream_retry.core.steps import Copy, Step
+    from faststream_retry.core.topology import Route
+    from faststream_retry.nats.live import NatsLive
+    from faststream_retry.reporting.reporter import Reporter
+
+__all__ = ["Message", "NatsSink"]
+
+
+class Message(Protocol):
+    """What the sink reads of FastStream's ``NatsMessage``."""
+
+    @property
+    def raw_message(self) -> Any: ...  # noqa: ANN401, D102 - nats-py's Msg
+
+    @property
+    def message_id(self) -> str: ...  # noqa: D102
+
+    @property
+    def headers(self) -> Any: ...  # noqa: ANN401, D102
+
+    async def ack(self) -> None: ...  # noqa: D102
+
+    async def nack(self) -> None: ...  # noqa: D102
+
+    async def reject(self) -> None: ...  # noqa: D102
+
+
+class NatsSink:
+    """A running NATS broker's sink."""
+
+    __slots__ = ("_live", "_pause_s", "_reporter")
+
+    def __init__(self, live: NatsLive, reporter: Reporter, pause_s: float) -> None:
+        """Publish through ``live``; a copy not confirmed is placed again after ``pause_s``."""
+        self._live = live
+        self._reporter = reporter
+        self._pause_s = pause_s
+
+    async def retry(
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """An immediate retry is made now, in process; a later one is a copy into its tier."""
+        if decision.action is Action.RETRY_NOW:
+            event = steps.in_process(
+                route.queue, msg.message_id, decision, exc, h.now_ms(), immediate=True
+            )
+            self._reporter.record(event, incoming=msg.headers, exception=exc)
+            return True
+        await self._send(msg, route, decision, exc)
+        return False
+
+    async def dead_letter(
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """Publish the dead letter to the stream's dead-letter stream, then settle the original."""
+        await self._send(msg, route, decision, exc)
+        return True
+
+    async def _send(
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+    ) -> None:
+        live = self._live
+        raw = msg.raw_message
+        incoming = wire.decode(raw.headers)
+        incoming[wire.SUBJECT] = raw.subject  # given back to the handler on its retry
+        # FastStream names a NATS message by this header, or by a new id at each delivery:
+        # the copies carry the first one, so that every attempt has the same id.
+        incoming.setdefault(wire.MESSAGE_ID, msg.message_id)
+        step = steps.failed(
+            live.plan,
+            route,
+            decision,
+            exc,
+            message_id=msg.message_id,
+            incoming=incoming,
+            now_ms=h.now_ms(),
+        )
+        held = 0
+        while True:
+            outcomes: list[Outcome] = []
+            if await self._place(msg, step, incoming, exc, outcomes):
+                return
+            held += 1
+            if not live.running or held >= live.delivery_limit:
+                break
+            # Held: the server is told it is in hand, and the copy placed again.
+            await asyncio.gather(raw.in_progress(), return_exceptions=True)
+            await asyncio.sleep(self._pause_s)
+        # A copy the server keeps refusing (a full delay stream): dead-lettered as stuck,
+        # the handler not run again for it; failing that, back to the consumer.
+        letter = steps.stuck(
+            route,
+            step,
+            incoming,
+            now_ms=h.now_ms(),
+            limit=live.delivery_limit,
+            max_delay_ms=live.plan.tiers.max_delay_ms,
+            outcome=(outcomes or [Outcome.REFUSED])[-1].value,
+            held=held,
+        )
+        if live.running and letter is not None and await self._place(msg, letter, incoming, exc):
+            return
+        await msg.nack()  # back to the consumer, which redelivers it
+
+    async def _place(
+        self,
+        msg: Message,
+        step: Step,
+        incoming: dict[str, Any],
+        exc: BaseException,
+        outcomes: list[Outcome] | None = None,
+    ) -> bool:
+        """Publish ``step``'s copy, report it, and settle ``msg`` once it is confirmed."""
+        live = self._live
+        raw = msg.raw_message
+        prefix, key = live.prefix, step.event.queue
+        dead = step.event.kind is EventKind.DEAD_LETTERED
+        if dead:
+            subject = naming.dlq_subject(prefix, key)
+            stream = naming.dlq_stream(prefix, naming.key_stream(key))
+        else:
+            tier = step.tier_ms or live.plan.tiers.tick_ms
+            subject = naming.delay_subject(prefix, tier, key)
+            stream = naming.delay_stream(prefix)
+        meta = raw.metadata
+        ident = naming.msg_id(meta.stream, meta.sequence.stream, "dead" if dead else "retry")
+        seen: list[Outcome] = [] if outcomes is None else outcomes
+
+        async def send(copy: Copy) -> bool:
+            outcome = await live.publisher.publish(
+                subject, raw.data, copy.headers, msg_id=ident, stream=stream
+            )
+            seen.append(outcome)
+            return confirmed(outcome)
+
+        if not await self._reporter.publish(
+            step.event, step.copy, send, incoming=incoming, exception=exc, tier_ms=step.tier_ms
+        ):
+            return False
+        if dead:
+            await msg.reject()  # term: never delivered again
+        else:
+            await msg.ack()
+        return True

@@ -1,0 +1,57 @@
+"""Reading what the plugin left on the server: dead letters, waiting copies (no consuming)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from nats.js.errors import NotFoundError
+
+from tests.rabbit import eventually_async
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+
+async def drained(js: JetStreamContext, prefix: str, timeout: float = 10.0) -> None:
+    """Wait until the delay stream of ``prefix`` holds nothing: every copy settled.
+
+    A copy's ack or term reaches the server after what the test saw (the handler's call,
+    the dead letter's PubAck), so it is waited for, not read at once.
+    """
+
+    async def empty() -> bool:
+        return await stream_count(js, f"{prefix}-delay") == 0
+
+    await eventually_async(empty, timeout, f"the delay stream of {prefix} to empty")
+
+
+async def stream_messages(
+    js: JetStreamContext, stream: str
+) -> list[tuple[str, bytes, dict[str, Any]]]:
+    """Every message in ``stream``, read by sequence (nothing consumed): subject, body, headers."""
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        return []
+    found: list[tuple[str, bytes, dict[str, Any]]] = []
+    if not info.state.messages:  # an empty stream's first sequence is 0, which get_msg refuses
+        return found
+    for seq in range(max(info.state.first_seq, 1), info.state.last_seq + 1):
+        try:
+            msg = await js.get_msg(stream, seq)
+        except NotFoundError:
+            continue
+        headers: dict[str, Any] = {}
+        for key, value in (msg.headers or {}).items():
+            headers[key] = json.loads(value) if key.startswith("retry-") else value
+        found.append((str(msg.subject), bytes(msg.data or b""), headers))
+    return found
+
+
+async def stream_count(js: JetStreamContext, stream: str) -> int:
+    """How many messages ``stream`` holds (0 when it does not exist)."""
+    try:
+        return int((await js.stream_info(stream)).state.messages)
+    except NotFoundError:
+        return 0

@@ -1,0 +1,559 @@
+"""The NATS transport on a real nats-server: the RabbitMQ suite's scenarios that mean something
+on JetStream, counted by id (sent = processed + dead-lettered)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from nats.js.api import ConsumerConfig, DiscardPolicy, RetentionPolicy, StreamConfig
+
+from faststream_retry import (
+    Fixed,
+    PermanentError,
+    RetryConfigError,
+    RetryLater,
+    RetryPolicy,
+    retry_policy,
+)
+from faststream_retry.core import headers as h
+from faststream_retry.middleware.middleware import RetryMiddleware
+from tests.nats.helpers import drained, stream_count, stream_messages
+from tests.rabbit import eventually
+from tests.rabbit import eventually_async as until
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from nats.js import JetStreamContext
+
+    from tests.nats.conftest import Names
+
+pytestmark = [pytest.mark.nats, pytest.mark.timeout(180)]
+
+BULK = 30.0
+"""The PubAck timeout of a test's own bulk publishes: 1,000 at once on a loaded machine take
+longer than FastStream's 0.5 s default (seen: the stall test's publish timed out)."""
+
+FAST = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(milliseconds=200)))
+
+
+def middleware(names: Names, default: RetryPolicy = FAST) -> RetryMiddleware:
+    """The plugin as a test wires it: its own prefix, a 100 ms tick, tiers up to 2 min."""
+    return RetryMiddleware(
+        default, prefix=names.prefix, tick=timedelta(milliseconds=100), max_delay=120
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(broker: NatsBroker) -> AsyncIterator[NatsBroker]:
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
+
+
+async def counted(js: JetStreamContext, stream: str, at_least: int) -> bool:
+    return await stream_count(js, stream) >= at_least
+
+
+def attempt_of(msg: NatsMessage) -> int:
+    return int(msg.headers.get("retry-attempt", "0"))
+
+
+async def test_a_transient_failure_is_retried_until_it_succeeds(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Fails twice, then succeeds: three calls, the copies waited on the server, nothing dead.
+    Each call sees the message as it came: its subject, and one id (published by a plain
+    NATS client, with no id of FastStream's)."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[tuple[str, int, str]] = []
+    ids: set[str] = set()
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append((body, attempt_of(msg), msg.raw_message.subject))
+        ids.add(msg.message_id)
+        if len(calls) < 3:
+            raise ConnectionError("flaky")
+
+    async with running(broker):
+        started = time.monotonic()
+        await js.publish(subject, b"hello", stream=stream)
+        await eventually(lambda: len(calls) == 3, what="three calls")
+        took = time.monotonic() - started
+        await asyncio.sleep(0.5)  # nothing more comes
+    assert calls == [("hello", 0, subject), ("hello", 1, subject), ("hello", 2, subject)]
+    assert len(ids) == 1
+    assert took >= 0.4  # two 200 ms waits, never early
+    assert await stream_count(js, f"{names.prefix}-dlq-{stream}") == 0
+    await drained(js, names.prefix)
+
+
+async def test_an_exhausted_message_is_dead_lettered_with_its_record(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Always failing: max_attempts calls, then the dead-letter stream, body untouched."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: bytes, msg: NatsMessage) -> None:
+        calls.append(attempt_of(msg))
+        raise ConnectionError("down")
+
+    dlq = f"{names.prefix}-dlq-{stream}"
+    body = b"\x00\xffnot utf-8\r\n"
+    async with running(broker):
+        await broker.publish(body, subject, stream=stream, headers={"app": "kept"})
+        await eventually(lambda: len(calls) == 3, what="three calls")
+        letters: list[Any] = []
+
+        async def one_letter() -> bool:
+            letters[:] = await stream_messages(js, dlq)
+            return len(letters) == 1
+
+        await until(one_letter, 10, "the dead letter")
+    assert calls == [0, 1, 2]
+    letter_subject, letter_body, headers = letters[0]
+    assert letter_subject == f"{names.prefix}.dlq.{stream}.d"
+    assert letter_body == body
+    assert headers["retry-reason"] == "exhausted"
+    assert headers["retry-attempt"] == 3
+    assert headers["retry-exception"] == "ConnectionError"
+    assert headers["retry-origin-queue"] == f"{stream}.d"
+    assert headers["retry-subject"] == subject
+    assert [e["attempt"] for e in headers["retry-history"]] == [1, 2, 3]
+    assert "ConnectionError: down" in headers["retry-traceback"]
+    assert headers["app"] == "kept"
+    await drained(js, names.prefix)
+
+
+async def test_a_permanent_failure_is_dead_lettered_at_once(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """PermanentError: one call, then the dead-letter stream (reason permanent)."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(attempt_of(msg))
+        raise PermanentError("bad input")
+
+    dlq = f"{names.prefix}-dlq-{stream}"
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        await until(lambda: counted(js, dlq, 1), 10, "the dead letter")
+        await asyncio.sleep(0.5)  # and no retry
+    assert calls == [0]
+    [(_, _, headers)] = await stream_messages(js, dlq)
+    assert headers["retry-reason"] == "permanent"
+    assert headers["retry-attempt"] == 1
+
+
+async def test_retry_later_waits_as_long_as_the_handler_asks(nats_url: str, names: Names) -> None:
+    """RetryLater(0.7 s): the retry comes no earlier than that (through tiers of 400, 200 and
+    100 ms, each re-check checking the due time), and not seconds late."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    seen: list[float] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str) -> None:
+        seen.append(time.monotonic())
+        if len(seen) == 1:
+            raise RetryLater(delay=timedelta(milliseconds=700))
+
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        await eventually(lambda: len(seen) == 2, what="the retry")
+    waited = seen[1] - seen[0]
+    assert 0.7 <= waited < 0.7 + 3.0
+
+
+async def test_a_handler_policy_overrides_the_default(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """@retry_policy(max_attempts=2) on one handler; the other keeps the default's 3."""
+    stream = names.stream()
+    one, two = names.subject("one"), names.subject("two")
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: dict[str, int] = {"one": 0, "two": 0}
+    jstream = JStream(stream, subjects=[one, two])
+
+    @broker.subscriber(one, stream=jstream, durable="one")
+    @retry_policy(max_attempts=2)
+    async def first(body: str) -> None:
+        calls["one"] += 1
+        raise ConnectionError("down")
+
+    @broker.subscriber(two, stream=jstream, durable="two")
+    async def second(body: str) -> None:
+        calls["two"] += 1
+        raise ConnectionError("down")
+
+    dlq = f"{names.prefix}-dlq-{stream}"
+    async with running(broker):
+        await broker.publish("x", one, stream=stream)
+        await broker.publish("x", two, stream=stream)
+        await until(lambda: counted(js, dlq, 2), 15, "both dead letters")
+    assert calls == {"one": 2, "two": 3}
+    origins = {
+        h["retry-origin-queue"]: h["retry-attempt"] for _, _, h in await stream_messages(js, dlq)
+    }
+    assert origins == {f"{stream}.one": 2, f"{stream}.two": 3}
+
+
+async def test_only_the_failing_consumer_sees_its_retry(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Two durable consumers of one subject (interest retention): one fails once; the other
+    is called once, not again for the first one's retry."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    billing: list[int] = []
+    shipping: list[int] = []
+    jstream = JStream(stream, subjects=[subject], retention=RetentionPolicy.INTEREST)
+
+    @broker.subscriber(subject, stream=jstream, durable="billing")
+    async def bill(body: str, msg: NatsMessage) -> None:
+        billing.append(attempt_of(msg))
+        if len(billing) == 1:
+            raise ConnectionError("once")
+
+    @broker.subscriber(subject, stream=jstream, durable="shipping")
+    async def ship(body: str, msg: NatsMessage) -> None:
+        shipping.append(attempt_of(msg))
+
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        await eventually(lambda: len(billing) == 2, what="billing's retry")
+        await asyncio.sleep(0.5)
+    assert billing == [0, 1]
+    assert shipping == [0]
+
+
+async def test_every_message_is_processed_or_dead_lettered_once(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """300 messages: a third always fail, a third fail once, a third succeed. By id:
+    sent = processed + dead-lettered, none twice."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    processed: list[str] = []
+    failed_once: set[str] = set()
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=20),
+    )
+    async def handle(body: str) -> None:
+        kind, _ = body.split(":")
+        if kind == "bad":
+            raise ConnectionError(body)
+        if kind == "flaky" and body not in failed_once:
+            failed_once.add(body)
+            raise ConnectionError(body)
+        processed.append(body)
+
+    sent = [f"{kind}:{i}" for i in range(100) for kind in ("ok", "flaky", "bad")]
+    dlq = f"{names.prefix}-dlq-{stream}"
+    async with running(broker):
+        await asyncio.gather(
+            *(broker.publish(b, subject, stream=stream, timeout=BULK) for b in sent)
+        )
+
+        async def all_settled() -> bool:
+            return len(processed) >= 200 and await stream_count(js, dlq) >= 100
+
+        await until(all_settled, 60, "200 processed and 100 dead letters")
+        await asyncio.sleep(1.0)  # nothing more comes
+    dead = [body.decode() for _, body, _ in await stream_messages(js, dlq)]
+    assert sorted(processed + dead) == sorted(sent)
+    assert len(set(processed)) == len(processed)
+    assert len(set(dead)) == len(dead)
+    assert all(d.startswith("bad:") for d in dead)
+    await drained(js, names.prefix)
+
+
+async def test_a_core_nats_subscriber_is_refused_at_start(nats_url: str, names: Names) -> None:
+    """A subscriber with no stream: the start fails with one error that names the fix."""
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    subject = names.subject()
+
+    @broker.subscriber(subject)
+    async def handle(body: str) -> None:
+        raise ConnectionError(body)
+
+    retry = broker.middlewares[0]
+    assert isinstance(retry, RetryMiddleware)
+    retry.install(broker)
+    with pytest.raises(RetryConfigError) as refused:
+        await broker.start()
+    await broker.stop()
+    text = str(refused.value)
+    assert "core-NATS subscriber" in text
+    assert subject in text
+    assert "stream=JStream(" in text
+    assert "@retry_policy(enabled=False)" in text
+
+
+async def test_a_core_nats_subscriber_with_retries_off_starts(nats_url: str, names: Names) -> None:
+    """Retries off for it: nothing to keep, nothing refused; its failures stay FastStream's."""
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    subject = names.subject()
+    calls: list[str] = []
+
+    @broker.subscriber(subject)
+    @retry_policy(enabled=False)
+    async def handle(body: str) -> None:
+        calls.append(body)
+
+    broker.middlewares[0].install(broker)  # type: ignore[attr-defined]
+    async with running(broker):
+        await broker.publish("x", subject)
+        await eventually(lambda: calls == ["x"], what="the call")
+
+
+@pytest.mark.timeout(240)
+async def test_failures_waiting_out_a_long_delay_never_stall_the_consumer(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """The held-out stall test: max_ack_pending=100, 1,000 messages failing with a 60 s
+    delay, then 1,000 good ones: every good one is handled within seconds, not after the
+    delay (plain nak(delay) leaves the consumer at 100 pending, taking nothing new)."""
+    stream, subject = names.stream(), names.subject()
+    policy = RetryPolicy(max_attempts=2, backoff=Fixed(timedelta(seconds=60)))
+    broker = NatsBroker(nats_url, middlewares=[middleware(names, policy)], logger=None)
+    good: dict[str, float] = {}
+    bad: list[str] = []
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=20),
+        config=ConsumerConfig(max_ack_pending=100),
+    )
+    async def handle(body: str) -> None:
+        if body.startswith("bad"):
+            bad.append(body)
+            raise ConnectionError(body)
+        good[body] = time.monotonic()
+
+    async with running(broker):
+        await asyncio.gather(
+            *(broker.publish(f"bad:{i}", subject, stream=stream, timeout=BULK) for i in range(1000))
+        )
+        sent_at = time.monotonic()
+        await asyncio.gather(
+            *(
+                broker.publish(f"good:{i}", subject, stream=stream, timeout=BULK)
+                for i in range(1000)
+            )
+        )
+        await eventually(lambda: len(good) == 1000, timeout=30, what="every good message")
+        slowest = max(good.values()) - sent_at
+        waiting = await stream_count(js, f"{names.prefix}-delay")
+    assert slowest < 30  # seconds, against the 60 s a stalled consumer would take
+    assert len(bad) == 1000  # each failed once, and waits for its retry on the server
+    assert waiting == 1000
+
+
+async def test_an_ephemeral_push_subscriber_is_covered(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """No durable name: keyed by its subject, its retry comes back to it all the same."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]))
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(attempt_of(msg))
+        if len(calls) == 1:
+            raise ConnectionError("once")
+
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        await eventually(lambda: len(calls) == 2, what="the retry")
+    assert calls == [0, 1]
+    await drained(js, names.prefix)
+
+
+async def test_a_waiting_copy_outlives_the_app(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """The app stops while a copy waits out its delay on the server (the re-check holding
+    it gives it back); a new process of the same app (same durable consumers) gets the
+    retry once it is due."""
+    stream, subject = names.stream(), names.subject()
+    calls: list[tuple[int, int]] = []
+    policy = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=2)))
+
+    def app(run: int) -> NatsBroker:
+        # install(): the plugin starts with the broker, not at its first message (the
+        # second process gets none but the retry).
+        broker = middleware(names, policy).install(NatsBroker(nats_url, logger=None))
+
+        @broker.subscriber(
+            subject,
+            stream=JStream(stream, subjects=[subject]),
+            durable="d",
+            pull_sub=PullSub(batch_size=5),
+        )
+        async def handle(body: str, msg: NatsMessage) -> None:
+            calls.append((run, attempt_of(msg)))
+            if run == 1:
+                raise ConnectionError("down")
+
+        return broker
+
+    async with running(app(1)) as first:
+        await first.publish("x", subject, stream=stream)
+        await eventually(lambda: calls == [(1, 0)], what="the first call")
+        await until(lambda: counted(js, f"{names.prefix}-delay", 1), 5, "the copy")
+    assert calls == [(1, 0)]
+    async with running(app(2)):
+        # Within seconds of its due time, not after the re-check's ack_wait (30 s).
+        await eventually(lambda: len(calls) == 2, timeout=15, what="the retry in the new app")
+        await asyncio.sleep(0.5)
+    assert calls == [(1, 0), (2, 1)]
+    await drained(js, names.prefix)
+
+
+async def test_hostile_headers_neither_crash_nor_misroute_a_retry(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A message whose publisher set garbled ``retry-*`` headers, a forged subject and a
+    server instruction (``Nats-Rollup``, which the delay stream would refuse) is retried
+    like any other, on its own subject: its copy carries none of them, nothing is left."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+    subjects: list[str] = []
+
+    jstream = JStream(stream, subjects=[subject], allow_rollup_hdrs=True)
+
+    @broker.subscriber(subject, stream=jstream, durable="d")
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(h.read_attempt(msg.headers))
+        subjects.append(msg.raw_message.subject)
+        if len(calls) == 1:
+            raise ConnectionError("once")
+
+    hostile = {
+        "Nats-Expected-Stream": stream,
+        "Nats-Rollup": "sub",
+        "retry-attempt": "not json",
+        "retry-due": "99999999999999999999",
+        "retry-history": '[{"attempt": "x"',
+        "retry-subject": '"elsewhere.subject"',
+    }
+    async with running(broker):
+        await js.publish(subject, b"x", stream=stream, headers=hostile)
+        await eventually(lambda: len(calls) == 2, what="the retry")
+        await asyncio.sleep(0.3)
+    assert calls == [0, 1]
+    assert subjects == [subject, subject]
+    await drained(js, names.prefix)
+
+
+async def test_a_copy_the_server_keeps_refusing_is_dead_lettered_as_stuck(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A full delay stream (made so by an operator: one message at most, new ones refused):
+    the second failure's copy is placed again while its message is held, then the
+    message is dead-lettered as stuck; its handler ran once. Counted: 2 sent = 1 waiting
+    + 1 dead-lettered."""
+    stream, subject = names.stream(), names.subject()
+    await js.add_stream(
+        StreamConfig(
+            name=f"{names.prefix}-delay",
+            subjects=[f"{names.prefix}.delay.>", f"{names.prefix}.ready.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            max_msgs=1,
+            discard=DiscardPolicy.NEW,
+        )
+    )
+    policy = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=60)))
+    retry = RetryMiddleware(
+        policy,
+        prefix=names.prefix,
+        tick=timedelta(milliseconds=100),
+        max_delay=120,
+        delivery_limit=2,
+        publish_failure_pause=timedelta(milliseconds=100),
+    )
+    broker = NatsBroker(nats_url, middlewares=[retry], logger=None)
+    calls: list[str] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str) -> None:
+        calls.append(body)
+        raise ConnectionError(body)
+
+    dlq = f"{names.prefix}-dlq-{stream}"
+    async with running(broker):
+        await broker.publish("first", subject, stream=stream)
+        await until(lambda: counted(js, f"{names.prefix}-delay", 1), 10, "the first copy")
+        await broker.publish("second", subject, stream=stream)
+        await until(lambda: counted(js, dlq, 1), 10, "the stuck dead letter")
+        await asyncio.sleep(0.3)
+    assert calls == ["first", "second"]
+    [(_, body, headers)] = await stream_messages(js, dlq)
+    assert body == b"second"
+    assert headers["retry-reason"] == "stuck"
+    assert "placed again" in headers["retry-error"]
+    assert await stream_count(js, f"{names.prefix}-delay") == 1
+
+
+async def test_two_processes_of_one_app_share_the_retries(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Two instances of one app (same durable consumers, same prefix, both re-checking and
+    handing over): 200 messages, half failing once, each processed exactly once, whichever
+    instance took it or its retry."""
+    stream, subject = names.stream(), names.subject()
+    processed: list[tuple[int, str]] = []
+    failed: set[str] = set()
+
+    def app(n: int) -> NatsBroker:
+        broker = middleware(names).install(NatsBroker(nats_url, logger=None))
+
+        @broker.subscriber(
+            subject,
+            stream=JStream(stream, subjects=[subject]),
+            durable="d",
+            pull_sub=PullSub(batch_size=10),
+        )
+        async def handle(body: str) -> None:
+            if body.startswith("flaky") and body not in failed:
+                failed.add(body)
+                raise ConnectionError(body)
+            processed.append((n, body))
+
+        return broker
+
+    sent = [f"{kind}:{i}" for i in range(100) for kind in ("ok", "flaky")]
+    async with running(app(1)) as first, running(app(2)):
+        await asyncio.gather(
+            *(first.publish(b, subject, stream=stream, timeout=BULK) for b in sent)
+        )
+        await eventually(lambda: len(processed) >= 200, timeout=60, what="200 processed")
+        await asyncio.sleep(1.0)  # nothing more comes
+    assert sorted(body for _, body in processed) == sorted(sent)
+    await drained(js, names.prefix)
