@@ -1243,7 +1243,7 @@ async def durability(series: str, port: int, fsync: str, sig: str) -> Row:
     stop_server(port)
     return Row(
         series,
-        f"zset, appendfsync {fsync}",
+        f"zset, appendfsync {fsync}, SIG{sig}",
         f"SIG{sig}",
         {
             "acked steps": killed_at,
