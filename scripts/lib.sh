@@ -58,13 +58,13 @@ ensure_venv() {
   [[ ${#groups[@]} -gt 0 ]] || groups=(--group "$ROOT/pyproject.toml:dev")
   stamp="$dir/.installed"
   make_venv "$dir" "$py"
-  # Reinstall only when the dependencies changed.
-  if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
+  # Reinstall only when the dependencies, or the groups asked for, changed.
+  if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" || "$(<"$stamp")" != "${*:3}" ]]; then
     log "installing faststream-retry and its dev dependencies into $dir"
     # Stamped only once installed: a failed install is tried again next time.
     "$dir/bin/python" -m pip install -q --upgrade pip >&2 || return 1
     "$dir/bin/python" -m pip install -q -e "$ROOT" "${groups[@]}" >&2 || return 1
-    touch "$stamp"
+    echo "${*:3}" >"$stamp"
   fi
 }
 
@@ -79,7 +79,8 @@ ensure_lowest_venv() {
     log "installing faststream-retry at its dependency floors into $LOWEST_VENV"
     "$LOWEST_VENV/bin/python" -m pip install -q --upgrade pip >&2
     "$LOWEST_VENV/bin/python" -m pip install -q -c "$constraints" -e "$ROOT" \
-      --group "$ROOT/pyproject.toml:test" --group "$ROOT/pyproject.toml:lint" >&2
+      --group "$ROOT/pyproject.toml:test" --group "$ROOT/pyproject.toml:run" \
+      --group "$ROOT/pyproject.toml:lint" >&2
     touch "$stamp"
   fi
 }

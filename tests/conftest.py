@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import traceback
+from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
 from hypothesis import HealthCheck, settings
+from packaging.requirements import Requirement
 
 from tests.rabbit import App
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Generator, Iterator
 
+    from _pytest.terminal import TerminalReporter
     from aio_pika.abc import AbstractRobustConnection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +55,112 @@ def pytest_runtest_makereport(
         report.outcome = "failed"
         report.longrepr = f"skipped, and CI=true does not allow that: {reason}"
     return report
+
+
+NO_WHEEL: dict[str, tuple[tuple[int, int], str]] = {
+    "watchfiles": ((3, 15), "its source build needs a Rust toolchain, which pip cannot fetch"),
+}
+"""Distributions with no wheel yet for a Python: the first such Python, and why pip fails.
+
+A test marked ``requires("faststream[cli]")`` needs what pip installs for that requirement.
+scripts/test tries the install on every run (the ``run`` dependency group); where it did
+not succeed because a distribution listed here is missing, on that Python or a later one,
+the test is deselected, and the run's summary names it and the distribution. Once a wheel
+is out the install succeeds and the tests run again by themselves; drop the line then.
+Missing for any other reason, the test skips, which fails it under ``CI=true``.
+"""
+
+NO_WHEEL_KEY = pytest.StashKey[list[str]]()
+
+
+def missing_for(requirement: str) -> list[str]:
+    """Return what ``requirement`` (``dist[extra]``) pulls that is not installed as it asks."""
+    wanted = Requirement(requirement)
+    missing = []
+    try:
+        needs = requires(wanted.name) or []
+    except PackageNotFoundError:
+        return [wanted.name]
+    for line in needs:
+        need = Requirement(line)
+        if need.marker is not None and not any(
+            need.marker.evaluate({"extra": extra}) for extra in wanted.extras or {""}
+        ):
+            continue
+        try:
+            installed = version(need.name)
+        except PackageNotFoundError:
+            missing.append(need.name)
+            continue
+        if not need.specifier.contains(installed, prereleases=True):
+            missing.append(f"{need.name} {installed} (not {need.specifier})")
+    return missing
+
+
+def no_wheel_reason(requirement: str, python: tuple[int, int] | None = None) -> str | None:
+    """Say why ``requirement`` cannot be installed on ``python`` (this one), if NO_WHEEL is why."""
+    python = python or (sys.version_info.major, sys.version_info.minor)
+    for name in missing_for(requirement):
+        if name in NO_WHEEL and python >= NO_WHEEL[name][0]:
+            first = ".".join(map(str, NO_WHEEL[name][0]))
+            return (
+                f"{requirement} needs {name}, which has no wheel for Python {first} yet "
+                f"({NO_WHEEL[name][1]})"
+            )
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests whose ``requires`` cannot install here for want of a wheel."""
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    reasons: dict[str, str | None] = {}
+    for item in items:
+        reason = None
+        for marker in item.iter_markers("requires"):
+            requirement = marker.args[0]
+            if requirement not in reasons:
+                reasons[requirement] = no_wheel_reason(requirement)
+            reason = reason or reasons[requirement]
+        (dropped if reason else keep).append(item)
+        if reason:
+            config.stash.setdefault(NO_WHEEL_KEY, []).append(f"{item.nodeid}: {reason}")
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: the controller prints them
+        workeroutput["no_wheel"] = config.stash.get(NO_WHEEL_KEY, [])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """Gather what the pytest-xdist workers deselected (each collects every test)."""
+    lines = node.config.stash.setdefault(NO_WHEEL_KEY, [])
+    lines.extend(line for line in node.workeroutput.get("no_wheel", []) if line not in lines)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test whose ``requires`` is missing for a reason NO_WHEEL does not give skips.
+
+    Which fails it under ``CI=true``, as every skip does.
+    """
+    for marker in item.iter_markers("requires"):
+        missing = missing_for(marker.args[0])
+        if missing:
+            pytest.skip(
+                f"needs {marker.args[0]}, which is not installed as it asks: "
+                f"{', '.join(missing)} (pip install -e . --group run)"
+            )
+
+
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    """Name every test deselected for want of a wheel, and why: none is dropped silently."""
+    lines = terminalreporter.config.stash.get(NO_WHEEL_KEY, [])
+    if lines:
+        terminalreporter.section(f"deselected on Python {sys.version.split()[0]}: no wheel yet")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ import pytest
 from faststream.rabbit import TestRabbitBroker
 
 from examples.docs import dead_letters
-from examples.docs.dead_letters import broker
+from examples.docs.dead_letters import broker, retry
 
 
 @pytest.mark.asyncio
@@ -18,5 +18,6 @@ async def test_a_dead_letter_reaches_the_alert(
 
     monkeypatch.setattr(dead_letters, "alert_on_call", alert_on_call)
     async with TestRabbitBroker(broker) as br:
-        await br.publish({"id": 7}, queue="orders")
+        with retry.testing():
+            await br.publish({"id": 7}, queue="orders")
     assert alerts == [(b'{"id":7}', "permanent", "order 7 names no customer")]

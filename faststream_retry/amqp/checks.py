@@ -3,16 +3,25 @@
 RabbitMQ answers a declaration whose arguments differ from the existing queue's with
 ``406 PRECONDITION_FAILED`` and closes the channel; FastStream would surface that as a
 raw channel error half-way through start. So before anything else every object of the
-plan is declared once, each on a throwaway channel, every mismatch (406) and refusal
-(403) is collected, and one ``RetryTopologyError`` names each object and the fix (the
-text is ``faststream_retry.core.advice``'s). ``doctor`` runs the same checks without
-creating anything.
+plan is declared once, every mismatch (406) and refusal (403) is collected, and one
+``RetryTopologyError`` names each object and the fix (the text is
+``faststream_retry.core.advice``'s). ``doctor`` runs the same checks without creating
+anything.
+
+The declarations are the start's: they create what is missing, and what exists is
+only checked (a declaration equal to the live object changes nothing), so the plugin
+does not declare the plan again once it passed. They run on a few channels at once
+(``CHANNELS``), each declaring one object after another and replaced when a refusal
+closes it: a quorum queue takes the broker about 10 ms to create, and one round trip
+per object on one channel made a first start of 19 tiers take 0.75 s, and a start of
+300 covered queues 6 s.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from aiormq.exceptions import (
     ChannelAccessRefused,
@@ -33,12 +42,18 @@ from faststream_retry.core.versions import MIN_VERSION, parse_version, too_old
 from faststream_retry.errors import RetryTopologyError
 from faststream_retry.reporting.log import log
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
     from aio_pika.abc import AbstractRobustConnection
 
     from faststream_retry.core.topology import Plan, QueueType, Route
 
 __all__ = [
+    "CHANNELS",
     "Checked",
     "check_broker",
     "check_objects",
@@ -58,6 +73,11 @@ class Checked:
     """``(kind, name)`` of the objects that do not exist (only when looking, never creating)."""
 
 
+CHANNELS = 8
+"""Declarations in flight at once, each on a channel of its own (the broker creates
+quorum queues side by side; more channels than this gained nothing on 2 cores)."""
+
+
 async def declare_checked(
     amqp: Any,  # noqa: ANN401 - aiormq's connection
     kind: str,
@@ -70,8 +90,20 @@ async def declare_checked(
     closes only that channel.
     """
     # A channel per declaration: a 406 or a 403 closes the channel it happened on.
-    # These are a handful of declarations, once, at start.
     channel = await amqp.channel()
+    found = await _declare_on(channel, kind, name, arguments)
+    if found is None:
+        await channel.close()
+    return found
+
+
+async def _declare_on(
+    channel: Any,  # noqa: ANN401 - aiormq's channel
+    kind: str,
+    name: str,
+    arguments: dict[str, Any] | None,
+) -> Mismatch | Refusal | None:
+    """Declare ``name`` durable on ``channel``; a refusal (which closes it) is returned."""
     try:
         if kind == "exchange":
             await channel.exchange_declare(name, exchange_type="fanout", durable=True)
@@ -87,21 +119,46 @@ async def declare_checked(
             # names neither.
             needs += ", and read permission on it and write permission on 'amq.default'"
         return parse_refusal(str(exc.args[0]), kind, name, needs, "declare")
-    await channel.close()
     return None
 
 
-async def _bind(amqp: Any, name: str) -> Refusal | None:  # noqa: ANN401 - aiormq's connection
+async def _bind_on(channel: Any, name: str) -> Refusal | None:  # noqa: ANN401 - aiormq's
     # Binding a tier's queue to its exchange needs write on the queue and read on the
     # exchange; RabbitMQ's reply says which of the two is missing.
-    channel = await amqp.channel()
     try:
         await channel.queue_bind(name, name, routing_key="")
     except ChannelAccessRefused as exc:
         needs = f"write permission on it and read permission on exchange {name!r}"
         return parse_refusal(str(exc.args[0]), "queue", name, needs, "bind")
-    await channel.close()
     return None
+
+
+async def _each(
+    amqp: Any,  # noqa: ANN401 - aiormq's connection
+    items: Sequence[T],
+    act: Callable[[Any, T], Awaitable[R]],
+) -> list[R]:
+    """Return ``act(channel, item)`` for every item, in order, run on up to ``CHANNELS`` channels.
+
+    Each channel takes the next item when it is done with one; a channel the broker
+    closed (a refusal) is replaced before its next item.
+    """
+    results: dict[int, R] = {}
+    todo = iter(enumerate(items))
+
+    async def worker() -> None:
+        channel = None
+        try:
+            for index, item in todo:
+                if channel is None or channel.is_closed:
+                    channel = await amqp.channel()
+                results[index] = await act(channel, item)
+        finally:
+            if channel is not None and not channel.is_closed:
+                await channel.close()
+
+    await asyncio.gather(*(worker() for _ in range(min(CHANNELS, len(items)))))
+    return [results[index] for index in range(len(items))]
 
 
 def _amqp(connection: AbstractRobustConnection, cannot: str) -> Any:  # noqa: ANN401 - aiormq's
@@ -145,13 +202,20 @@ def raise_for(checked: Checked, prefix: str, queue_type: str = "quorum") -> None
         raise RetryTopologyError(mismatch_text(list(checked.mismatches), prefix, queue_type))
 
 
+Declaration: TypeAlias = "tuple[str, str, dict[str, Any] | None]"
+"""What to declare: ``(kind, name, arguments)``."""
+
+Found: TypeAlias = "Mismatch | Refusal | tuple[str, str] | None"
+"""What declaring one object found: a mismatch, a refusal, ``(kind, name)`` missing, or fine."""
+
+
 async def check_objects(
     amqp: Any,  # noqa: ANN401 - aiormq's connection
     plan: Plan,
     *,
     create: bool = True,
 ) -> Checked:
-    """Declare every object of ``plan`` once, each on a throwaway channel, and collect what failed.
+    """Declare every object of ``plan`` once and collect what failed.
 
     With ``create=False`` nothing on the broker is created or changed (``doctor``): an
     object is declared with its planned arguments only if a passive declare finds it.
@@ -159,23 +223,29 @@ async def check_objects(
     closes only its own channel. The bindings of the tiers are not checked then: binding
     an unbound queue would change the broker.
     """
+    objects: list[Declaration] = [
+        *(("exchange", name, None) for name in plan.exchanges),
+        *(("queue", spec.name, dict(spec.arguments)) for spec in plan.queues),
+    ]
+
+    async def declare(channel: Any, obj: Declaration) -> Found:  # noqa: ANN401 - aiormq's
+        kind, name, arguments = obj
+        if not create and not await _exists(amqp, kind, name):
+            return (kind, name)
+        return await _declare_on(channel, kind, name, arguments)
+
     mismatches: list[Mismatch] = []
     refusals: list[Refusal] = []
     missing: list[tuple[str, str]] = []
-    for kind, name, arguments in [
-        *(("exchange", name, None) for name in plan.exchanges),
-        *(("queue", spec.name, dict(spec.arguments)) for spec in plan.queues),
-    ]:
-        if not create and not await _exists(amqp, kind, name):
-            missing.append((kind, name))
-            continue
-        found = await declare_checked(amqp, kind, name, arguments)
+    for found in await _each(amqp, objects, declare):
         if isinstance(found, Mismatch):
             mismatches.append(await _other_type(amqp, plan, found))
-        elif found is not None:
+        elif isinstance(found, Refusal):
             refusals.append(found)
+        elif found is not None:
+            missing.append(found)
     if create and not refusals:
-        refusals = [r for r in [await _bind(amqp, name) for name in plan.exchanges] if r]
+        refusals = [r for r in await _each(amqp, plan.exchanges, _bind_on) if r]
     return Checked(tuple(mismatches), tuple(refusals), tuple(missing))
 
 
@@ -205,8 +275,11 @@ async def declare_late_route(
     amqp = _amqp(connection, f"cannot cover {route.queue!r}")
     mismatches: list[Mismatch] = []
     refusals: list[Refusal] = []
-    for name in (route.retry_queue, route.dlq):
-        found = await declare_checked(amqp, "queue", name, dict(plan.spec(name).arguments))
+
+    async def declare(channel: Any, name: str) -> Mismatch | Refusal | None:  # noqa: ANN401
+        return await _declare_on(channel, "queue", name, dict(plan.spec(name).arguments))
+
+    for found in await _each(amqp, (route.retry_queue, route.dlq), declare):
         if isinstance(found, Mismatch):
             mismatches.append(await _other_type(amqp, plan, found))
         elif found is not None:

@@ -14,12 +14,11 @@ from aio_pika.abc import ExchangeType
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
+    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
     from faststream_retry.core.topology import Plan, Route
 
 __all__ = [
-    "declare_retry_queue",
     "declare_route",
     "declare_topology",
     "redeclare",
@@ -51,16 +50,6 @@ async def declare_route(channel: AbstractChannel, plan: Plan, route: Route) -> N
         await channel.declare_queue(
             name, durable=True, arguments=dict(plan.spec(name).arguments), timeout=RPC_TIMEOUT_S
         )
-
-
-async def declare_retry_queue(channel: AbstractChannel, plan: Plan, route: Route) -> AbstractQueue:
-    """Declare ``route``'s re-check queue on ``channel`` (to consume it there)."""
-    return await channel.declare_queue(
-        route.retry_queue,
-        durable=True,
-        arguments=dict(plan.spec(route.retry_queue).arguments),
-        timeout=RPC_TIMEOUT_S,
-    )
 
 
 async def redeclare(connection: AbstractRobustConnection, plan: Plan) -> None:

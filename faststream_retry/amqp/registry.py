@@ -20,6 +20,8 @@ of that name could be anything, so its type is checked before a record is taken.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,14 +29,20 @@ import aio_pika
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
 from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
-from faststream_retry.amqp.probe import QueueDepth, depth
+from faststream_retry.amqp.probe import QueueDepth, depth, depths
 from faststream_retry.core.topology import MAX_NAME_BYTES, registry_name, retry_queue_name
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractRobustConnection
+    from aio_pika.abc import (
+        AbstractChannel,
+        AbstractConnection,
+        AbstractIncomingMessage,
+        AbstractQueue,
+        AbstractRobustConnection,
+    )
 
     from faststream_retry.core.topology import Plan
 
@@ -66,9 +74,9 @@ def _stranded(waiting: QueueDepth) -> Stranded | None:
 
 async def retry_queues_in_use(connection: AbstractConnection, queues: Iterable[str]) -> list[str]:
     """Return those of ``queues`` whose ``.retry`` exists (retries off now, maybe on before)."""
-    return [
-        queue for queue in queues if await depth(connection, retry_queue_name(queue)) is not None
-    ]
+    names = list(queues)
+    looks = await depths(connection, [retry_queue_name(queue) for queue in names])
+    return [queue for queue, found in zip(names, looks, strict=True) if found is not None]
 
 
 async def survey(
@@ -97,27 +105,65 @@ async def survey(
             timeout=RPC_TIMEOUT_S,
         )
         known: set[str] = set()
-        # Read every record without acking: closing the channel puts them back.
-        while (
-            record := await registry.get(no_ack=False, fail=False, timeout=RPC_TIMEOUT_S)
-        ) is not None:
+        others: list[tuple[AbstractIncomingMessage, str]] = []
+        # Every record taken without an ack: closing the channel puts them back.
+        for record in await _take_all(registry):
             queue = record.body.decode("utf-8", "replace")
             if queue in known or not queue or len(record.body) > MAX_NAME_BYTES:
                 await record.ack()  # a duplicate (two apps started at once) or garbage
                 continue
             known.add(queue)
-            if queue in owned:
-                continue
-            waiting = await depth(connection, retry_queue_name(queue))
+            if queue not in owned:
+                others.append((record, queue))
+        looks = await depths(connection, [retry_queue_name(queue) for _, queue in others])
+        for (record, _), waiting in zip(others, looks, strict=True):
             if waiting is None:
                 await record.ack()  # its .retry is gone: nothing to watch any more
             elif found := _stranded(waiting):
                 stranded.append(found)
-        for queue in sorted(set(plan.routes) - known):
-            await _publish_record(channel, name, queue)
+        # Confirmed together: one round trip for them all, not one each.
+        await asyncio.gather(
+            *(_publish_record(channel, name, queue) for queue in sorted(set(plan.routes) - known))
+        )
     finally:
         await close_quietly(channel)
     return stranded
+
+
+_IDLE_S = 0.05
+"""How long ``_take_all`` waits for one more record before it takes the registry as read."""
+
+
+async def _take_all(registry: AbstractQueue) -> list[AbstractIncomingMessage]:
+    """Take every record of ``registry``, unacked, with one consumer.
+
+    One ``basic.get`` per record cost a round trip each (300 records: a quarter of a
+    second). The count is the declaration's; records another app holds unacked at that
+    moment (it starts too) never come, so the read also ends once none came for
+    ``_IDLE_S``.
+    """
+    expected = registry.declaration_result.message_count or 0
+    records: list[AbstractIncomingMessage] = []
+    if not expected:
+        return records
+    complete = asyncio.Event()
+
+    async def take(record: AbstractIncomingMessage) -> None:
+        records.append(record)
+        if len(records) >= expected:
+            complete.set()
+
+    tag = await registry.consume(take, no_ack=False, timeout=RPC_TIMEOUT_S)
+    try:
+        while not complete.is_set():
+            seen = len(records)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(complete.wait(), _IDLE_S)
+            if len(records) == seen:
+                break
+    finally:
+        await registry.cancel(tag, timeout=RPC_TIMEOUT_S)
+    return list(records)
 
 
 async def record(connection: AbstractRobustConnection, plan: Plan, queue: str) -> None:

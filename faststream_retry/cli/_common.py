@@ -16,6 +16,7 @@ from aiormq.exceptions import AMQPError, ChannelInvalidStateError
 from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
+from rich.text import Text
 
 from faststream_retry.amqp.connection import safe_url
 from faststream_retry.ops.common import DEFAULT_URL, OperationError
@@ -145,10 +146,14 @@ def examined(url: str, origin: str) -> str:
 
 
 def rule(title: str) -> None:
-    """Draw a rule with ``title`` across the terminal, or ``RULE_WIDTH`` wide when piped."""
-    out.print(
-        Rule(title, align="left"), width=min(out.width, RULE_WIDTH) if not out.is_terminal else None
-    )
+    """Draw a rule with ``title`` across the terminal, or ``RULE_WIDTH`` wide when piped.
+
+    Piped, a title longer than that widens the rule: a queue's name is never cut.
+    """
+    width = None
+    if not out.is_terminal:
+        width = min(out.width, max(RULE_WIDTH, Text.from_markup(title).cell_len + 4))
+    out.print(Rule(title, align="left"), width=width)
 
 
 def fail(message: str, status: int = EXIT_ERROR) -> NoReturn:

@@ -515,9 +515,10 @@ def stuck(
     copy = tried.copy
     what = f"{event.kind} copy to {copy.exchange or copy.routing_key!r}"
     if requeues >= limit and held:
+        times = "once" if held == 1 else f"{held} times"
         why = (
-            f"was placed again {held} times while the message was held, its handler not "
-            f"run again ({requeues} tries; the delivery limit is {limit})"
+            f"was placed again {times} while the message was held, its handler not run "
+            f"again (each counts as a requeue: {requeues} of the delivery limit of {limit})"
         )
     elif requeues >= limit:
         why = f"came back {requeues} times (the delivery limit is {limit})"

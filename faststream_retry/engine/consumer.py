@@ -12,8 +12,10 @@ here:
 - a delivery interrupted after its copy was confirmed (a stop, a lost connection, an
   application's own ``BaseException`` from a hook) is acked before the interruption goes
   on, or the broker would deliver it again, a duplicate of the copy;
-- a stop cancels the consumers and gives the deliveries in flight, and the acks on their
-  way, time to finish.
+- a stop takes no new delivery, at once: one that arrives from then on is left unacked,
+  for the broker to take back when the channel closes; it gives the deliveries in flight,
+  and the acks on their way, time to finish, and cancels the consumers meanwhile, in the
+  background (a round trip each: 300 of them made a broker's stop 2 s longer).
 
 With ``ack_runs`` the acks of a channel go out in runs (``amqp.acks.AckRuns``: one
 ``multiple`` ack for many deliveries); a consumer that uses them must have its channel
@@ -51,6 +53,8 @@ class Consumer:
         self._pause_s = pause_s
         self._consumers: dict[str, tuple[AbstractQueue, ConsumerTag]] = {}
         self._pending: set[asyncio.Task[Any]] = set()
+        self._stopped = False
+        self._cancelling: set[asyncio.Task[None]] = set()
         self._acks: weakref.WeakKeyDictionary[Any, AckRuns] | None = (
             weakref.WeakKeyDictionary() if ack_runs else None
         )
@@ -82,6 +86,8 @@ class Consumer:
         """
 
         async def on_message(message: AbstractIncomingMessage) -> None:
+            if self._stopped:
+                return  # left unacked: the broker takes it back when the channel closes
             task = asyncio.current_task()
             if task is not None:
                 self._pending.add(task)
@@ -91,6 +97,7 @@ class Consumer:
                 if task is not None:
                     self._pending.discard(task)
 
+        self._stopped = False
         tag = await queue.consume(on_message, timeout=RPC_TIMEOUT_S)
         self._consumers[key] = (queue, tag)
         return tag
@@ -106,13 +113,18 @@ class Consumer:
         self._consumers.clear()
 
     async def stop(self, wait_s: float) -> None:
-        """Stop consuming and give the deliveries in flight up to ``wait_s`` to settle."""
+        """Take no new delivery and give those in flight up to ``wait_s`` to settle.
+
+        The consumers are cancelled in the background: the caller closes the channel
+        next, which ends them too, and hands back every delivery left unacked.
+        """
+        self._stopped = True
         consumers = list(self._consumers.values())
         self._consumers.clear()
-        for consumer in consumers:
-            # A channel left half-open by a broker crash may never answer the cancel: the
-            # stop's own bound holds for it too, not the RPC timeout on top of it.
-            await _cancel(*consumer, timeout=min(wait_s, RPC_TIMEOUT_S))
+        if consumers:
+            task = asyncio.create_task(_cancel_all(consumers, wait_s))
+            self._cancelling.add(task)
+            task.add_done_callback(self._cancelling.discard)
         if self._pending:
             await asyncio.wait(self._pending, timeout=wait_s)
         # Acks still on their way: a channel closed before them would have the broker
@@ -176,6 +188,13 @@ class Consumer:
         if runs is None:
             runs = self._acks[channel] = AckRuns(channel)
         return runs
+
+
+async def _cancel_all(consumers: list[tuple[AbstractQueue, ConsumerTag]], wait_s: float) -> None:
+    for consumer in consumers:
+        # A channel left half-open by a broker crash may never answer the cancel: the
+        # stop's own bound holds for it too, not the RPC timeout on top of it.
+        await _cancel(*consumer, timeout=min(wait_s, RPC_TIMEOUT_S))
 
 
 async def _cancel(

@@ -71,15 +71,24 @@ class Live:
         self._consuming = False
         self._stopping = asyncio.Event()
         self._adopting = asyncio.Lock()
+        self._declared = False
 
-    async def open(self) -> None:
-        """Open the channels and declare the topology on them."""
+    async def open(self, *, declared: bool = False) -> None:
+        """Open the channels and declare the topology on them.
+
+        ``declared``: the startup checks (``check_broker``) have just declared this plan,
+        every object of it: the first open declares nothing again. Every reopen does.
+        """
+        self._declared = declared
         await self.channels.open()
         self.dlq_depths.start()
 
     async def _on_open(self, publish: AbstractChannel, consume: AbstractChannel) -> None:
         # Runs on every (re)open: the topology may have been deleted meanwhile.
-        await declare_topology(publish, self.plan)
+        if self._declared:
+            self._declared = False
+        else:
+            await declare_topology(publish, self.plan)
         if self._consuming:
             await self._consume(consume)
 

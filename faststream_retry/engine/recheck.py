@@ -17,7 +17,6 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING
 
-from faststream_retry.amqp.declare import declare_retry_queue
 from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
@@ -103,7 +102,10 @@ class RecheckConsumer:
         async with self._consuming:  # start() and add() may race for one route
             if route.queue in self._consumer:
                 return True
-            queue = await declare_retry_queue(channel, self._plan, route)
+            # Declared before it is consumed (at start, when its subscriber joined, and
+            # on every reopen): a queue gone meanwhile answers 404, and the channels
+            # reopen, declaring the plan again.
+            queue = await channel.get_queue(route.retry_queue, ensure=False)
             await self._consumer.consume(
                 route.queue,
                 queue,

@@ -19,6 +19,9 @@ private name                                              what the plugin reads 
 ``HandlerCallWrapper._declared_call`` (0.7.6 on),         the function ``@retry_policy``
 ``HandlerCallWrapper._original_call`` (0.7.5)             decorated
 ``SubscriberUsecase.ack_policy``                          refusing ``AckPolicy.ACK_FIRST``
+``SubscriberUsecase.running`` (``consume`` takes no       stopping the intake at once when
+message while it is false; FastStream's stop sets it      the broker stops (``stop_intake``)
+first, in a task of each subscriber's own)
 ``BrokerUsecase.config.logger`` (``LoggerState``:         the broker's logger, which the
 ``.log(...)``, ``.logger`` falsy until set up)            plugin's lines go through
                                                           (``reporting.log``)
@@ -81,6 +84,7 @@ __all__ = [
     "drops_on_error",
     "handler_names",
     "handler_policy",
+    "is_rabbit",
     "middlewares_of",
     "problems",
     "queue_of",
@@ -88,6 +92,7 @@ __all__ = [
     "routes_of",
     "select_policy",
     "server_named",
+    "stop_intake",
     "under_test_broker",
     "warn_no_subscriber",
 ]
@@ -227,10 +232,29 @@ def drops_on_error(sub: Any) -> bool:  # noqa: ANN401 - any subscriber
     return getattr(sub, "ack_policy", None) in {AckPolicy.REJECT_ON_ERROR, AckPolicy.ACK}
 
 
+def stop_intake(broker: Any) -> None:  # noqa: ANN401 - a RabbitBroker
+    """Have every subscriber of ``broker`` take no new message, now: what its stop does first.
+
+    FastStream's ``broker.stop()`` stops each subscriber in a task of its own, so a
+    message that arrives meanwhile, a requeued one coming straight back, still starts
+    its handler. One that arrives from here on is left unacked; the broker takes it
+    back when the channel closes.
+    """
+    for sub in broker.subscribers:
+        sub.running = False
+
+
 def server_named(sub: Any) -> bool:  # noqa: ANN401 - any subscriber
     """Whether ``sub`` consumes a queue the broker names (``RabbitQueue("")``)."""
     queue = getattr(sub, "queue", None)
     return queue is not None and getattr(queue, "name", None) == ""
+
+
+def is_rabbit(broker: object) -> bool:
+    """Return whether ``broker`` is FastStream's ``RabbitBroker`` (the only one covered)."""
+    from faststream.rabbit import RabbitBroker  # noqa: PLC0415 - imported when a broker comes
+
+    return isinstance(broker, RabbitBroker)
 
 
 def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - RabbitBroker
@@ -341,6 +365,8 @@ def problems(probe: Sample) -> list[str]:
         found.append("SubscriberUsecase._outer_config.broker_middlewares")
     if not isinstance(getattr(probe.subscriber, "ack_policy", None), AckPolicy):
         found.append("SubscriberUsecase.ack_policy")
+    if not isinstance(getattr(probe.subscriber, "running", None), bool):
+        found.append("SubscriberUsecase.running")
     return found + _broker_problems(probe.broker)
 
 

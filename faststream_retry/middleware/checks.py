@@ -28,9 +28,11 @@ __all__ = [
     "refuse_ack_first",
     "refuse_ack_first_of",
     "refuse_on_plugin_queues",
+    "refuse_other_broker",
     "refuse_other_instances",
     "refuse_other_queue_type",
     "refuse_plugin_queues",
+    "unsupported",
     "warn_uncovered",
 ]
 
@@ -49,6 +51,27 @@ class Middleware(Protocol):
     def __call__(self, msg: Any, /, *, context: ContextRepo) -> BaseMiddleware:  # noqa: ANN401 - FastStream's signature
         """Build the per-message scope."""
         ...
+
+
+def unsupported(broker: object) -> str | None:
+    """Say why the plugin cannot run on ``broker``; ``None``: it can (a ``RabbitBroker``)."""
+    if _internals.is_rabbit(broker):
+        return None
+    kind = type(broker)
+    return (
+        f"RetryMiddleware works with FastStream's RabbitBroker (faststream.rabbit) only, "
+        f"and this broker is a {kind.__module__}.{kind.__qualname__}: it leaves this "
+        "broker's messages to FastStream, untouched. Take RetryMiddleware out of its "
+        "middlewares= (and its routers'). Consumers of RabbitMQ in other languages: the "
+        "retry worker (faststream-retry worker)"
+    )
+
+
+def refuse_other_broker(broker: object) -> None:
+    """Refuse a broker the plugin does not cover (``install()``)."""
+    text = unsupported(broker)
+    if text is not None:
+        raise RetryConfigError(text)
 
 
 def refuse_ack_first(broker: RabbitBroker, topology: Plan) -> None:

@@ -4,8 +4,9 @@
 builds a ``_RetryScope``. The scope does nothing on success. When the handler raises, it
 resolves the message (``delivery``), decides (``core.decision.decide``) and hands the
 decision to its broker's sink (``sink``: a copy published with a broker confirm, the
-original acked only then; ``test_mode`` under ``TestRabbitBroker``), and re-raises so
-FastStream never publishes the failed call's "result".
+original acked only then; ``test_mode`` under ``TestRabbitBroker``, inside a
+``testing()`` block: outside one the scope leaves a test broker's messages alone), and
+re-raises so FastStream never publishes the failed call's "result".
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from faststream_retry.core.decision import Action, Decision, decide
 from faststream_retry.core.events import RetryEvent, RetryHook
 from faststream_retry.engine.outages import Requeue
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import _internals
+from faststream_retry.middleware import _internals, checks, settled
 from faststream_retry.middleware.delivery import Delivery
 from faststream_retry.middleware.gate import gate_of
 from faststream_retry.middleware.runtime import Plugin, Runtime, cover_failed
@@ -232,14 +233,15 @@ class RetryMiddleware:
 
     @contextlib.contextmanager
     def testing(self, *, raise_on_dead_letter: bool = False) -> Iterator[RetryRecorder]:
-        """Record every retry decision, for tests with ``TestRabbitBroker``.
+        """Run the plugin's test mode under ``TestRabbitBroker`` for the block, and record it.
 
-        Under ``TestRabbitBroker`` (no real broker, no TTL) the plugin runs in test
-        mode by itself: decisions are made exactly as in production, delays are
-        computed but not waited for (the handler is called again at once), and a
-        dead letter settles the message and goes to the app's ``<queue>.dlq``
-        subscriber if it has one. This context manager lets a test see those
-        decisions::
+        Under ``TestRabbitBroker`` (no real broker, no TTL) the plugin stays out of the
+        way outside such a block: a test sees what it would see without the plugin,
+        the handler called once and its exception raised from ``publish()``. Inside
+        the block it runs in test mode: decisions are made exactly as in production,
+        delays are computed but not waited for (the handler is called again at once),
+        and a dead letter settles the message and goes to the app's ``<queue>.dlq``
+        subscriber if it has one. The recorder it yields sees those decisions::
 
             async with TestRabbitBroker(broker) as br:
                 with retry.testing() as recorder:
@@ -306,14 +308,19 @@ class _RetryScope(BaseMiddleware):
             # the broker, say) owns its failure: one decision, one copy.
             return await call_next(msg)
         broker = _internals.current_broker(self.context)
-        if (
-            broker is not None
-            and not self._plugin.runtime(broker).started
-            and not _internals.under_test_broker(broker)
+        runtime = None if broker is None else self._plugin.runtime(broker)
+        if runtime is not None and not runtime.started:
+            if runtime.bypass is not None or not self._covers(broker, runtime):
+                return await call_next(msg)  # FastStream's, untouched
+            if _internals.under_test_broker(broker):
+                if not self._plugin.testing.active:
+                    # A test that did not ask for test mode sees what it would see
+                    # without the plugin: the handler's exception out of publish().
+                    return await call_next(msg)
+                settled.guard(broker)  # for the next messages (see settled): start is faked
             # A subscriber's message: get_one() and iterators are not the plugin's.
-            and _internals.current_subscriber(self.context) is not None
-        ):
-            await self._start_late(broker, msg)
+            elif _internals.current_subscriber(self.context) is not None:
+                await self._start_late(broker, msg)
         if h.DUE in msg.headers:
             try:
                 self._report_arrival(msg)
@@ -346,6 +353,19 @@ class _RetryScope(BaseMiddleware):
             if isinstance(exc, asyncio.CancelledError):
                 self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc, delivery, gate)
+
+    def _covers(self, broker: Any, runtime: Runtime) -> bool:  # noqa: ANN401 - any broker
+        """Whether the plugin runs on ``broker``; if not, said once, and its messages pass.
+
+        A broker other than a ``RabbitBroker`` (NATS, Redis, Kafka, ...): the plugin would
+        run RabbitMQ's topology check on its client, and hold its messages.
+        """
+        text = checks.unsupported(broker)
+        if text is None:
+            return True
+        runtime.bypass = text
+        self._plugin.reporter.error_once(("unsupported", id(broker)), "faststream-retry: %s", text)
+        return False
 
     async def _start_late(self, broker: Any, msg: StreamMessage[Any]) -> None:  # noqa: ANN401 - a RabbitBroker
         """Start the plugin on a broker that consumes without ``install()``, before this message.
@@ -654,12 +674,34 @@ class _RetryScope(BaseMiddleware):
     async def after_processed(
         self,
         exc_type: type[BaseException] | None = None,  # noqa: ARG002 - FastStream's signature
-        exc_val: BaseException | None = None,  # noqa: ARG002
+        exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,  # noqa: ARG002
     ) -> bool | None:
-        # True suppresses the re-raised failure for the outer middlewares, so
+        if not self._settled or exc_val is None:
+            return None
+        # The failure goes on through the middlewares outside this one, and stops at
+        # the guard, before FastStream's own (settled): True there suppresses it, and
         # FastStream's ack middleware finds the message already settled by us.
-        return self._settled or None
+        if settled.hand_over(self.msg, exc_val):
+            return None
+        return True if self._stops_here() else None
+
+    def _stops_here(self) -> bool:
+        """Whether a failure the plugin settled stops at this scope: its stack has no guard.
+
+        That is a message whose stack was built before the plugin put its guard in place
+        (a broker's first messages, without ``install()``). It stops here if no middleware
+        of the app sits outside this one, and under a test broker (test mode promises a
+        ``publish()`` that does not raise). Otherwise it goes on, so the middlewares
+        outside see it, and FastStream logs it once more (its ack middleware finds the
+        message settled, and leaves it).
+        """
+        broker = _internals.current_broker(self.context)
+        sub = _internals.current_subscriber(self.context)
+        if broker is None or sub is None or _internals.under_test_broker(broker):
+            return True
+        outer = _internals.middlewares_of(sub)
+        return not outer or outer[0] is self._plugin.middleware
 
 
 Failure = Exception | asyncio.CancelledError

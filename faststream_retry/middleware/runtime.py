@@ -2,9 +2,9 @@
 
 FastStream 0.7 has no broker start hook, so ``install`` wraps ``broker.start`` and
 ``broker.stop``. On start the plugin plans the topology from the subscribers the broker
-has then, checks it against the live broker, opens its channels and declares it, starts
-FastStream's subscribers and then the re-check consumers (they release into the
-subscribers' queues, so those must exist first). On stop it undoes that in reverse.
+has then, checks it against the live broker (declaring it: ``amqp.checks``), opens its
+channels, and starts FastStream's subscribers and the re-check consumers side by side.
+On stop it undoes that in reverse, the intake first.
 
 A subscriber can also join a running broker: ``broker.subscriber(...)`` then ``await
 sub.start()``, or a router included after start. ``watch`` follows both: such a
@@ -22,6 +22,8 @@ import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from aio_pika.abc import AbstractConnection
+
 from faststream_retry.amqp.checks import check_broker
 from faststream_retry.amqp.registry import retry_queues_in_use, survey
 from faststream_retry.core.advice import series_advice, work_queue_findings
@@ -29,13 +31,13 @@ from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Plan, Route, merge_routes, plan, retry_queue_name
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import _internals, checks
+from faststream_retry.middleware import _internals, checks, settled
 from faststream_retry.middleware.sink import LiveSink
 from faststream_retry.middleware.test_mode import TestSink
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Awaitable, Mapping
     from types import TracebackType
 
     from aio_pika.abc import AbstractRobustConnection
@@ -70,6 +72,9 @@ class Runtime:
         """Whether the plugin ever started on this broker (a stopped one does not start late)."""
         self.refused: RetryConfigError | RetryTopologyError | None = None
         """Why a late start refused to run (``Plugin.start_late``): it is not tried again."""
+        self.bypass: str | None = None
+        """Why the plugin leaves this broker's messages to FastStream, untouched (a broker it
+        does not cover, a connection that is not aio-pika's); ``None``: it does not."""
         self.starting = asyncio.Lock()
         """Held by a late start: the messages that arrive meanwhile wait for it."""
 
@@ -171,7 +176,7 @@ class Runtime:
         for _, advice in series_advice(topology.routes.values(), version):
             log.warning("faststream-retry: %s: %s. Fix: %s", advice.what, advice.why, advice.fix)
         live = Live(topology, connection, self.config, self.reporter)
-        await live.open()
+        await live.open(declared=True)  # check_broker declared every object of it
         self.live = live
         self.started = True
         await self._report_stranded(connection, topology, routes)
@@ -263,7 +268,8 @@ class Plugin:
         """
         self.config = config
         self.reporter = reporter
-        self._testing = testing
+        self.testing = testing
+        """The middleware's open ``testing()`` blocks: test mode runs while one is open."""
         self._runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
         self.middleware: Middleware | None = None
         """The ``RetryMiddleware`` this is the plugin of (set by it): a late start installs it."""
@@ -273,12 +279,13 @@ class Plugin:
         runtime = self._runtimes.get(broker)
         if runtime is None:
             runtime = self._runtimes[broker] = Runtime(
-                self.config, self.reporter, broker, self._testing
+                self.config, self.reporter, broker, self.testing
             )
         return runtime
 
     def install(self, broker: RabbitBroker, middleware: Middleware) -> RabbitBroker:
         """Add ``middleware`` to ``broker`` if needed and wrap its start and stop."""
+        checks.refuse_other_broker(broker)
         installed = getattr(broker, _INSTALLED_ATTR, None)
         if installed is middleware:
             return broker
@@ -289,6 +296,7 @@ class Plugin:
             # Outermost: a failure raised anywhere in the broker's middlewares is
             # covered too. Pass it in middlewares= to choose its place yourself.
             broker.insert_middleware(middleware)
+        settled.guard(broker)
         # The plugin's lines go through this broker's logger unless logging is
         # configured for them (see _log).
         log.send_to(_internals.broker_outlet(broker), _internals.broker_level(broker))
@@ -297,23 +305,29 @@ class Plugin:
         runtime = self.runtime(broker)
 
         async def start() -> None:
+            settled.guard(broker)  # still the first, whatever was inserted since install()
             if runtime.live is not None:
                 # Started again while running (to start a router included late):
                 # FastStream starts the subscribers, and the new ones are followed.
                 await original_start()
                 return
             await _start(broker, runtime, middleware)
-            await original_start()
-            await runtime.start_consumers()
+            # Side by side: a copy the re-check consumers release before its queue's
+            # subscriber consumes waits in that queue; one released before FastStream
+            # declared that queue (a queue that is not durable, after a broker restart)
+            # is refused, and requeued after the pause.
+            await _side_by_side(original_start(), runtime.start_consumers())
 
         async def stop(
             exc_type: type[BaseException] | None = None,
             exc_val: BaseException | None = None,
             exc_tb: TracebackType | None = None,
         ) -> None:
-            # Re-check consumers first (they feed the subscribers' queues), then
-            # FastStream drains its handlers, whose failures still need the
-            # publisher; the plugin's channels close last.
+            # Intake first, at once: no handler starts once stop() is called. Then the
+            # re-check consumers (they feed the subscribers' queues), then FastStream
+            # drains its handlers, whose failures still need the publisher; the
+            # plugin's channels close last.
+            _internals.stop_intake(broker)
             await runtime.stop_consumers()
             try:
                 await original_stop(exc_type, exc_val, exc_tb)
@@ -357,6 +371,13 @@ class Plugin:
             await runtime.start_consumers()
 
 
+async def _side_by_side(*steps: Awaitable[None]) -> None:
+    """Run ``steps`` at once; once each is done, raise the first one's exception, if any."""
+    for outcome in await asyncio.gather(*steps, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
 async def _start(broker: RabbitBroker, runtime: Runtime, middleware: Middleware) -> None:
     """Plan from the subscribers the broker has now, check the plan, and declare it."""
     topology = runtime.replan()
@@ -365,7 +386,18 @@ async def _start(broker: RabbitBroker, runtime: Runtime, middleware: Middleware)
     checks.refuse_plugin_queues(broker, topology)
     checks.refuse_other_queue_type(broker, topology)
     checks.warn_uncovered(broker, topology)
-    await runtime.start(await broker.connect(), topology)
+    connection = await broker.connect()
+    if not isinstance(connection, AbstractConnection):
+        # A test double (FastStream's own tests mock the connection): nothing to declare
+        # on, nothing to run. Said once; the broker works as without the plugin.
+        runtime.bypass = (
+            f"the broker's connection is a {type(connection).__name__}, not an aio-pika "
+            "connection (a test double?): the plugin does not start on it, and leaves the "
+            "broker's messages to FastStream"
+        )
+        log.warning("faststream-retry: %s", runtime.bypass)
+        return
+    await runtime.start(connection, topology)
 
 
 _FOLLOWED_ATTR = "__faststream_retry_followed__"

@@ -1,8 +1,10 @@
 """Test mode's sink: what becomes of a failure under ``TestRabbitBroker``.
 
 ``TestRabbitBroker`` replaces the broker's start, so the plugin's start hook never runs
-and there is no broker to hold a copy. ``Runtime.sink`` notices (FastStream's fake
-producer is in place and the plugin is not started) and hands failures here. Decisions
+and there is no broker to hold a copy. Inside a ``testing()`` block the scope goes on
+(outside one it leaves the message to FastStream), and ``Runtime.sink`` notices
+(FastStream's fake producer is in place and the plugin is not started) and hands
+failures here. Decisions
 are made exactly as in production; a retry is made at once instead of waiting, and a
 dead letter is settled without a broker to hold it, handed to the app's ``<queue>.dlq``
 subscriber if it has one.

@@ -1,9 +1,10 @@
 """What test mode records: ``RetryRecorder``, and the ``testing()`` blocks open on a middleware.
 
-``RetryMiddleware.testing()`` opens a block: a ``RetryRecorder`` that hears every event
-until the block ends, and whether the block's dead letters raise from ``publish()``
-(``raise_on_dead_letter``). Test mode's sink (``test_mode``) asks the innermost open
-block.
+``RetryMiddleware.testing()`` opens a block: test mode runs while one is open (outside
+one, the plugin leaves a test broker's messages to FastStream), a ``RetryRecorder`` hears
+every event until the block ends, and the block says whether its dead letters raise from
+``publish()`` (``raise_on_dead_letter``). Test mode's sink (``test_mode``) asks the
+innermost open block.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class Testing:
         finally:
             self._open.remove(opened)
             self._hooks.remove(recorder)
+
+    @property
+    def active(self) -> bool:
+        """Return whether a block is open: test mode runs under a test broker only then."""
+        return bool(self._open)
 
     @property
     def raise_on_dead_letter(self) -> bool:

@@ -24,8 +24,13 @@ from examples.docs import outage, publishers, service
 from examples.docs.test_dead_letters import test_a_dead_letter_reaches_the_alert  # noqa: F401
 from examples.docs.test_service import (  # noqa: F401
     test_bad_address_is_dead_lettered,
+    test_bad_address_is_dead_lettered_and_raises,
     test_bad_address_raises,
     test_smtp_outage_is_retried,
+)
+from examples.docs.test_with_fixture import (  # noqa: F401
+    retries,
+    test_bad_address_goes_to_the_dlq,
 )
 from faststream_retry import load_worker_config
 

@@ -155,7 +155,7 @@ async def test_faststream_control_exceptions_pass_through() -> None:
 
 async def test_failed_handler_result_is_not_published() -> None:
     """A dead-lettered call must not publish a None result to the handler's publisher."""
-    _retry, broker = make()
+    retry, broker = make()
     out = broker.publisher("out")
 
     @broker.subscriber("in")
@@ -164,7 +164,8 @@ async def test_failed_handler_result_is_not_published() -> None:
         raise PermanentError("bad")
 
     async with TestRabbitBroker(broker):
-        await broker.publish("x", queue="in")
+        with retry.testing():
+            await broker.publish("x", queue="in")
         out.mock.assert_not_called()
 
 
@@ -277,10 +278,11 @@ async def test_hooks_can_be_added_and_removed_after_construction() -> None:
         raise PermanentError(body)
 
     async with TestRabbitBroker(broker):
-        retry.add_hook(seen.append)
-        await broker.publish("one", queue="hooked")
-        retry.remove_hook(seen.append)
-        await broker.publish("two", queue="hooked")
+        with retry.testing():
+            retry.add_hook(seen.append)
+            await broker.publish("one", queue="hooked")
+            retry.remove_hook(seen.append)
+            await broker.publish("two", queue="hooked")
     assert [(e.kind, e.error) for e in seen] == [(EventKind.DEAD_LETTERED, "one")]
     with pytest.raises(RetryConfigError, match="callable"):
         retry.add_hook("not a hook")  # type: ignore[arg-type]
@@ -317,7 +319,7 @@ async def test_a_dead_letter_reaches_the_apps_dlq_subscriber() -> None:
 
 async def test_a_dead_letter_reaches_a_prefixed_dlq_subscriber() -> None:
     """On a router with a prefix, the ``.dlq`` subscriber of the prefixed queue gets it."""
-    _retry, broker = make()
+    retry, broker = make()
     router = RabbitRouter(prefix="svc.")
     dead: list[str] = []
 
@@ -331,7 +333,8 @@ async def test_a_dead_letter_reaches_a_prefixed_dlq_subscriber() -> None:
 
     broker.include_router(router)
     async with TestRabbitBroker(broker):
-        await broker.publish("x", queue="svc.hooks")
+        with retry.testing():
+            await broker.publish("x", queue="svc.hooks")
     assert dead == ["svc.hooks"]
 
 

@@ -26,7 +26,7 @@ from faststream_retry.core.topology import tier_name
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+    from aio_pika.abc import AbstractIncomingMessage
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "rabbitmq"
@@ -125,45 +125,76 @@ class Tally:
 
 
 class DeadLetterWatch:
-    """Consumes ``<queue>.dlq`` as the test runs, recording the ids that arrive."""
+    """Consumes ``<queue>.dlq`` as the test runs, recording the ids that arrive.
+
+    It connects again by itself after a broker restart rather than through aio-pika's robust
+    connection: under load that one once came back without its consumer (CI saw 200 dead
+    letters wait in a .dlq with no consumer, and the test call them lost).
+    """
 
     def __init__(self, url: str, dlq: str, into: list[str]) -> None:
         self.url, self.dlq, self.into = url, dlq, into
         self.why: dict[str, str] = {}
         """Id -> retry-reason, or the broker's own x-death reason (a delivery limit, say)."""
-        self.connection: AbstractRobustConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._consuming = asyncio.Event()
 
     async def start(self) -> None:
-        self.connection = await aio_pika.connect_robust(self.url)
-        channel = await self.connection.channel()
-        queue = await channel.get_queue(self.dlq, ensure=True)
+        self._task = asyncio.create_task(self._watch())
+        await asyncio.wait_for(self._consuming.wait(), 60)
 
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            self.into.append(message.message_id or "?")
-            headers: dict[str, Any] = dict(message.headers or {})
-            deaths = headers.get("x-death")
-            broker_reason = (
-                f"{deaths[0].get('reason')} in {deaths[0].get('queue')}"
-                if isinstance(deaths, list) and deaths
-                else None
-            )
-            self.why[message.message_id or "?"] = str(headers.get(h.REASON) or broker_reason)
-            await message.ack()
+    async def _watch(self) -> None:
+        while True:
+            # Whatever ended the last connection (a restart, a refused connect, the queue
+            # not there yet on a node that is starting), connect again.
+            with contextlib.suppress(Exception):
+                await self._consume_until_closed()
+            await asyncio.sleep(0.5)
 
-        await queue.consume(on_message)
+    async def _consume_until_closed(self) -> None:
+        connection = await aio_pika.connect(self.url)
+        closed = asyncio.Event()
+        connection.close_callbacks.add(lambda *_: closed.set())
+        try:
+            channel = await connection.channel()
+            channel.close_callbacks.add(lambda *_: closed.set())
+            queue = await channel.get_queue(self.dlq, ensure=True)
+            await queue.consume(self._record)
+            self._consuming.set()
+            await closed.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+    async def _record(self, message: AbstractIncomingMessage) -> None:
+        identity = message.message_id or "?"
+        await message.ack()
+        # A letter handed to this watch before its connection dropped comes again:
+        # the broker's redelivery to the watch, not a second dead letter.
+        if message.redelivered and identity in self.why:
+            return
+        self.into.append(identity)
+        headers: dict[str, Any] = dict(message.headers or {})
+        deaths = headers.get("x-death")
+        broker_reason = (
+            f"{deaths[0].get('reason')} in {deaths[0].get('queue')}"
+            if isinstance(deaths, list) and deaths
+            else None
+        )
+        self.why[identity] = str(headers.get(h.REASON) or broker_reason)
 
     async def flush(self) -> None:
         """Return once every dead letter confirmed so far is recorded.
 
         A marker published now queues behind them; when the watch sees it, they are in.
         """
-        assert self.connection is not None
         marker = f"end-of-watch-{uuid.uuid4().hex}"
-        channel = await self.connection.channel(publisher_confirms=True)
-        await channel.default_exchange.publish(
-            aio_pika.Message(b"", message_id=marker), routing_key=self.dlq
-        )
-        await channel.close()
+        connection = await aio_pika.connect(self.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=True)
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"", message_id=marker), routing_key=self.dlq
+            )
         deadline = time.monotonic() + 30
         while marker not in self.into:
             if time.monotonic() > deadline:
@@ -172,8 +203,10 @@ class DeadLetterWatch:
         self.into.remove(marker)
 
     async def stop(self) -> None:
-        if self.connection is not None:
-            await self.connection.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 async def wait_settled(tally: Tally, timeout: float, what: str, *, may_lose: int = 0) -> float:

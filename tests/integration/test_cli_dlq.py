@@ -519,7 +519,9 @@ async def test_a_failed_replay_leaves_each_dead_letter_as_it_was(
     await seed(amqp, work_queue, [("m1", "exhausted", b"x", None), ("m2", "exhausted", b"y", None)])
     full = unique("full")
     channel = await amqp.channel()
-    await channel.declare_queue(full, arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    await channel.declare_queue(
+        full, durable=True, arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
+    )
     replay = await run_cli("dlq", "replay", work_queue, "--to", full, url=rabbit_url)
     await channel.queue_delete(full)
     await channel.close()

@@ -84,7 +84,6 @@ async def run_app(
         "HUGE": "1" if huge else "",
     }
     if cli:
-        pytest.importorskip("typer", reason="faststream run needs faststream[cli] (typer)")
         command = [
             sys.executable,
             "-m",
@@ -110,7 +109,11 @@ async def run_app(
     return printed
 
 
-@pytest.mark.parametrize("cli", [False, True], ids=["FastStream.run", "faststream run"])
+@pytest.mark.parametrize(
+    "cli",
+    [False, pytest.param(True, marks=pytest.mark.requires("faststream[cli]"))],
+    ids=["FastStream.run", "faststream run"],
+)
 async def test_no_logging_configured_prints_through_faststreams_logger(
     rabbit_url: str, amqp: AbstractRobustConnection, cli: bool
 ) -> None:
@@ -192,6 +195,7 @@ async def test_a_huge_error_makes_bounded_lines(
     assert "Logging error" not in str(printed)
 
 
+@pytest.mark.requires("faststream[cli]")
 async def test_faststream_run_log_level_debug_shows_the_re_check_steps(
     rabbit_url: str, amqp: AbstractRobustConnection
 ) -> None:

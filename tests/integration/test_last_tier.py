@@ -8,6 +8,7 @@ quorum tiers, into classic and quorum work queues.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -134,12 +135,13 @@ async def test_a_longer_wait_passes_the_re_check_until_its_last_tier(
 async def test_a_refused_copy_never_acks_the_original(
     rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
-    """The tier nacks the copy (at its length limit): the original is requeued, not acked.
+    """The tier nacks the copy (at its length limit): the original is held, not acked.
 
     Confirms pipeline, but a delivery is acked only on its own copy's ``Basic.Ack``:
-    every refused copy leaves its original in the work queue, redelivered after the pause,
-    and nothing is reported scheduled. Once the tier takes copies again, each message is
-    retried and processed exactly once more.
+    every refused copy leaves its original unacked, held while its copy is placed again
+    after each pause (never redelivered, its handler not run again), and nothing is
+    reported scheduled. Once the tier takes copies again, each message is retried and
+    processed exactly once more.
     """
     script_ctl = script_broker_ctl(rabbit_url)
     if script_ctl is None:
@@ -171,7 +173,13 @@ async def test_a_refused_copy_never_acks_the_original(
     try:
         for i in range(5):
             await app.broker.publish("x", queue=queue, message_id=f"m{i}")
-        await eventually(lambda: len(redelivered) == 5, what="every original redelivered")
+        await eventually(lambda: len(calls.times) == 5, what="every message handled")
+        # Three pauses (publish_failure_pause 0.2 s): requeued, each would have run again.
+        await asyncio.sleep(0.6)
+        assert redelivered == set()
+        assert {mid: len(times) for mid, times in calls.times.items()} == {
+            f"m{i}": 1 for i in range(5)
+        }
         assert not [e for e in app.events if e.kind is EventKind.SCHEDULED]
         assert await app.waiting(amqp, queue) == 0
     finally:
@@ -192,9 +200,9 @@ async def test_a_retry_copy_never_confirmed_ends_a_classic_queues_loop_as_stuck(
     rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
     """A classic work queue counts no redeliveries, so the broker never ends the loop of a
-    message whose retry copy its tier refuses every time: the plugin counts its own
-    requeues and, after ``delivery_limit`` of them, dead-letters the message (``stuck``).
-    Each message is called limit + 1 times and reaches the DLQ once; nothing is left."""
+    message whose retry copy its tier refuses every time: the plugin holds the message,
+    places its copy again and, after ``delivery_limit`` tries, dead-letters it (``stuck``).
+    Each message is called once and reaches the DLQ once; nothing is left."""
     script_ctl = script_broker_ctl(rabbit_url)
     if script_ctl is None:
         pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
@@ -236,9 +244,11 @@ async def test_a_retry_copy_never_confirmed_ends_a_classic_queues_loop_as_stuck(
             "faststream_retry.CopyNotConfirmed",
         )
         assert str(got["retry-error"]).endswith(
-            "was not confirmed (refused) and it came back 2 times (the delivery limit is 2)"
+            "was not confirmed (refused) and it was placed again 2 times while the message "
+            "was held, its handler not run again (each counts as a requeue: 2 of the "
+            "delivery limit of 2)"
         )
-    assert {mid: len(times) for mid, times in calls.times.items()} == dict.fromkeys(ids, 3)
+    assert {mid: len(times) for mid, times in calls.times.items()} == dict.fromkeys(ids, 1)
     assert await queue_depth(amqp, queue) == 0
     assert await app.waiting(amqp, queue) == 0
 

@@ -328,6 +328,8 @@ async def test_unroutable_retry_copy_does_not_ack_the_original(
     stopping = asyncio.get_running_loop().time()
     await app.stop()
     assert asyncio.get_running_loop().time() - stopping < 1.0, "a held message delays no stop"
+    # Handed back at the stop, to no handler: the intake stopped first.
+    assert seen.deliveries == [(False, None)]
     assert not any(e.kind is EventKind.SCHEDULED for e in app.events)
     assert await queue_depth(amqp, queue) == 1  # handed back, unacked
     assert await app.waiting(amqp, queue) == 0

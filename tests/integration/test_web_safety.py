@@ -199,7 +199,7 @@ HOSTILE: list[Any] = [
     FAR,
     253_402_300_800_000,  # 10000-01-01
     2**63 - 1,
-    -1,
+    -1_000,  # (-128 to -1 would do, but pamqp 3, Python 3.10's, cannot send them)
     3.0e38,  # (RabbitMQ closes the connection of a publish with a NaN or infinite float)
     -0.5,
     decimal.Decimal("12.5"),
@@ -326,9 +326,13 @@ async def test_a_url_naming_a_queue_no_client_can_name_is_a_404(rabbit_url: str,
             answer = await client.get(path)
             assert answer.status_code == 404, (path, answer.text[:300])
         token = "k" * 43
-        client.cookies.set("fsr_csrf", token)
+        # In a header, not the jar: the GETs above set the page's own cookie, and on
+        # Python 3.10 the jar then sends both.
+        client.cookies.clear()
         for path in (f"/api/queues/{name}/read", f"/api/queues/{name}/export"):
-            answer = await client.post(path, headers={"X-CSRF-Token": token})
+            answer = await client.post(
+                path, headers={"X-CSRF-Token": token, "Cookie": f"fsr_csrf={token}"}
+            )
             assert answer.status_code == 404, (path, answer.text[:300])
             assert "can exist" in answer.json()["error"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -61,6 +62,8 @@ async def test_classic_on_a_3_9_broker_is_accepted() -> None:
     declared: list[str] = []
 
     class Channel:
+        is_closed = False
+
         async def exchange_declare(self, name: str, **_: Any) -> None:
             declared.append(name)
 
@@ -102,6 +105,8 @@ async def test_a_mismatched_queue_is_tried_with_the_other_queue_types_arguments(
     declared: list[tuple[str, dict[str, Any]]] = []
 
     class Channel:
+        is_closed = False
+
         async def exchange_declare(self, name: str, **_: Any) -> None:
             pass
 
@@ -133,8 +138,8 @@ async def test_a_mismatched_queue_is_tried_with_the_other_queue_types_arguments(
     assert "\n'q.retry' is what queue_type=\"classic\" declares" in text
     assert text.count("what queue_type") == 1
     # The tier fits its own declaration: never tried with the other type's arguments.
-    assert [name for name, _ in declared] == ["p.delay.100", "q.retry", "q.retry", "q.dlq", "q.dlq"]
-    assert declared[2] == ("q.retry", {"x-queue-type": "classic"})
+    assert [name for name, _ in declared] == ["p.delay.100", "q.retry", "q.dlq", "q.retry", "q.dlq"]
+    assert declared[3] == ("q.retry", {"x-queue-type": "classic"})
 
 
 async def test_each_refused_operation_guesses_what_it_needs() -> None:
@@ -144,6 +149,8 @@ async def test_each_refused_operation_guesses_what_it_needs() -> None:
         return ChannelAccessRefused(f"ACCESS_REFUSED - refused for {name}")
 
     class Channel:
+        is_closed = False
+
         async def exchange_declare(self, name: str, **_: Any) -> None:
             pass
 
@@ -189,3 +196,58 @@ async def test_each_refused_operation_guesses_what_it_needs() -> None:
             "permission on exchange 'p.delay.100'. RabbitMQ said: ACCESS_REFUSED"
         )
     )
+
+
+async def test_declarations_run_side_by_side_and_a_refused_one_costs_only_its_channel() -> None:
+    """Eight channels at once; a refusal closes its channel, which is replaced, and every
+    object is still declared once, each finding reported in the plan's order."""
+    in_flight = [0, 0]  # now, at most
+
+    class Channel:
+        def __init__(self) -> None:
+            self.is_closed = False
+            self.declared: list[str] = []
+
+        async def exchange_declare(self, name: str, **_: Any) -> None:
+            await self._declare(name)
+
+        async def queue_declare(self, name: str, **_: Any) -> None:
+            await self._declare(name)
+
+        async def _declare(self, name: str) -> None:
+            assert not self.is_closed, "declared on a channel the broker closed"
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+            await asyncio.sleep(0.001)
+            in_flight[0] -= 1
+            self.declared.append(name)
+            if name in {"q3.retry", "q5.dlq"}:
+                self.is_closed = True
+                raise ChannelAccessRefused(f"ACCESS_REFUSED - refused for {name}")
+
+        async def queue_bind(self, name: str, exchange: str, **_: Any) -> None:
+            raise AssertionError("no binding after a refusal")
+
+        async def close(self) -> None:
+            self.is_closed = True
+
+    opened: list[Channel] = []
+
+    class Amqp:
+        server_properties: ClassVar[dict[str, bytes]] = {"version": b"3.10.8"}
+
+        async def channel(self) -> Channel:
+            opened.append(Channel())
+            return opened[-1]
+
+    connection: Any = SimpleNamespace(transport=SimpleNamespace(connection=Amqp()))
+    routes = [Route(f"q{i}", (Handler(None),)) for i in range(10)]
+    topology = plan(routes, RetryPolicy(), TopologyOptions("p", 800, tick_ms=100))
+    with pytest.raises(RetryTopologyError) as caught:
+        await check_broker(connection, topology)
+    lines = str(caught.value).splitlines()[1:-1]
+    assert [line.split("'")[1] for line in lines] == ["q3.retry", "q5.dlq"]
+    declared = [name for channel in opened for name in channel.declared]
+    assert sorted(declared) == sorted([*topology.exchanges, *(s.name for s in topology.queues)])
+    assert in_flight[1] == 8
+    assert len(opened) == 8 + 2  # each refusal's channel replaced

@@ -221,3 +221,32 @@ async def test_cancel_and_forget() -> None:
     await consumer.stop(1)
     assert queue.cancelled == ["tag-1"]
     assert consumer.tags == []
+
+
+async def test_a_stop_takes_no_new_delivery_and_does_not_wait_for_the_cancels() -> None:
+    """A delivery that arrives once the stop began is left unacked (the broker takes it back
+    when the channel closes); the cancels, a round trip each, run in the background."""
+    acted: list[int] = []
+
+    async def act(message: Any, seen: list[Outcome]) -> None:
+        acted.append(message.delivery_tag)
+        seen.append(Outcome.CONFIRMED)
+
+    class SlowQueue(Queue):
+        async def cancel(self, tag: str, timeout: float) -> None:
+            await asyncio.sleep(timeout)  # a broker that takes its time to answer
+            self.cancelled.append(tag)
+
+    consumer = Consumer(pause_s=0)
+    queue = await start(consumer, act, SlowQueue())
+    assert queue.callback is not None
+    await asyncio.wait_for(consumer.stop(0.5), 0.2)
+    late = Message(2, Channel())
+    await queue.callback(late)
+    assert (acted, late.settled, queue.cancelled) == ([], [], [])
+    await asyncio.sleep(0.6)
+    assert queue.cancelled == ["tag-1"]
+    await start(consumer, act, queue)  # consuming again (a reopened channel) takes them
+    first = Message(3, Channel())
+    await queue.callback(first)
+    assert (acted, first.settled) == ([3], ["ack"])

@@ -275,6 +275,7 @@ def test_every_probe_passes_on_the_installed_faststream() -> None:
         ("handler", "HandlerItem.handler"),
         ("function", "HandlerItem.handler._declared_call / _original_call"),
         ("ack_policy", "SubscriberUsecase.ack_policy"),
+        ("running", "SubscriberUsecase.running"),
         ("producer", "BrokerUsecase.config.producer"),
         ("logger", "BrokerUsecase.config.logger"),
         ("logger_object", "BrokerUsecase.config.logger"),
@@ -288,6 +289,7 @@ def test_a_renamed_internal_is_named(broken: str, name: str) -> None:
         _outer_config=SimpleNamespace(prefix="probe.", broker_middlewares=[fs._probe_middleware]),
         calls=[item],
         ack_policy=AckPolicy.REJECT_ON_ERROR,
+        running=False,
     )
     logger_state = SimpleNamespace(log=print, logger=None)
     broker = SimpleNamespace(config=SimpleNamespace(producer=object(), logger=logger_state))
@@ -304,6 +306,8 @@ def test_a_renamed_internal_is_named(broken: str, name: str) -> None:
         del item.handler._declared_call
     elif broken == "ack_policy":
         del sub.ack_policy
+    elif broken == "running":
+        del sub.running
     elif broken == "producer":
         del broker.config.producer
     elif broken == "logger":

@@ -531,9 +531,22 @@ class TestStuck:
         assert at is not None
         assert at.copy.headers[h.ERROR] == (
             "its hop copy to 'p.delay.1000' was not confirmed (refused) and it was placed "
-            "again 3 times while the message was held, its handler not run again (4 tries; "
-            "the delivery limit is 4)"
+            "again 3 times while the message was held, its handler not run again (each "
+            "counts as a requeue: 4 of the delivery limit of 4)"
         )
+        once = steps.stuck(
+            HOME,
+            hopped(),
+            BACK,
+            now_ms=0,
+            limit=2,
+            max_delay_ms=8000,
+            outcome="x",
+            requeued=1,
+            held=1,
+        )
+        assert once is not None
+        assert "was placed again once while" in once.copy.headers[h.ERROR]
 
     def test_without_either_count_nothing_came_back(self) -> None:
         """A first failure with a limit of 1: requeued once before it is stuck."""

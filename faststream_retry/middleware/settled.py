@@ -1,0 +1,124 @@
+"""Where a failure the plugin settled stops: in front of FastStream's own middlewares.
+
+A subscriber's stack is ``AcknowledgementMiddleware, CriticalLogMiddleware`` and then the
+broker's middlewares, outermost first; a failure leaves it innermost first. Once the
+plugin has settled a failure (its retry copy or dead letter confirmed, or the message
+handed back), FastStream's two must not see it: the critical-log middleware would log
+it a second time, at ERROR with its traceback, on every attempt. But each middleware of
+the app must, wherever it sits in ``middlewares=``: a failure-logging, alerting or
+``ExceptionMiddleware`` listed before the plugin would otherwise go silent.
+
+So the plugin's scope lets the failure go on, and this guard, inserted as the first of
+the broker's middlewares (``guard``), stops it there: after every middleware of the app,
+before FastStream's own. A stack built before the guard was in place (a broker's first
+message when the plugin was not installed) has none; the plugin's scope then stops the
+failure itself (``hand_over`` says so), as the middlewares outside it would never see it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from faststream import BaseMiddleware
+
+if TYPE_CHECKING:
+    from contextvars import Token
+    from types import TracebackType
+
+    from faststream._internal.context import ContextRepo
+
+__all__ = ["Guard", "guard", "hand_over"]
+
+_GUARD_ATTR = "__faststream_retry_guard__"
+
+
+class _Seal:
+    """One message's guard: the failure the plugin settled, to stop at the guard."""
+
+    __slots__ = ("msg", "settled")
+
+    def __init__(self, msg: object) -> None:
+        self.msg = msg
+        self.settled: BaseException | None = None
+
+
+# The seal of the message being processed. A handler can publish under TestRabbitBroker,
+# which handles that message in the same task: each guard sets its own and restores the
+# outer one when its message is done.
+_SEAL: ContextVar[_Seal | None] = ContextVar("faststream_retry_seal", default=None)
+
+
+class Guard:
+    """Stops a failure the plugin settled before FastStream's own middlewares (see module)."""
+
+    def __call__(self, msg: Any, /, *, context: ContextRepo) -> _GuardScope:  # noqa: ANN401 - the raw message
+        """Build the per-message scope (FastStream calls this for every message)."""
+        return _GuardScope(msg, context=context)
+
+    def __repr__(self) -> str:
+        """Say whose it is, for a user reading ``broker.middlewares``."""
+        return "<faststream-retry guard>"
+
+
+class _GuardScope(BaseMiddleware):
+    __slots__ = ("_seal", "_token")
+
+    def __init__(self, msg: Any, /, *, context: ContextRepo) -> None:  # noqa: ANN401 - the raw message
+        super().__init__(msg, context=context)
+        self._seal: _Seal | None = None
+        self._token: Token[_Seal | None] | None = None
+
+    async def on_receive(self) -> None:
+        outer = _SEAL.get()
+        if outer is not None and outer.msg is self.msg:
+            return  # a guard further out already guards this message
+        self._seal = _Seal(self.msg)
+        self._token = _SEAL.set(self._seal)
+
+    async def after_processed(
+        self,
+        exc_type: type[BaseException] | None = None,  # noqa: ARG002 - FastStream's signature
+        exc_val: BaseException | None = None,
+        exc_tb: TracebackType | None = None,  # noqa: ARG002
+    ) -> bool | None:
+        seal, token = self._seal, self._token
+        if seal is None or token is None:
+            return None
+        with contextlib.suppress(ValueError):  # set in another context: nothing to restore
+            _SEAL.reset(token)
+        # Let go of the failure: its traceback holds this scope (in FastStream's chain of
+        # consume scopes), so keeping it would be a cycle, freed only by the collector.
+        settled, seal.settled = seal.settled, None
+        # True suppresses it: FastStream's ack middleware finds the message settled,
+        # its critical-log middleware has nothing to log.
+        return True if exc_val is not None and exc_val is settled else None
+
+
+def hand_over(msg: object, failure: BaseException) -> bool:
+    """Leave ``failure``, which the plugin settled, to the guard of ``msg``; ``False``: none.
+
+    ``msg`` is the raw message, as FastStream passes it to every middleware.
+    """
+    seal = _SEAL.get()
+    if seal is None or seal.msg is not msg:
+        return False
+    seal.settled = failure
+    return True
+
+
+def guard(broker: Any) -> None:  # noqa: ANN401 - any FastStream broker
+    """Make the guard the first of ``broker``'s middlewares (again, if one was put before it).
+
+    A middleware inserted in front of it after this would not see the failures the
+    plugin settles; the plugin's start calls this again. A guard left further in by
+    that is inert (``on_receive``).
+    """
+    found = getattr(broker, _GUARD_ATTR, None)
+    if found is None:
+        found = Guard()
+        setattr(broker, _GUARD_ATTR, found)
+    middlewares = tuple(broker.middlewares)
+    if not middlewares or middlewares[0] is not found:
+        broker.insert_middleware(found)
