@@ -1,0 +1,121 @@
+"""The atomic steps and the movers on a real server, without FastStream: never twice, never lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from redis.asyncio import Redis
+
+from faststream_retry.core import headers as h
+from faststream_retry.redis import envelope
+from faststream_retry.redis.engine import RedisRetryEngine
+from faststream_retry.redis.steps import StreamEntry
+from tests.redis.support import read_stream, until
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+GROUP = "g"
+
+
+async def pending_entries(client: Redis, stream: str, n: int) -> list[StreamEntry]:
+    """Add ``n`` FastStream-encoded messages ``{"id": i}`` and read them into group g's pending list."""
+    await client.xgroup_create(stream, GROUP, id="$", mkstream=True)
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        body = json.dumps({"id": i}).encode()
+        pipe.xadd(
+            stream,
+            {envelope.DATA_FIELD: envelope.build(body, {"content-type": "application/json"})},
+        )
+    await pipe.execute()
+    entries = []
+    while len(entries) < n:
+        reply = await client.xreadgroup(GROUP, "c1", {stream: ">"}, count=1000)
+        for _, batch in reply:
+            entries.extend(StreamEntry(stream, GROUP, i.decode(), f) for i, f in batch)
+    return entries
+
+
+def retry_headers(entry: StreamEntry, delay_ms: int) -> dict[str, object]:
+    failure = h.FailureRecord(
+        attempt=1, at_ms=h.now_ms(), exception="E", error="e", delay_ms=delay_ms
+    )
+    return h.retry_headers(entry.incoming_headers(), failure, failure.at_ms + delay_ms)
+
+
+async def schedule(engine: RedisRetryEngine, entries: Sequence[StreamEntry], delay_ms: int) -> None:
+    """Schedule every entry's copy, 50 steps in flight at once (redis-py's pool holds 100)."""
+    for start in range(0, len(entries), 50):
+        dues = await asyncio.gather(
+            *(
+                engine.retry_later(e, delay_ms=delay_ms, headers=retry_headers(e, delay_ms))
+                for e in entries[start : start + 50]
+            )
+        )
+        assert None not in dues
+
+
+def copy_ids(stream_entries: list[tuple[str, envelope.Envelope]]) -> Counter[int]:
+    return Counter(json.loads(m.body)["id"] for _, m in stream_entries if h.ATTEMPT in m.headers)
+
+
+async def test_two_movers_move_each_of_10000_due_copies_exactly_once(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """10,000 copies due at once, two movers on two connections: each copy in the stream once."""
+    n = 10_000
+    entries = await pending_entries(client, stream, n)
+    clients = [Redis.from_url(redis_url), Redis.from_url(redis_url)]
+    engines = [RedisRetryEngine(c, [(stream, GROUP)]) for c in clients]
+    try:
+        await schedule(engines[0], entries, delay_ms=500)
+        keys = engines[0].keys(stream)
+        assert await client.zcard(keys.schedule) == n
+        for engine in engines:
+            await engine.start()
+
+        async def all_moved() -> bool:
+            return int(await client.zcard(keys.schedule)) == 0
+
+        await until(all_moved, timeout=60, what="every copy moved")
+        copies = copy_ids(await read_stream(client, stream))
+        assert len(copies) == n, f"{n - len(copies)} copies lost"
+        twice = {i: c for i, c in copies.items() if c > 1}
+        assert not twice, f"{len(twice)} copies moved more than once"
+        assert await client.hlen(keys.data) == 0
+        assert engines[0].mover.moved + engines[1].mover.moved == n
+        assert engines[0].mover.moved > 0, "the first mover moved some"
+        assert engines[1].mover.moved > 0, "the second mover moved some"
+    finally:
+        for engine in engines:
+            await engine.stop()
+        for c in clients:
+            await c.aclose()
+
+
+async def test_a_step_whose_acknowledgement_finds_nothing_writes_nothing(
+    client: Redis, stream: str
+) -> None:
+    """Settled by another consumer (or never delivered): no copy scheduled, no letter added."""
+    entries = await pending_entries(client, stream, 3)
+    engine = RedisRetryEngine(client, [(stream, GROUP)])
+    keys = engine.keys(stream)
+    settled, other, _ = entries
+    assert await client.xack(stream, GROUP, settled.id) == 1
+    assert await engine.retry_later(settled, delay_ms=0, headers=retry_headers(settled, 0)) is None
+    assert await engine.dead_letter(settled, headers={h.REASON: "exhausted"}) is False
+    never = StreamEntry(stream, GROUP, "1-1", settled.fields)
+    assert await engine.retry_later(never, delay_ms=0, headers=retry_headers(never, 0)) is None
+    assert await client.zcard(keys.schedule) == 0
+    assert await client.hlen(keys.data) == 0
+    assert await client.xlen(keys.dlq) == 0 if await client.exists(keys.dlq) else True
+    # The same step twice on one delivery: the second finds nothing.
+    assert await engine.retry_later(other, delay_ms=60_000, headers=retry_headers(other, 0))
+    assert await engine.retry_later(other, delay_ms=0, headers=retry_headers(other, 0)) is None
+    assert await engine.dead_letter(other, headers={h.REASON: "exhausted"}) is False
+    assert await client.zcard(keys.schedule) == 1
+    assert not await client.exists(keys.dlq)
