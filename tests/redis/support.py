@@ -70,7 +70,8 @@ def entry_of(message: RedisStreamMessage, group: str) -> StreamEntry:
 async def read_stream(client: Redis, name: str) -> list[tuple[str, envelope.Envelope]]:
     """Every entry of stream ``name``: its id and its message, headers as the core reads them."""
     out = []
-    for entry_id, fields in await client.xrange(name):
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(name)  # type: ignore[assignment]
+    for entry_id, fields in entries:
         parsed = envelope.parse(fields)
         out.append(
             (entry_id.decode(), envelope.Envelope(parsed.body, envelope.from_wire(parsed.headers)))

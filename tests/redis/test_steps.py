@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
@@ -32,9 +32,9 @@ async def pending_entries(client: Redis, stream: str, n: int) -> list[StreamEntr
             {envelope.DATA_FIELD: envelope.build(body, {"content-type": "application/json"})},
         )
     await pipe.execute()
-    entries = []
+    entries: list[StreamEntry] = []
     while len(entries) < n:
-        reply = await client.xreadgroup(GROUP, "c1", {stream: ">"}, count=1000)
+        reply: Any = await client.xreadgroup(GROUP, "c1", {stream: ">"}, count=1000)
         for _, batch in reply:
             entries.extend(StreamEntry(stream, GROUP, i.decode(), f) for i, f in batch)
     return entries
