@@ -62,6 +62,8 @@ class Mover:
         """Copies this mover moved (a test's and a benchmark's count)."""
         self.wakes = 0
         """Scripts this mover ran."""
+        self.failures = 0
+        """Moves Redis refused or could not answer (down, read-only, out of memory)."""
 
     def start(self) -> None:
         """Start one task per stream, and one listening for nudges."""
@@ -99,6 +101,7 @@ class Mover:
             try:
                 moved, head, now = await self.move_once(keys)
             except (RedisError, OSError) as exc:
+                self.failures += 1
                 logger.warning("moving due copies of %s failed (%s): again soon", keys.stream, exc)
                 await asyncio.sleep(_RETRY_S)
                 continue

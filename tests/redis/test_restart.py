@@ -12,7 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from faststream_retry.redis.engine import RedisRetryEngine
 from tests.redis.conftest import start_server, stop_server
-from tests.redis.support import read_stream, until
+from tests.redis.support import eventually, read_stream, until
 from tests.redis.test_steps import GROUP, copy_ids, pending_entries, schedule
 
 N = 2000
@@ -38,6 +38,8 @@ async def test_no_waiting_copy_is_lost_when_the_server_is_killed(appendfsync: st
         assert await client.zcard(keys.schedule) == N, "every copy waiting when the server dies"
         assert (await client.xpending(stream, GROUP))["pending"] == 0
         await asyncio.to_thread(stop_server, PORT, REDIS_SIGNAL="KILL", REDIS_KEEP_DATA="1")
+        # Down long enough for the mover to find it down (redis-py's own retries spent).
+        await eventually(lambda: engine.mover.failures > 0, what="the mover to see the outage")
         await asyncio.to_thread(start_server, PORT, REDIS_APPENDFSYNC=appendfsync, REDIS_FRESH="0")
 
         async def all_moved() -> bool:
