@@ -64,6 +64,8 @@ class Mover:
         """Scripts this mover ran."""
         self.failures = 0
         """Moves Redis refused or could not answer (down, read-only, out of memory)."""
+        self.listening = asyncio.Event()
+        """Set while the nudges' subscription is up."""
 
     def start(self) -> None:
         """Start one task per stream, and one listening for nudges."""
@@ -118,6 +120,7 @@ class Mover:
             pubsub: PubSub = self._client.pubsub()
             try:
                 await pubsub.subscribe(*self._nudged)
+                self.listening.set()
                 # Nudges sent before the subscription took effect are lost: look again.
                 self._nudge_all()
                 while True:
@@ -131,6 +134,7 @@ class Mover:
                         if event is not None:
                             event.set()
             except (RedisError, OSError) as exc:
+                self.listening.clear()
                 logger.debug("the mover's nudge subscription broke (%s): subscribing again", exc)
                 await asyncio.sleep(_RETRY_S)
             finally:

@@ -13,7 +13,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.redis import envelope
 from faststream_retry.redis.engine import RedisRetryEngine
 from faststream_retry.redis.steps import StreamEntry
-from tests.redis.support import read_stream, until
+from tests.redis.support import eventually, read_stream, until
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -119,3 +119,29 @@ async def test_a_step_whose_acknowledgement_finds_nothing_writes_nothing(
     assert await engine.dead_letter(other, headers={h.REASON: "exhausted"}) is False
     assert await client.zcard(keys.schedule) == 1
     assert not await client.exists(keys.dlq)
+
+
+async def test_a_new_head_wakes_a_sleeping_mover_at_its_due_time(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """A mover asleep for its 5 s cap moves a copy due in 300 ms on time: the nudge woke it.
+
+    And it does not poll meanwhile: a handful of scripts, not one per few milliseconds.
+    """
+    (entry,) = await pending_entries(client, stream, 1)
+    mover_client = Redis.from_url(redis_url)
+    engine = RedisRetryEngine(mover_client, [(stream, GROUP)], cap_s=5.0)
+    try:
+        await engine.start()
+        await asyncio.wait_for(engine.mover.listening.wait(), 10)
+        # Its look once subscribed: then it sleeps its cap, the schedule being empty.
+        await eventually(lambda: engine.mover.wakes >= 2, what="the mover's look once subscribed")
+        start = asyncio.get_running_loop().time()
+        assert await engine.retry_later(entry, delay_ms=300, headers=retry_headers(entry, 300))
+        await eventually(lambda: engine.mover.moved == 1, timeout=3.0, what="the copy moved")
+        waited = asyncio.get_running_loop().time() - start
+        assert waited >= 0.3
+        assert engine.mover.wakes <= 5, f"{engine.mover.wakes} scripts for one copy"
+    finally:
+        await engine.stop()
+        await mover_client.aclose()
