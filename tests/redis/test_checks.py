@@ -28,7 +28,7 @@ async def test_an_eviction_policy_that_may_drop_the_schedule_is_refused(
     client: Redis, stream: str
 ) -> None:
     """allkeys-lru: the step's keys could be evicted; the error says noeviction."""
-    before: str = (await client.config_get("maxmemory-policy"))["maxmemory-policy"]
+    before = str((await client.config_get("maxmemory-policy"))["maxmemory-policy"])
     await client.config_set("maxmemory-policy", "allkeys-lru")
     try:
         with pytest.raises(RetryTopologyError, match="maxmemory-policy noeviction"):
