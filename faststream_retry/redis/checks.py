@@ -25,7 +25,7 @@ from faststream_retry.errors import RetryTopologyError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from redis.asyncio import Redis
+    from faststream_retry.redis.client import Client
 
 __all__ = ["MIN_REDIS", "MIN_VALKEY", "Server", "check_server", "problems", "read_server"]
 
@@ -53,7 +53,7 @@ def _text(info: dict[str, Any], key: str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-async def read_server(client: Redis, streams: Sequence[str] = ()) -> Server:
+async def read_server(client: Client, streams: Sequence[str] = ()) -> Server:
     """Read what ``problems`` judges."""
     info = await client.info()
     valkey = _text(info, "valkey_version")
@@ -75,7 +75,7 @@ async def read_server(client: Redis, streams: Sequence[str] = ()) -> Server:
     )
 
 
-async def _groups(client: Redis, stream: str) -> int | None:
+async def _groups(client: Client, stream: str) -> int | None:
     try:
         return len(await client.xinfo_groups(stream))
     except ResponseError:  # no such stream yet: its subscriber creates it
@@ -119,7 +119,7 @@ def problems(server: Server) -> list[str]:
     return found
 
 
-async def check_server(client: Redis, streams: Sequence[str] = ()) -> Server:
+async def check_server(client: Client, streams: Sequence[str] = ()) -> Server:
     """Read the server and raise ``RetryTopologyError`` naming every problem; return it."""
     server = await read_server(client, streams)
     found = problems(server)

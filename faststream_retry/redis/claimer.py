@@ -29,9 +29,8 @@ from faststream_retry.redis.steps import StreamEntry
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-    from redis.asyncio import Redis
-
     from faststream_retry.core.policy import RetryPolicy
+    from faststream_retry.redis.client import Client
     from faststream_retry.redis.keys import StreamKeys
 
 __all__ = ["CONSUMER_LOST", "ClaimedStep", "Claimer", "claimed_step"]
@@ -88,7 +87,7 @@ class Claimer:
 
     def __init__(
         self,
-        client: Redis,
+        client: Client,
         targets: Sequence[tuple[StreamKeys, str]],
         *,
         consumer: str,

@@ -40,8 +40,7 @@ from faststream_retry.redis.mover import Mover
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from redis.asyncio import Redis
-
+    from faststream_retry.redis.client import Client
     from faststream_retry.redis.steps import StreamEntry
 
 __all__ = ["RedisRetryEngine"]
@@ -69,7 +68,7 @@ class RedisRetryEngine:
 
     def __init__(
         self,
-        client: Redis,
+        client: Client,
         streams: Sequence[tuple[str, str]],
         *,
         consumer: str = "faststream-retry",

@@ -24,8 +24,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
     from redis.commands.core import AsyncScript
+
+    from faststream_retry.redis.client import Client
 
 __all__ = ["DEAD_LETTER", "MOVE", "RETRY_LATER", "Scripts"]
 
@@ -82,7 +83,7 @@ class Scripts:
 
     __slots__ = ("dead_letter", "move", "retry_later")
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: Client) -> None:
         """Register the scripts on ``client``; nothing is sent until one runs."""
         self.retry_later: AsyncScript = client.register_script(RETRY_LATER)
         self.dead_letter: AsyncScript = client.register_script(DEAD_LETTER)

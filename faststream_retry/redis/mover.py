@@ -22,9 +22,9 @@ from redis.exceptions import RedisError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from redis.asyncio import Redis
     from redis.asyncio.client import PubSub
 
+    from faststream_retry.redis.client import Client
     from faststream_retry.redis.keys import StreamKeys
     from faststream_retry.redis.lua import Scripts
 
@@ -41,7 +41,7 @@ class Mover:
 
     def __init__(
         self,
-        client: Redis,
+        client: Client,
         scripts: Scripts,
         streams: Sequence[StreamKeys],
         *,

@@ -14,9 +14,10 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from faststream.redis import RedisBroker, StreamSub
+from faststream.redis import RedisBroker, RedisClusterBroker, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from faststream_retry.core import headers as h
 from faststream_retry.core.events import Reason
@@ -98,6 +99,7 @@ class App:
         consumer: str = "c1",
         claim_idle_ms: int | None = None,
         group: str = "g",
+        cluster: bool = False,
     ) -> None:
         self.stream = stream
         self.group = group
@@ -109,8 +111,12 @@ class App:
         self.failed_at: dict[tuple[int, int], int] = {}
         self.unsettled = 0
         self.delay_for: Callable[[int], int] = lambda _id: delay_ms
-        self.broker = RedisBroker(url)
-        self.client = Redis.from_url(url)
+        self.broker: RedisBroker | RedisClusterBroker = (
+            RedisClusterBroker(url) if cluster else RedisBroker(url)
+        )
+        self.client: Redis | RedisCluster = (
+            RedisCluster.from_url(url) if cluster else Redis.from_url(url)
+        )
         self.engine = RedisRetryEngine(
             self.client,
             [(stream, group)],
