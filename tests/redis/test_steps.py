@@ -145,3 +145,16 @@ async def test_a_new_head_wakes_a_sleeping_mover_at_its_due_time(
     finally:
         await engine.stop()
         await mover_client.aclose()
+
+
+async def test_a_server_that_forgot_the_scripts_is_sent_them_again(
+    client: Redis, stream: str
+) -> None:
+    """After SCRIPT FLUSH (a restart, a failover) EVALSHA's NOSCRIPT loads the script again."""
+    entries = await pending_entries(client, stream, 2)
+    engine = RedisRetryEngine(client, [(stream, GROUP)])
+    assert await engine.retry_later(entries[0], delay_ms=0, headers=retry_headers(entries[0], 0))
+    await client.script_flush()
+    assert await engine.retry_later(entries[1], delay_ms=0, headers=retry_headers(entries[1], 0))
+    moved, head, _ = await engine.mover.move_once(engine.keys(stream))
+    assert (moved, head) == (2, -1)
