@@ -14,7 +14,6 @@ pending under the claimer; it is claimed again ``idle_ms`` later.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from dataclasses import dataclass
@@ -118,8 +117,12 @@ class Claimer:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # a task that died: said here, and the stop goes on
+                logger.exception("the claimer had stopped with an error")
 
     async def claim_once(self, keys: StreamKeys, group: str) -> int:
         """Claim and settle every entry of ``group`` idle for ``idle_ms``; return how many."""

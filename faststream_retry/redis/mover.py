@@ -82,9 +82,10 @@ class Mover:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for task, outcome in zip(tasks, outcomes, strict=True):
+            if isinstance(outcome, Exception):  # a task that died: said, and the stop goes on
+                logger.error("the mover's task %s had stopped: %r", task.get_name(), outcome)
 
     async def move_once(self, keys: StreamKeys) -> tuple[int, int, int]:
         """Run one ``MOVE``: return ``(moved, head due ms or -1, server now ms)``."""

@@ -30,21 +30,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-async def eventually(
-    condition: Callable[[], bool], timeout: float = 20.0, what: str = "condition"
-) -> None:
-    """Wait until ``condition()`` holds, failing the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 async def until(
     condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
 ) -> None:
-    """``eventually`` for an async condition (a query to the server)."""
+    """``eventually`` (tests/rabbit.py's) for an async condition (a query to the server)."""
     deadline = time.monotonic() + timeout
     while not await condition():
         if time.monotonic() > deadline:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from faststream_retry.core import headers as h
 from faststream_retry.redis.claimer import CONSUMER_LOST
-from tests.redis.support import eventually, read_stream, until
+from tests.rabbit import eventually
+from tests.redis.support import read_stream, until
 
 if TYPE_CHECKING:
     from collections.abc import Callable

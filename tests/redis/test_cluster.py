@@ -16,8 +16,9 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from faststream_retry.core import headers as h
+from tests.rabbit import eventually
 from tests.redis.conftest import SCRIPTS
-from tests.redis.support import App, eventually, read_stream, until
+from tests.redis.support import App, read_stream, until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator

@@ -11,8 +11,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from faststream_retry.redis.engine import RedisRetryEngine
+from tests.rabbit import eventually
 from tests.redis.conftest import start_server, stop_server
-from tests.redis.support import eventually, read_stream, until
+from tests.redis.support import read_stream, until
 from tests.redis.test_steps import GROUP, copy_ids, pending_entries, schedule
 
 N = 2000
@@ -26,9 +27,10 @@ async def test_no_waiting_copy_is_lost_when_the_server_is_killed(appendfsync: st
     The originals stay acknowledged. Killing the process loses nothing under either fsync
     policy (Redis writes the AOF before it answers); a machine crash could, under everysec.
     """
+    stop_server(PORT)  # one left running (a test stopped midway) is reused, data and all
     url, _ = start_server(PORT, REDIS_APPENDFSYNC=appendfsync, REDIS_FRESH="1")
     client = Redis.from_url(url)
-    stream = "restart-test"
+    stream = f"restart-test-{appendfsync}"
     engine = RedisRetryEngine(client, [(stream, GROUP)], cap_s=1.0)
     try:
         entries = await pending_entries(client, stream, N)
@@ -55,6 +57,8 @@ async def test_no_waiting_copy_is_lost_when_the_server_is_killed(appendfsync: st
         assert (await client.xpending(stream, GROUP))["pending"] == 0, "an original came back"
         assert engine.mover.moved == N
     finally:
-        await engine.stop()
-        await client.aclose()
-        await asyncio.to_thread(stop_server, PORT)
+        try:
+            await engine.stop()
+            await client.aclose()
+        finally:
+            await asyncio.to_thread(stop_server, PORT)

@@ -13,7 +13,8 @@ from faststream_retry.core import headers as h
 from faststream_retry.redis import envelope
 from faststream_retry.redis.engine import RedisRetryEngine
 from faststream_retry.redis.steps import StreamEntry
-from tests.redis.support import eventually, read_stream, until
+from tests.rabbit import eventually
+from tests.redis.support import read_stream, until
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
