@@ -74,6 +74,21 @@ def test_a_copy_reads_back_in_faststream_with_non_ascii_headers() -> None:
     assert h.read_due(back) == 6
 
 
+def test_faststreams_own_writer_garbles_a_non_ascii_header() -> None:
+    """Why the transport writes copies itself: FastStream 0.7.8 counts characters, not bytes.
+
+    Its parser then gives up and hands over the raw entry with no headers. When this
+    fails, FastStream has fixed it; the transport's own writer is right either way.
+    """
+    raw = asyncio.run(
+        BinaryMessageFormatV1.encode(
+            message=b"body", reply_to=None, headers={"e": "é"}, correlation_id="c"
+        )
+    )
+    body, headers = BinaryMessageFormatV1.parse(raw)
+    assert (body, headers) == (raw, {})
+
+
 def test_faststreams_own_envelopes_are_read_as_faststream_reads_them() -> None:
     """Binary (FastStream's writer), the JSON envelope, and a plain producer's fields."""
     raw = asyncio.run(
