@@ -130,7 +130,7 @@ class App:
             return
         self.failed_at[(key, attempt)] = now
         failure = h.FailureRecord.of(
-            HandlerError(f"message {key} failed"), attempt=attempt, at_ms=now
+            HandlerError(f"message {key} failed: σφάλμα ☃"), attempt=attempt, at_ms=now
         )
         if attempt >= self.max_attempts:
             headers = h.dead_letter_headers(

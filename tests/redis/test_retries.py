@@ -38,7 +38,10 @@ async def test_a_failure_comes_back_once_after_its_delay_and_succeeds(
     assert sorted(json.loads(m.body)["id"] for m in copies) == list(range(N))
     for copy in copies:
         assert h.read_attempt(copy.headers) == 1
-        assert [e["attempt"] for e in h.read_history(copy.headers)] == [1]
+        (entry,) = h.read_history(copy.headers)
+        assert entry["attempt"] == 1
+        # Non-ASCII, which FastStream's own writer garbles: the handler still got a dict.
+        assert entry["error"].endswith("σφάλμα ☃")
         assert h.read_text(copy.headers, "content-type") == "application/json"
     assert app.unsettled == 0
 
