@@ -133,21 +133,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         workeroutput["no_wheel"] = config.stash.get(NO_WHEEL_KEY, [])
 
 
-REDIS_TESTS = Path(__file__).resolve().parent / "redis"
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """tests/redis runs only when named: its tests need the Redis servers, not RabbitMQ.
-
-    The RabbitMQ suites run every test under ``tests/``; scripts/test's Redis jobs name
-    ``tests/redis`` (with ``REDIS_URL``), as does a developer.
-    """
-    if collection_path != REDIS_TESTS:
-        return None
-    named = (Path(arg.split("::")[0]).resolve() for arg in config.args)
-    return not any(path == REDIS_TESTS or REDIS_TESTS in path.parents for path in named)
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """Gather what the pytest-xdist workers deselected (each collects every test)."""

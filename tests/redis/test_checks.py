@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 
+pytestmark = pytest.mark.redis
+
+
 async def test_a_supported_server_passes_and_says_what_it_is(client: Redis, stream: str) -> None:
     """Redis 7.0 or later, or Valkey; the checks read no CONFIG."""
     engine = RedisRetryEngine(client, [(stream, "g")])

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from faststream_retry.core import headers as h
 from faststream_retry.redis.claimer import CONSUMER_LOST
 from tests.rabbit import eventually
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from tests.redis.support import App
+
+pytestmark = pytest.mark.redis
 
 CONSUMER = Path(__file__).with_name("dying_consumer.py")
 N = 20

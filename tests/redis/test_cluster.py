@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
     from redis.asyncio import Redis
 
+pytestmark = pytest.mark.redis
+
 N = 100
 PORT = int(os.environ.get("REDIS_CLUSTER_PORT", "6407"))
 

@@ -16,6 +16,8 @@ from tests.redis.conftest import start_server, stop_server
 from tests.redis.support import read_stream, until
 from tests.redis.test_steps import GROUP, copy_ids, pending_entries, schedule
 
+pytestmark = pytest.mark.redis
+
 N = 2000
 PORT = int(os.environ.get("REDIS_RESTART_PORT", "6404"))
 

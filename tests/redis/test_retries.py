@@ -6,6 +6,8 @@ import json
 import random
 from typing import TYPE_CHECKING
 
+import pytest
+
 from faststream_retry.core import headers as h
 from tests.rabbit import eventually
 from tests.redis.support import read_stream, until
@@ -16,6 +18,8 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from tests.redis.support import App
+
+pytestmark = pytest.mark.redis
 
 N = 100
 

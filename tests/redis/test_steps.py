@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from redis.asyncio import Redis
 
 from faststream_retry.core import headers as h
@@ -18,6 +19,8 @@ from tests.redis.support import read_stream, until
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+pytestmark = pytest.mark.redis
 
 GROUP = "g"
 
