@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.amqp.checks import check_objects
+from faststream_retry.amqp.checks import Checked, check_objects
 from faststream_retry.amqp.probe import depth, refuses_transient_queues
 from faststream_retry.amqp.registry import retry_queues_in_use, stranded_queues
 from faststream_retry.core.advice import series_advice, work_queue_findings
@@ -29,7 +29,27 @@ if TYPE_CHECKING:
     from faststream_retry.core.topology import Plan
     from faststream_retry.middleware.app import LoadedApp
 
-__all__ = ["doctor"]
+__all__ = ["doctor", "plan_findings"]
+
+
+async def plan_findings(
+    amqp: Any,  # noqa: ANN401 - aiormq's connection
+    topology: Plan,
+) -> tuple[str | None, Checked, list[diagnosis.Finding]]:
+    """What every doctor says first of a plan, and what it found to say it.
+
+    The server's version (as the broker gives it) for the plan's queue type, and each
+    planned object that exists declared with its planned arguments: the refusals and
+    mismatches. What is missing means something else to each doctor, so it is left to them.
+    """
+    raw = amqp.server_properties.get("version")
+    version = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    version = None if version is None else str(version)
+    findings = [diagnosis.version_finding(version, topology.options.queue_type)]
+    checked = await check_objects(amqp, topology, create=False)
+    findings += diagnosis.refusal_findings(checked.refusals)
+    findings += diagnosis.mismatch_findings(checked.mismatches, topology.options)
+    return version, checked, findings
 
 
 async def doctor(
@@ -53,15 +73,9 @@ async def doctor(
         OperationError: the management API could not be read.
     """
     amqp = amqp_of(connection)
-    raw = amqp.server_properties.get("version")
-    version_text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    version_text = None if version_text is None else str(version_text)
     topology = await _as_started(connection, app)
     options = topology.options
-    findings = [diagnosis.version_finding(version_text, options.queue_type)]
-    checked = await check_objects(amqp, topology, create=False)
-    findings += diagnosis.refusal_findings(checked.refusals)
-    findings += diagnosis.mismatch_findings(checked.mismatches, options)
+    version_text, checked, findings = await plan_findings(amqp, topology)
     findings += diagnosis.missing_findings(checked.missing)
     if not checked.refusals and not checked.mismatches:
         present = len(topology.queues) + len(topology.exchanges) - len(checked.missing)

@@ -17,12 +17,13 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, ChannelPrecondit
 
 from faststream_retry.amqp.arguments import DLX, DeadLettering, dead_lettering
 from faststream_retry.amqp.channels import close_quietly
-from faststream_retry.amqp.checks import check_objects, declare_checked
+from faststream_retry.amqp.checks import declare_checked
 from faststream_retry.amqp.probe import depth
 from faststream_retry.core.advice import Mismatch, Refusal, parse_mismatch
 from faststream_retry.core.topology import intake_dlq_name
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import amqp_of
+from faststream_retry.ops.doctor import plan_findings
 from faststream_retry.worker.declare import intake_arguments
 from faststream_retry.worker.worker import first_plan
 
@@ -42,15 +43,9 @@ Finding = diagnosis.Finding
 async def worker_doctor(connection: AbstractConnection, config: WorkerConfig) -> diagnosis.Report:
     """Check ``config``'s worker topology on the broker, and report; never raises for a finding."""
     amqp = amqp_of(connection)
-    raw = amqp.server_properties.get("version")
-    version = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    version = None if version is None else str(version)
     topology = await first_plan(connection, config)
     options = topology.options
-    findings = [diagnosis.version_finding(version, options.queue_type)]
-    checked = await check_objects(amqp, topology, create=False)
-    findings += diagnosis.refusal_findings(checked.refusals)
-    findings += diagnosis.mismatch_findings(checked.mismatches, options)
+    version, checked, findings = await plan_findings(amqp, topology)
     findings += _missing(list(dict.fromkeys(name for _, name in checked.missing)), config)
     intake_ok, intake_findings = await _intake(amqp, connection, config)
     findings += intake_findings

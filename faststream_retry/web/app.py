@@ -659,12 +659,10 @@ class _Pages:
     # ------------------------------------------------------------------ reads
     async def read(self, request: Request) -> Response:
         """Read a queue's dead letters (a pass through it): asked for, never by a view."""
-        _, api, refused = await self._check_action(request, needs_actions=False)
-        if refused is not None:
-            return refused
-        queue = self._queue(request)
-        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
-            return unnamed
+        asked = await self._queue_action(request, needs_actions=False)
+        if isinstance(asked, Response):
+            return asked
+        _, api, queue = asked
         who = self.s.guard.who(request)
 
         async def run(job: Job | None) -> dict[str, Any]:
@@ -712,12 +710,10 @@ class _Pages:
         The pass writes to a spool (memory, then a temporary file) and the answer streams
         from it once the pass is over: the lock is held for the pass, not for the download.
         """
-        _data, api, refused = await self._check_action(request, needs_actions=False)
-        if refused is not None:
-            return refused
-        queue = self._queue(request)
-        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
-            return unnamed
+        asked = await self._queue_action(request, needs_actions=False)
+        if isinstance(asked, Response):
+            return asked
+        _, api, queue = asked
         who = self.s.guard.who(request)
         spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115 - closed by the stream
 
@@ -788,6 +784,21 @@ class _Pages:
         }
         return data, form.get(CSRF_FIELD) or None
 
+    async def _queue_action(
+        self, request: Request, *, needs_actions: bool = True
+    ) -> tuple[dict[str, Any], bool, str] | Response:
+        """A queue's action past the guard, or the refusal to answer with.
+
+        Past it: the form or JSON, whether it came to the API, and the work queue.
+        """
+        data, api, refused = await self._check_action(request, needs_actions=needs_actions)
+        if refused is not None:
+            return refused
+        queue = self._queue(request)
+        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
+            return unnamed
+        return data, api, queue
+
     async def _check_action(
         self, request: Request, *, needs_actions: bool = True
     ) -> tuple[dict[str, Any], bool, Response | None]:
@@ -812,12 +823,10 @@ class _Pages:
 
     async def replay(self, request: Request) -> Response:
         """Replay the dead letters named (``id``, repeatable) to their queue or ``to``."""
-        data, api, refused = await self._check_action(request)
-        if refused is not None:
-            return refused
-        queue = self._queue(request)
-        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
-            return unnamed
+        asked = await self._queue_action(request)
+        if isinstance(asked, Response):
+            return asked
+        data, api, queue = asked
         try:
             ids, to, dry_run = _replay_input(data, api=api)
         except _BadInputError as exc:
@@ -864,12 +873,10 @@ class _Pages:
 
     async def purge(self, request: Request) -> Response:
         """Remove the dead letters named, or all; ``confirm`` must be the DLQ's name."""
-        data, api, refused = await self._check_action(request)
-        if refused is not None:
-            return refused
-        queue = self._queue(request)
-        if (unnamed := self._unnamed(request, queue, api=api)) is not None:
-            return unnamed
+        asked = await self._queue_action(request)
+        if isinstance(asked, Response):
+            return asked
+        data, api, queue = asked
         if data.get("confirm") != dlq_of(queue):
             why = (
                 f'bad request: "confirm" must be the queue\'s name, {dlq_of(queue)}'
