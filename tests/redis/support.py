@@ -97,6 +97,7 @@ class App:
         self.delay_ms = delay_ms
         self.calls: dict[int, list[tuple[int, int]]] = defaultdict(list)
         self.done: Counter[int] = Counter()
+        self.bodies: dict[tuple[int, int], dict[str, Any]] = {}
         self.failed_at: dict[tuple[int, int], int] = {}
         self.unsettled = 0
         self.delay_for: Callable[[int], int] = lambda _id: delay_ms
@@ -125,6 +126,7 @@ class App:
         key = int(body["id"])
         now = h.now_ms()
         self.calls[key].append((attempt, now))
+        self.bodies[(key, attempt)] = body
         if not self.fails(key, attempt):
             self.done[key] += 1
             return

@@ -95,3 +95,16 @@ async def test_a_copy_is_never_handled_before_its_delay(
     }
     assert not early, f"handled before the delay (waited ms, delay ms): {early}"
     assert await client.zcard(app.engine.keys(app.stream).schedule) == 0
+
+
+async def test_an_entry_another_producer_wrote_comes_back_as_the_same_message(
+    make_app: Callable[..., App], client: Redis
+) -> None:
+    """Plain fields (no ``__data__``): the handler gets the same dict on its retry."""
+    app = make_app(fails=lambda _id, attempt: attempt == 1, delay_ms=100)
+    await app.start()
+    for n in range(10):
+        await client.xadd(app.stream, {"id": str(n), "note": "ünïcode"})
+    await eventually(lambda: sum(app.done.values()) >= 10, what="10 handled after a retry")
+    assert app.done == dict.fromkeys(range(10), 1)
+    assert app.bodies[(3, 1)] == app.bodies[(3, 2)] == {"id": "3", "note": "ünïcode"}
