@@ -17,9 +17,9 @@ the one consumer group that reads it, and runs a mover and a claimer beside the 
 - ``StreamEntry.incoming_headers()`` gives the entry's headers as the core reads them
   (its ``retry-history`` a list again).
 
-The engine imports no FastStream: a ``StreamEntry`` is built from FastStream's message by
-the caller (``raw_message["channel"]``, ``["message_ids"][0]``, ``["data"]`` and the
-subscriber's group). The pure core decides; this only carries out.
+The engine imports no FastStream: the caller builds a ``StreamEntry`` from FastStream's
+message (``StreamEntry.from_raw(msg.raw_message, group)``). The pure core decides; this
+only carries out.
 """
 
 from __future__ import annotations

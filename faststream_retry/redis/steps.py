@@ -27,14 +27,28 @@ __all__ = ["StreamEntry", "copy_id", "dead_letter", "encode_copy", "retry_later"
 class StreamEntry:
     """One delivery of a stream entry to a consumer group: where it is pending, and its fields.
 
-    From FastStream: ``msg.raw_message["channel"]``, the subscriber's group,
-    ``msg.raw_message["message_ids"][0]`` and ``msg.raw_message["data"]``.
+    From FastStream's message: ``StreamEntry.from_raw(msg.raw_message, group)``.
     """
 
     stream: str
     group: str
     id: str
     fields: Mapping[bytes, bytes] = field(default_factory=dict)
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], group: str) -> StreamEntry:
+        """Return the entry of FastStream's ``msg.raw_message`` for a stream subscriber.
+
+        ``raw`` holds ``channel`` (the stream), ``message_ids`` (one, for a subscriber
+        that is not a batch) and ``data`` (the fields); ``group`` is the subscriber's.
+        """
+        (entry_id,) = raw["message_ids"]
+        return cls(
+            str(raw["channel"]),
+            group,
+            entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id),
+            raw["data"],
+        )
 
     def incoming_headers(self) -> dict[str, Any]:
         """Return the headers the entry carries, as ``core.headers`` reads them."""

@@ -45,18 +45,6 @@ class HandlerError(Exception):
     """The handler's failure in these tests."""
 
 
-def entry_of(message: RedisStreamMessage, group: str) -> StreamEntry:
-    """The engine's view of a FastStream delivery."""
-    raw = message.raw_message
-    (entry_id,) = raw["message_ids"]
-    return StreamEntry(
-        raw["channel"],
-        group,
-        entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id),
-        raw["data"],
-    )
-
-
 async def read_stream(client: Redis, name: str) -> list[tuple[str, envelope.Envelope]]:
     """Every entry of stream ``name``: its id and its message, headers as the core reads them."""
     out = []
@@ -120,7 +108,7 @@ class App:
             await self._handle(body, message)
 
     async def _handle(self, body: dict[str, Any], message: RedisStreamMessage) -> None:
-        entry = entry_of(message, self.group)
+        entry = StreamEntry.from_raw(message.raw_message, self.group)
         incoming = entry.incoming_headers()
         attempt = h.read_attempt(incoming) + 1
         key = int(body["id"])

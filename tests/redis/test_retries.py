@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import pytest
@@ -108,3 +109,29 @@ async def test_an_entry_another_producer_wrote_comes_back_as_the_same_message(
     await eventually(lambda: sum(app.done.values()) >= 10, what="10 handled after a retry")
     assert app.done == dict.fromkeys(range(10), 1)
     assert app.bodies[(3, 1)] == app.bodies[(3, 2)] == {"id": "3", "note": "ünïcode"}
+
+
+async def test_two_replicas_share_the_stream_and_the_schedule(
+    make_app: Callable[..., App], client: Redis
+) -> None:
+    """Two apps (consumers c1, c2; a mover each): 500 failing once, each handled twice in all."""
+    n = 500
+    apps = [
+        make_app(fails=lambda _id, attempt: attempt == 1, delay_ms=200, consumer=name)
+        for name in ("c1", "c2")
+    ]
+    for app in apps:
+        await app.start()
+    await apps[0].publish(range(n))
+
+    def done() -> int:
+        return sum(sum(app.done.values()) for app in apps)
+
+    await eventually(lambda: done() >= n, timeout=60, what=f"{n} handled after a retry")
+    calls = Counter(k for app in apps for k, v in app.calls.items() for _ in v)
+    assert calls == dict.fromkeys(range(n), 2), "each handled twice: a failure, then a success"
+    assert sum((app.done for app in apps), Counter()) == dict.fromkeys(range(n), 1)
+    assert all(app.unsettled == 0 for app in apps)
+    assert [app.engine.mover.moved > 0 for app in apps] == [True, True], "both movers moved"
+    assert sum(app.engine.mover.moved for app in apps) == n
+    assert (await client.xpending(apps[0].stream, "g"))["pending"] == 0

@@ -18,6 +18,7 @@ from faststream_retry.redis import envelope
 from faststream_retry.redis.checks import Server, problems
 from faststream_retry.redis.claimer import CONSUMER_LOST, claimed_step
 from faststream_retry.redis.keys import hash_tag, stream_keys
+from faststream_retry.redis.steps import StreamEntry
 
 
 @given(st.text(alphabet="ab{}.:-", max_size=12) | st.text(max_size=12))
@@ -173,3 +174,11 @@ def test_each_server_problem_is_named_with_its_fix(changes: dict[str, object], s
     assert problems(_server()) == []
     (found,) = problems(_server(**changes))
     assert says in found
+
+
+def test_an_entry_is_read_from_faststreams_raw_message() -> None:
+    """What a stream subscriber's ``msg.raw_message`` holds, as FastStream 0.7 builds it."""
+    raw = {"type": "stream", "channel": "s", "message_ids": [b"1-2"], "data": {b"a": b"1"}}
+    entry = StreamEntry.from_raw(raw, "g")
+    assert (entry.stream, entry.group, entry.id, entry.fields) == ("s", "g", "1-2", {b"a": b"1"})
+    assert entry.incoming_headers() == {}
