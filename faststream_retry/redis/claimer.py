@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ CONSUMER_LOST = "faststream_retry.ConsumerLost"
 """``retry-exception`` of an attempt that ended with its consumer gone (nothing raises it)."""
 
 _COUNT = 100
+_PAGE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +84,20 @@ def claimed_step(
 
 
 class Claimer:
-    """Claims idle pending entries of ``(keys, group)`` pairs and hands each to ``settle``."""
+    """Keeps this replica's own pending entries alive, and claims other consumers' idle ones.
+
+    FastStream reads a whole backlog at once (``XREADGROUP`` without ``COUNT``): an entry
+    waits in the reader's memory, pending and growing idle, until its turn comes, which
+    may take longer than any idle time. So the replica that holds it says so: every
+    quarter of the idle time it ``XCLAIM``s its own consumers' pending entries to
+    themselves (``JUSTID``: the delivery count is left alone), which resets their idle
+    time; only a replica that stopped doing that (killed, frozen, cut off) has entries
+    that grow idle enough to be claimed. An entry pending for its consumer since before
+    this claimer was built (with the engine, before the app's subscribers start) is not
+    this replica's (a previous process under the same name left it) and is left to grow
+    idle. Each replica needs consumer names of its own: two live
+    replicas under one name keep each other's entries alive.
+    """
 
     def __init__(
         self,
@@ -92,37 +107,82 @@ class Claimer:
         consumer: str,
         idle_ms: int,
         settle: Callable[[StreamEntry], Awaitable[None]],
+        own: Sequence[tuple[StreamKeys, str, str]] = (),
     ) -> None:
         """Keep the settings; nothing runs until ``start()``.
 
-        ``consumer`` is the name the claimed entries are pending under until settled.
+        ``consumer`` is the name the claimed entries are pending under until settled;
+        ``own`` the ``(keys, group, consumer)`` this replica's subscribers read as.
         """
         self._client = client
         self._targets = tuple(targets)
+        self._own = tuple(own)
+        # Built before the app's subscribers start reading (the engine is), so an entry
+        # delivered since is this replica's own, and one delivered before is not.
+        self._born = time.monotonic()
         self._consumer = consumer
         self._idle_ms = idle_ms
         self._settle = settle
         self._interval_s = min(5.0, max(0.1, idle_ms / 4000))
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.claimed = 0
         """Entries this claimer claimed (a test's count)."""
+        self.kept = 0
+        """Own entries kept alive, summed over the passes (a test's count)."""
 
     def start(self) -> None:
-        """Start claiming, every quarter of the idle time (0.1 s to 5 s)."""
-        if self._task is None and self._targets:
-            self._task = asyncio.create_task(self._run(), name="faststream-retry claimer")
+        """Keep own entries alive and claim others', each every quarter of the idle time.
+
+        Two tasks, so that settling a large claim never delays the keep-alive.
+        """
+        if self._tasks:
+            return
+        if self._own:
+            self._tasks.append(
+                asyncio.create_task(self._keep_alive(), name="faststream-retry alive")
+            )
+        if self._targets:
+            self._tasks.append(asyncio.create_task(self._run(), name="faststream-retry claimer"))
 
     async def stop(self) -> None:
-        """Stop claiming; an entry claimed and not yet settled is claimed again later."""
-        task, self._task = self._task, None
-        if task is not None:
+        """Stop; an entry claimed and not yet settled is claimed again later."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except Exception:  # a task that died: said here, and the stop goes on
-                logger.exception("the claimer had stopped with an error")
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for task, outcome in zip(tasks, outcomes, strict=True):
+            if isinstance(outcome, Exception):  # a task that died: said, and the stop goes on
+                logger.error("the claimer's task %s had stopped: %r", task.get_name(), outcome)
+
+    async def keep_alive_once(self, keys: StreamKeys, group: str, consumer: str) -> int:
+        """Reset the idle time of ``consumer``'s entries delivered since this replica started."""
+        uptime_ms = (time.monotonic() - self._born) * 1000
+        start: bytes | str = "-"
+        kept = 0
+        while True:
+            rows: list[dict[str, Any]] = await self._client.xpending_range(
+                keys.stream, group, min=start, max="+", count=_PAGE, consumername=consumer
+            )
+            ids = [r["message_id"] for r in rows if r["time_since_delivered"] < uptime_ms]
+            if ids:
+                await self._client.xclaim(keys.stream, group, consumer, 0, ids, justid=True)
+                kept += len(ids)
+            if len(rows) < _PAGE:
+                self.kept += kept
+                return kept
+            start = "(" + _str(rows[-1]["message_id"])
+
+    async def _keep_alive(self) -> None:
+        while True:
+            for keys, group, consumer in self._own:
+                await self._keep(keys, group, consumer)
+            await asyncio.sleep(self._interval_s)
+
+    async def _keep(self, keys: StreamKeys, group: str, consumer: str) -> None:
+        try:
+            await self.keep_alive_once(keys, group, consumer)
+        except (RedisError, OSError) as exc:  # NOGROUP before the subscriber starts, too
+            logger.debug("keeping %s/%s alive: %s", keys.stream, consumer, exc)
 
     async def claim_once(self, keys: StreamKeys, group: str) -> int:
         """Claim and settle every entry of ``group`` idle for ``idle_ms``; return how many."""

@@ -58,6 +58,10 @@ class RedisRetryEngine:
             one for the engine alone.
         streams: ``(stream, group)`` per covered stream subscriber.
         consumer: the consumer name claimed entries wait under while being settled.
+        own_consumers: ``(stream, consumer)`` per covered subscriber of this replica: its
+            pending entries are kept from growing idle while it lives (``claimer``). Each
+            replica needs names of its own, and its engine built before its subscribers
+            start reading.
         claim_idle_ms: claim entries pending this long (above the handler's timeout);
             ``None``: no claimer.
         policy: the policy a claimed entry is counted against (``max_attempts``,
@@ -72,6 +76,7 @@ class RedisRetryEngine:
         streams: Sequence[tuple[str, str]],
         *,
         consumer: str = "faststream-retry",
+        own_consumers: Sequence[tuple[str, str]] = (),
         claim_idle_ms: int | None = None,
         policy: RetryPolicy | None = None,
         dlq_maxlen: int = DEFAULT_DLQ_MAXLEN,
@@ -113,6 +118,7 @@ class RedisRetryEngine:
                 consumer=consumer,
                 idle_ms=claim_idle_ms,
                 settle=self._settle_claimed,
+                own=[(self._keys[s], groups[s], c) for s, c in own_consumers],
             )
         self.server: Server | None = None
 

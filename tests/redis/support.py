@@ -27,7 +27,7 @@ from faststream_retry.redis.engine import RedisRetryEngine
 from faststream_retry.redis.steps import StreamEntry
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 
 async def until(
@@ -77,6 +77,7 @@ class App:
         claim_idle_ms: int | None = None,
         group: str = "g",
         cluster: bool = False,
+        on_done: Callable[[int], Awaitable[Any]] | None = None,
     ) -> None:
         self.stream = stream
         self.group = group
@@ -86,6 +87,7 @@ class App:
         self.calls: dict[int, list[tuple[int, int]]] = defaultdict(list)
         self.done: Counter[int] = Counter()
         self.bodies: dict[tuple[int, int], dict[str, Any]] = {}
+        self.on_done = on_done
         self.failed_at: dict[tuple[int, int], int] = {}
         self.unsettled = 0
         self.delay_for: Callable[[int], int] = lambda _id: delay_ms
@@ -100,6 +102,7 @@ class App:
             [(stream, group)],
             consumer=f"{consumer}-claimer",
             claim_idle_ms=claim_idle_ms,
+            own_consumers=[(stream, consumer)],
             policy=RetryPolicy(max_attempts=max_attempts, backoff=Fixed(delay_ms / 1000)),
         )
 
@@ -116,6 +119,8 @@ class App:
         self.calls[key].append((attempt, now))
         self.bodies[(key, attempt)] = body
         if not self.fails(key, attempt):
+            if self.on_done is not None:
+                await self.on_done(key)
             self.done[key] += 1
             return
         self.failed_at[(key, attempt)] = now
