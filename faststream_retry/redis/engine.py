@@ -5,7 +5,9 @@ the one consumer group that reads it, and runs a mover and a claimer beside the 
 
 - ``await engine.start()`` checks the server (``checks``), then starts the mover (due
   copies back to their streams) and, when ``claim_idle_ms`` is set, the claimer (dead
-  consumers' entries). ``await engine.stop()`` stops both.
+  consumers' entries, and the keep-alive of this replica's own: ``own_consumers``, whose
+  names must be this replica's alone, the engine built before the subscribers start
+  reading). ``await engine.stop()`` stops both.
 - ``await engine.retry_later(entry, delay_ms=..., headers=...)`` settles a failed
   delivery: it acknowledges the entry and schedules its copy with ``headers``
   (``core.headers.retry_headers(...)``) ``delay_ms`` from the server's now, in one
