@@ -25,6 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 from faststream_retry.core import headers as h
 from faststream_retry.core.events import Reason
 from faststream_retry.redis.steps import StreamEntry
+from faststream_retry.redis.tasks import stop_tasks
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -147,12 +148,7 @@ class Claimer:
     async def stop(self) -> None:
         """Stop; an entry claimed and not yet settled is claimed again later."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        for task, outcome in zip(tasks, outcomes, strict=True):
-            if isinstance(outcome, Exception):  # a task that died: said, and the stop goes on
-                logger.error("the claimer's task %s had stopped: %r", task.get_name(), outcome)
+        await stop_tasks(tasks)
 
     async def keep_alive_once(self, keys: StreamKeys, group: str, consumer: str) -> int:
         """Reset the idle time of ``consumer``'s entries delivered since this replica started."""

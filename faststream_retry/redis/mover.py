@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from faststream_retry.redis.tasks import stop_tasks
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -80,12 +82,7 @@ class Mover:
     async def stop(self) -> None:
         """Stop every task; a script already sent completes on the server or not at all."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        for task, outcome in zip(tasks, outcomes, strict=True):
-            if isinstance(outcome, Exception):  # a task that died: said, and the stop goes on
-                logger.error("the mover's task %s had stopped: %r", task.get_name(), outcome)
+        await stop_tasks(tasks)
 
     async def move_once(self, keys: StreamKeys) -> tuple[int, int, int]:
         """Run one ``MOVE``: return ``(moved, head due ms or -1, server now ms)``."""
