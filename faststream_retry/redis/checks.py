@@ -7,7 +7,10 @@ eviction policy, which may drop a schedule or a dead-letter stream when memory i
 full; a read-only replica; and a covered stream read by more than one consumer group:
 a copy goes back into the stream, and every group reads it, so the groups that
 handled the message well would handle it again. ``noeviction`` (Redis' default) is
-fine: a full server refuses the step, and the entry stays pending for the claimer.
+fine: a full server refuses new messages, still lets a step through whole (a script
+that has written, here its ``XACK``, may finish past ``maxmemory``, so a step is never
+half done), and refuses the mover's ``XADD``, so copies wait in the schedule until
+memory is freed.
 Everything is read with ``INFO``, ``EVAL`` and ``XINFO GROUPS``; ``CONFIG`` (often
 renamed or denied on managed services) is not needed.
 """
@@ -102,7 +105,7 @@ def problems(server: Server) -> list[str]:
         found.append(
             f"maxmemory-policy is {server.maxmemory_policy}: a full server may evict the "
             "retry schedules and dead letters; set maxmemory-policy noeviction (a full server "
-            "then refuses the step, and the message waits pending)"
+            "then refuses new messages and holds retries until memory is freed)"
         )
     if server.role and server.role != "master":
         found.append(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from redis.exceptions import ResponseError
 
+from faststream_retry.core import headers as h
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
+from faststream_retry.redis import envelope
 from faststream_retry.redis.engine import RedisRetryEngine
+from faststream_retry.redis.steps import StreamEntry
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -54,3 +58,33 @@ def test_a_stream_name_no_hash_tag_can_follow_is_refused_before_start(client: Re
     """Refused when the engine is built, before anything is sent."""
     with pytest.raises(RetryConfigError, match="hash tag"):
         RedisRetryEngine(client, [("a}b", "g")])
+
+
+async def test_a_full_server_lets_a_step_through_whole_and_holds_the_copies(
+    client: Redis, stream: str
+) -> None:
+    """Under noeviction past maxmemory: new messages refused; the step done whole, never half.
+
+    Its XACK writes first, and Redis lets a script that wrote finish; the mover's XADD is
+    refused, so the copy waits in the schedule until memory is freed.
+    """
+    await client.xgroup_create(stream, "g", id="$", mkstream=True)
+    await client.xadd(stream, {envelope.DATA_FIELD: envelope.build(b"{}", {})})
+    reply: Any = await client.xreadgroup("g", "c", {stream: ">"})
+    ((_, [(entry_id, fields)]),) = reply
+    entry = StreamEntry(stream, "g", entry_id.decode(), fields)
+    engine = RedisRetryEngine(client, [(stream, "g")])
+    keys = engine.keys(stream)
+    await client.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(ResponseError, match="maxmemory"):
+            await client.xadd(stream, {"new": "message"})
+        assert await engine.retry_later(entry, delay_ms=0, headers={h.ATTEMPT: 1}) is not None
+        assert (await client.xpending(stream, "g"))["pending"] == 0
+        assert await client.zcard(keys.schedule) == 1
+        with pytest.raises(ResponseError, match="maxmemory"):
+            await engine.mover.move_once(keys)
+        assert await client.zcard(keys.schedule) == 1
+    finally:
+        await client.config_set("maxmemory", "0")
+    assert (await engine.mover.move_once(keys))[0] == 1
