@@ -214,5 +214,8 @@ async def test_hops_chain_between_scheduled_and_release(
     for hop in (s for s in spans if s.name == f"{queue} retry hop"):
         assert attrs(hop)[ATTR.TIER_MS] in {100, 200}
         assert 0 < attrs(hop)[ATTR.REMAINING_MS] <= 300
-        assert attrs(hop)[ATTR.TIER_MS] <= max(attrs(hop)[ATTR.REMAINING_MS], 100)
+        # The wait is rounded up to the 100 ms tick (core.tiers.Tiers.wait), never further:
+        # a hop that came back late (126 ms left, on a loaded CI machine) takes the 200 tier.
+        tick_grid = -(-attrs(hop)[ATTR.REMAINING_MS] // 100) * 100
+        assert attrs(hop)[ATTR.TIER_MS] <= tick_grid
     assert attrs(release)[ATTR.LATENESS_MS] >= 0

@@ -354,6 +354,9 @@ async def test_a_forged_x_death_never_sends_a_message_to_a_queue_outside_the_all
         await setup.cleanup(amqp, config)
 
 
+# Three rabbitmqctl runs, each an Erlang VM that boots: on a loaded CI machine one took
+# over a minute (the clear_policy, twice), which a 120 s bound does not leave room for.
+@pytest.mark.timeout(300)
 async def test_a_queue_opted_in_by_a_policy_is_retried_without_being_redeclared(
     amqp: AbstractRobustConnection, setup: Setup, consuming: Any, rabbit_url: str
 ) -> None:
