@@ -207,3 +207,35 @@ ensure_chromium() {
   log "installing Debian's chromium for the browser tests"
   apt_install chromium
 }
+
+# Redis Streams (issue 40): each series on ports of its own (scripts/redis/start.sh), as for
+# RabbitMQ: the suite's server, the one a fault test kills and restarts, and the first of
+# its three-master cluster (scripts/redis/cluster.sh; each node's cluster bus on its port
+# + 10000). The scripts own 6401-6420; Redis' own 6379 is left alone.
+declare -A REDIS_SERIES_PORT=([7.0]=6401 [8.0]=6402 [valkey-9.1]=6403)
+declare -A REDIS_SERIES_RESTART_PORT=([7.0]=6404 [8.0]=6405 [valkey-9.1]=6406)
+declare -A REDIS_SERIES_CLUSTER_PORT=([7.0]=6407 [8.0]=6410 [valkey-9.1]=6413)
+
+# start_redis_series SERIES PORT: start Redis SERIES on PORT (AOF, appendfsync always) and
+# print its URL; one this call started is stopped by stop_started_redis, one that was
+# running is left as it was.
+REDIS_STARTED_FILE="${TMPDIR:-/tmp}/faststream-retry-redis-started.$$"
+start_redis_series() {
+  local series="$1" port="$2" err url
+  err="$(mktemp)"
+  if ! url="$(REDIS_SERIES="$series" REDIS_PORT="$port" bash "$ROOT/scripts/redis/start.sh" 2>"$err")"; then
+    cat "$err" >&2; rm -f "$err"; return 1
+  fi
+  grep -q "reusing running server" "$err" || echo "$port" >>"$REDIS_STARTED_FILE"
+  grep -E "ready in|reusing" "$err" | sed "s/^/[redis $series] /" >&2
+  rm -f "$err"
+  echo "$url"
+}
+stop_started_redis() {
+  local port
+  [[ -f "$REDIS_STARTED_FILE" ]] || return 0
+  while read -r port; do
+    REDIS_PORT="$port" bash "$ROOT/scripts/redis/stop.sh" >/dev/null 2>&1 || true
+  done <"$REDIS_STARTED_FILE"
+  rm -f "$REDIS_STARTED_FILE"
+}

@@ -48,8 +48,10 @@ nats_binary_in() {
   if [[ -x "$1/usr/sbin/nats-server" ]]; then echo /usr/sbin/nats-server; else echo /usr/bin/nats-server; fi
 }
 
-# apt-get install nats-server into the chroot $1, under its lock (the nodes of a cluster
-# start at once, and RabbitMQ's start.sh builds the same chroot). Without systemd, the
+# apt-get install nats-server into the chroot $1 (built already: ensure_chroot), under the
+# lock every apt-get in a chroot takes (scripts/sid-python's, scripts/redis/series.sh's):
+# two apt-gets in one chroot at once fail on its lists' lock, and the nodes of a cluster
+# start at once. Without systemd, the
 # package's postinst would start a system server on 4222 unless policy-rc.d forbids it.
 nats_install_in_chroot() {
   local root="$1" made=0
@@ -70,7 +72,7 @@ nats_install_in_chroot() {
           install -y -q --no-install-recommends nats-server >&2; } || rc=$?
     [[ $made == 1 ]] && rm -f "$root/usr/sbin/policy-rc.d"
     exit "$rc"
-  ) 8>"$root.lock"
+  ) 8>"$root.apt.lock"
 }
 
 # The host's package: apt-get install it (root only).

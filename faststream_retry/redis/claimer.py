@@ -1,0 +1,219 @@
+"""The claimer: brings back entries a dead consumer left pending in its group.
+
+FastStream's stream subscriber reads only new entries (``XREADGROUP >``), never a
+pending list, not even its own after a restart: an entry whose consumer died while
+handling it would stay pending for ever. The claimer takes entries idle for
+``idle_ms`` (``XAUTOCLAIM``, which the user sets above the handler's timeout, so that
+no entry whose handler still runs is taken) and settles each as a failed attempt
+(``claimed_step``): a retry later, or a dead letter once the attempts are spent. The
+count is the plugin's own ``retry-attempt`` header, not Redis' delivery count, as on
+RabbitMQ it is not ``x-death``. A settlement that Redis refuses leaves the entry
+pending under the claimer; it is claimed again ``idle_ms`` later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError, ResponseError
+
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import Reason
+from faststream_retry.redis.steps import StreamEntry
+from faststream_retry.redis.tasks import stop_tasks
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+    from faststream_retry.core.policy import RetryPolicy
+    from faststream_retry.redis.client import Client
+    from faststream_retry.redis.keys import StreamKeys
+
+__all__ = ["CONSUMER_LOST", "ClaimedStep", "Claimer", "claimed_step"]
+
+logger = logging.getLogger("faststream_retry.redis")
+
+CONSUMER_LOST = "faststream_retry.ConsumerLost"
+"""``retry-exception`` of an attempt that ended with its consumer gone (nothing raises it)."""
+
+_COUNT = 100
+_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedStep:
+    """What a claimed entry becomes: a retry ``delay_ms`` later, or a dead letter."""
+
+    headers: dict[str, Any]
+    delay_ms: int
+    dead_letter: bool
+
+
+def claimed_step(
+    incoming: Mapping[str, Any] | None,
+    *,
+    stream: str,
+    policy: RetryPolicy,
+    idle_ms: int,
+    now_ms: int,
+    rand: Callable[[], float] = random.random,
+) -> ClaimedStep:
+    """Count a claimed entry's lost delivery as a failed attempt and decide its step (pure)."""
+    attempt = h.read_attempt(incoming) + 1
+    error = (
+        f"its consumer held it {idle_ms} ms or more without acknowledging it: it stopped "
+        "(killed, crashed or cut off) while handling it"
+    )
+    if attempt >= policy.max_attempts:
+        failure = h.FailureRecord(
+            attempt=attempt, at_ms=now_ms, exception=CONSUMER_LOST, error=error
+        )
+        headers = h.dead_letter_headers(
+            incoming, failure, reason=Reason.EXHAUSTED, origin_queue=stream
+        )
+        return ClaimedStep(headers, 0, dead_letter=True)
+    delay = policy.backoff.delay_ms(max(1, attempt - policy.immediate), rand)
+    failure = h.FailureRecord(
+        attempt=attempt, at_ms=now_ms, exception=CONSUMER_LOST, error=error, delay_ms=delay
+    )
+    return ClaimedStep(h.retry_headers(incoming, failure, now_ms + delay), delay, dead_letter=False)
+
+
+class Claimer:
+    """Keeps this replica's own pending entries alive, and claims other consumers' idle ones.
+
+    FastStream reads a whole backlog at once (``XREADGROUP`` without ``COUNT``): an entry
+    waits in the reader's memory, pending and growing idle, until its turn comes, which
+    may take longer than any idle time. So the replica that holds it says so: every
+    quarter of the idle time it ``XCLAIM``s its own consumers' pending entries to
+    themselves (``JUSTID``: the delivery count is left alone), which resets their idle
+    time; only a replica that stopped doing that (killed, frozen, cut off) has entries
+    that grow idle enough to be claimed. An entry pending for its consumer since before
+    this claimer was built (with the engine, before the app's subscribers start) is not
+    this replica's (a previous process under the same name left it) and is left to grow
+    idle. Each replica needs consumer names of its own: two live
+    replicas under one name keep each other's entries alive.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        targets: Sequence[tuple[StreamKeys, str]],
+        *,
+        consumer: str,
+        idle_ms: int,
+        settle: Callable[[StreamEntry], Awaitable[None]],
+        own: Sequence[tuple[StreamKeys, str, str]] = (),
+    ) -> None:
+        """Keep the settings; nothing runs until ``start()``.
+
+        ``consumer`` is the name the claimed entries are pending under until settled;
+        ``own`` the ``(keys, group, consumer)`` this replica's subscribers read as.
+        """
+        self._client = client
+        self._targets = tuple(targets)
+        self._own = tuple(own)
+        # Built before the app's subscribers start reading (the engine is), so an entry
+        # delivered since is this replica's own, and one delivered before is not.
+        self._born = time.monotonic()
+        self._consumer = consumer
+        self._idle_ms = idle_ms
+        self._settle = settle
+        self._interval_s = min(5.0, max(0.1, idle_ms / 4000))
+        self._tasks: list[asyncio.Task[None]] = []
+        self.claimed = 0
+        """Entries this claimer claimed (a test's count)."""
+        self.kept = 0
+        """Own entries kept alive, summed over the passes (a test's count)."""
+
+    def start(self) -> None:
+        """Keep own entries alive and claim others', each every quarter of the idle time.
+
+        Two tasks, so that settling a large claim never delays the keep-alive.
+        """
+        if self._tasks:
+            return
+        if self._own:
+            self._tasks.append(
+                asyncio.create_task(self._keep_alive(), name="faststream-retry alive")
+            )
+        if self._targets:
+            self._tasks.append(asyncio.create_task(self._run(), name="faststream-retry claimer"))
+
+    async def stop(self) -> None:
+        """Stop; an entry claimed and not yet settled is claimed again later."""
+        tasks, self._tasks = self._tasks, []
+        await stop_tasks(tasks)
+
+    async def keep_alive_once(self, keys: StreamKeys, group: str, consumer: str) -> int:
+        """Reset the idle time of ``consumer``'s entries delivered since this replica started."""
+        uptime_ms = (time.monotonic() - self._born) * 1000
+        start: bytes | str = "-"
+        kept = 0
+        while True:
+            rows: list[dict[str, Any]] = await self._client.xpending_range(
+                keys.stream, group, min=start, max="+", count=_PAGE, consumername=consumer
+            )
+            ids = [r["message_id"] for r in rows if r["time_since_delivered"] < uptime_ms]
+            if ids:
+                await self._client.xclaim(keys.stream, group, consumer, 0, ids, justid=True)
+                kept += len(ids)
+            if len(rows) < _PAGE:
+                self.kept += kept
+                return kept
+            start = "(" + _str(rows[-1]["message_id"])
+
+    async def _keep_alive(self) -> None:
+        while True:
+            for keys, group, consumer in self._own:
+                await self._keep(keys, group, consumer)
+            await asyncio.sleep(self._interval_s)
+
+    async def _keep(self, keys: StreamKeys, group: str, consumer: str) -> None:
+        try:
+            await self.keep_alive_once(keys, group, consumer)
+        except (RedisError, OSError) as exc:  # NOGROUP before the subscriber starts, too
+            logger.debug("keeping %s/%s alive: %s", keys.stream, consumer, exc)
+
+    async def claim_once(self, keys: StreamKeys, group: str) -> int:
+        """Claim and settle every entry of ``group`` idle for ``idle_ms``; return how many."""
+        start: bytes | str = "0-0"
+        claimed = 0
+        while True:
+            reply = await self._client.xautoclaim(
+                keys.stream, group, self._consumer, self._idle_ms, start, count=_COUNT
+            )
+            start, entries = reply[0], reply[1]
+            for entry_id, fields in entries:
+                if fields is None:  # deleted from the stream while pending (Redis 6.2)
+                    continue
+                claimed += 1
+                await self._settle(StreamEntry(keys.stream, group, _str(entry_id), fields))
+            if _str(start) == "0-0":
+                self.claimed += claimed
+                return claimed
+
+    async def _run(self) -> None:
+        while True:
+            for keys, group in self._targets:
+                await self._claim(keys, group)
+            await asyncio.sleep(self._interval_s)
+
+    async def _claim(self, keys: StreamKeys, group: str) -> None:
+        try:
+            await self.claim_once(keys, group)
+        except ResponseError as exc:
+            # NOGROUP: the stream or its group is not there yet (the subscriber creates
+            # them when it starts), or an operator deleted it.
+            logger.debug("claiming in %s/%s: %s", keys.stream, group, exc)
+        except (RedisError, OSError) as exc:
+            logger.warning("claiming in %s/%s failed: %s", keys.stream, group, exc)
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

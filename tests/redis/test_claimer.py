@@ -1,0 +1,111 @@
+"""Entries of a consumer killed mid-message come back through the claimer, counted as an attempt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from faststream_retry.core import headers as h
+from faststream_retry.redis.claimer import CONSUMER_LOST
+from tests.rabbit import eventually
+from tests.redis.support import read_stream, until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from redis.asyncio import Redis
+
+    from tests.redis.support import App
+
+pytestmark = pytest.mark.redis
+
+CONSUMER = Path(__file__).with_name("dying_consumer.py")
+N = 20
+
+
+async def kill_mid_message(client: Redis, redis_url: str, stream: str) -> None:
+    """Run a consumer that reads N entries and hangs in the first; SIGKILL it there."""
+    started = f"{stream}:started"
+    doomed = subprocess.Popen(
+        [sys.executable, str(CONSUMER)],
+        env={**os.environ, "REDIS_URL": redis_url, "STREAM": stream, "STARTED": started},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+
+        async def group_exists() -> bool:
+            return bool(await client.exists(stream)) and bool(await client.xinfo_groups(stream))
+
+        await until(group_exists, timeout=30, what="the doomed consumer's group")
+        # One transaction: the consumer's blocked read takes all of them at once. FastStream's
+        # older JSON envelope, which the transport reads too.
+        pipe = client.pipeline(transaction=True)
+        for n in range(N):
+            envelope_ = {
+                "data": json.dumps({"id": n}),
+                "headers": {"content-type": "application/json"},
+            }
+            pipe.xadd(stream, {"__data__": json.dumps(envelope_)})
+        await pipe.execute()
+
+        async def all_pending_in_doomed() -> bool:
+            info = await client.xpending(stream, "g")
+            return bool(await client.get(started)) and info["pending"] == N
+
+        await until(all_pending_in_doomed, what=f"{N} entries pending in the doomed consumer")
+    finally:
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait(timeout=30)
+
+
+async def test_entries_of_a_consumer_killed_mid_message_are_claimed_and_handled_once(
+    make_app: Callable[..., App], client: Redis, redis_url: str, stream: str
+) -> None:
+    """SIGKILL while its handler runs: all it read is handled once by another consumer."""
+    await kill_mid_message(client, redis_url, stream)
+    app = make_app(fails=lambda _id, _attempt: False, claim_idle_ms=1000, consumer="c2")
+    await app.start()
+    await eventually(lambda: sum(app.done.values()) >= N, timeout=30, what="every entry handled")
+    assert app.done == dict.fromkeys(range(N), 1), "each entry handled exactly once"
+    assert {k: [a for a, _ in v] for k, v in app.calls.items()} == {n: [2] for n in range(N)}
+    assert (await client.xpending(stream, "g"))["pending"] == 0
+    copies = [m for _, m in await read_stream(client, stream) if h.ATTEMPT in m.headers]
+    assert len(copies) == N
+    for copy in copies:
+        (entry,) = h.read_history(copy.headers)
+        assert entry["exception"] == CONSUMER_LOST
+        assert h.read_attempt(copy.headers) == 1
+    assert app.engine.claimer is not None
+    assert app.engine.claimer.claimed == N
+
+
+async def test_a_lost_delivery_on_the_last_attempt_is_dead_lettered(
+    make_app: Callable[..., App], client: Redis, redis_url: str, stream: str
+) -> None:
+    """max_attempts=1: the claim spends the only attempt, so each entry goes to the .dlq."""
+    await kill_mid_message(client, redis_url, stream)
+    app = make_app(
+        fails=lambda _id, _attempt: False, claim_idle_ms=1000, consumer="c2", max_attempts=1
+    )
+    await app.start()
+    dlq = app.engine.keys(stream).dlq
+
+    async def all_dead() -> bool:
+        return bool(await client.exists(dlq)) and int(await client.xlen(dlq)) >= N
+
+    await until(all_dead, timeout=30, what="every entry dead-lettered")
+    letters = [m for _, m in await read_stream(client, dlq)]
+    assert sorted(json.loads(m.body)["id"] for m in letters) == list(range(N))
+    for letter in letters:
+        assert letter.headers[h.REASON] == "exhausted"
+        assert letter.headers[h.EXCEPTION] == CONSUMER_LOST
+        assert h.read_attempt(letter.headers) == 1
+    assert not app.calls, "no handler ran again"
+    assert (await client.xpending(stream, "g"))["pending"] == 0

@@ -1,0 +1,103 @@
+"""A replica killed with SIGKILL three times mid-burst: nothing lost, counted by id."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from faststream_retry.core import headers as h
+from faststream_retry.redis.claimer import CONSUMER_LOST
+from tests.redis.support import read_stream, until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from redis.asyncio import Redis
+
+    from tests.redis.support import App
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(240)]
+
+WAVE = 400
+KILLS = 3
+
+
+def _worker(redis_url: str, stream: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.redis.worker_app"],
+        env={**os.environ, "REDIS_URL": redis_url, "STREAM": stream, "CONSUMER": "w"},
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def _pending_of(client: Redis, stream: str, consumer: str) -> int:
+    summary = await client.xpending(stream, "g")
+    for row in summary.get("consumers") or []:
+        name = row["name"].decode() if isinstance(row["name"], bytes) else row["name"]
+        if name == consumer:
+            return int(row["pending"])
+    return 0
+
+
+async def test_a_replica_killed_three_times_mid_burst_loses_nothing(
+    make_app: Callable[..., App], client: Redis, redis_url: str, stream: str
+) -> None:
+    """Each id handled; the in-flight one of each kill at most twice; none dead-lettered.
+
+    The survivor's claimer brings back what each killed replica held: its in-flight
+    message and every entry its read had taken and not yet handled.
+    """
+    done_key = f"{stream}:done"
+    survivor = make_app(
+        fails=lambda n, attempt: n % 10 == 0 and attempt == 1,
+        max_attempts=10,
+        consumer="survivor",
+        claim_idle_ms=1000,
+        on_done=lambda n: client.hincrby(done_key, str(n), 1),
+    )
+    await survivor.start()
+    worker = _worker(redis_url, stream)
+    try:
+        for kill in range(KILLS):
+            pipe = client.pipeline(transaction=False)
+            for n in range(kill * WAVE, (kill + 1) * WAVE):
+                pipe.xadd(stream, {"__data__": json.dumps({"data": json.dumps({"id": n})})})
+            await pipe.execute()
+
+            async def worker_holds_some() -> bool:
+                return await _pending_of(client, stream, "w") > 0
+
+            await until(worker_holds_some, timeout=30, what=f"the replica holding entries ({kill})")
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+            worker = _worker(redis_url, stream)
+        total = KILLS * WAVE
+
+        async def all_done() -> bool:
+            settled = (await client.xpending(stream, "g"))["pending"] == 0
+            return settled and int(await client.hlen(done_key)) >= total
+
+        await until(all_done, timeout=120, what=f"{total} handled and nothing pending")
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    counts = {int(k): int(v) for k, v in (await client.hgetall(done_key)).items()}
+    assert sorted(counts) == list(range(total)), "an id never handled"
+    twice = {n: c for n, c in counts.items() if c > 1}
+    assert len(twice) <= KILLS, f"handled more than once: {twice}"
+    assert not await client.exists(survivor.engine.keys(stream).dlq), "nothing dead-lettered"
+    claimed = [
+        m
+        for _, m in await read_stream(client, stream)
+        if any(e["exception"] == CONSUMER_LOST for e in h.read_history(m.headers))
+    ]
+    assert claimed, "the kills left entries for the claimer"

@@ -1,0 +1,164 @@
+"""The atomic steps and the movers on a real server, without FastStream: never twice, never lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from redis.asyncio import Redis
+
+from faststream_retry.core import headers as h
+from faststream_retry.redis import envelope
+from faststream_retry.redis.engine import RedisRetryEngine
+from faststream_retry.redis.steps import StreamEntry
+from tests.rabbit import eventually
+from tests.redis.support import read_stream, until
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+pytestmark = pytest.mark.redis
+
+GROUP = "g"
+
+
+async def pending_entries(client: Redis, stream: str, n: int) -> list[StreamEntry]:
+    """Add ``n`` FastStream-encoded messages ``{"id": i}`` and read them into group g's pending list."""
+    await client.xgroup_create(stream, GROUP, id="$", mkstream=True)
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        body = json.dumps({"id": i}).encode()
+        pipe.xadd(
+            stream,
+            {envelope.DATA_FIELD: envelope.build(body, {"content-type": "application/json"})},
+        )
+    await pipe.execute()
+    entries: list[StreamEntry] = []
+    while len(entries) < n:
+        reply: Any = await client.xreadgroup(GROUP, "c1", {stream: ">"}, count=1000)
+        for _, batch in reply:
+            entries.extend(StreamEntry(stream, GROUP, i.decode(), f) for i, f in batch)
+    return entries
+
+
+def retry_headers(entry: StreamEntry, delay_ms: int) -> dict[str, object]:
+    failure = h.FailureRecord(
+        attempt=1, at_ms=h.now_ms(), exception="E", error="e", delay_ms=delay_ms
+    )
+    return h.retry_headers(entry.incoming_headers(), failure, failure.at_ms + delay_ms)
+
+
+async def schedule(engine: RedisRetryEngine, entries: Sequence[StreamEntry], delay_ms: int) -> None:
+    """Schedule every entry's copy, 50 steps in flight at once (redis-py's pool holds 100)."""
+    for start in range(0, len(entries), 50):
+        dues = await asyncio.gather(
+            *(
+                engine.retry_later(e, delay_ms=delay_ms, headers=retry_headers(e, delay_ms))
+                for e in entries[start : start + 50]
+            )
+        )
+        assert None not in dues
+
+
+def copy_ids(stream_entries: list[tuple[str, envelope.Envelope]]) -> Counter[int]:
+    return Counter(json.loads(m.body)["id"] for _, m in stream_entries if h.ATTEMPT in m.headers)
+
+
+async def test_two_movers_move_each_of_10000_due_copies_exactly_once(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """10,000 copies due at once, two movers on two connections: each copy in the stream once."""
+    n = 10_000
+    entries = await pending_entries(client, stream, n)
+    clients = [Redis.from_url(redis_url), Redis.from_url(redis_url)]
+    engines = [RedisRetryEngine(c, [(stream, GROUP)]) for c in clients]
+    try:
+        await schedule(engines[0], entries, delay_ms=500)
+        keys = engines[0].keys(stream)
+        assert await client.zcard(keys.schedule) == n
+        for engine in engines:
+            await engine.start()
+
+        async def all_moved() -> bool:
+            return int(await client.zcard(keys.schedule)) == 0
+
+        await until(all_moved, timeout=60, what="every copy moved")
+        copies = copy_ids(await read_stream(client, stream))
+        assert len(copies) == n, f"{n - len(copies)} copies lost"
+        twice = {i: c for i, c in copies.items() if c > 1}
+        assert not twice, f"{len(twice)} copies moved more than once"
+        assert await client.hlen(keys.data) == 0
+        assert engines[0].mover.moved + engines[1].mover.moved == n
+        assert engines[0].mover.moved > 0, "the first mover moved some"
+        assert engines[1].mover.moved > 0, "the second mover moved some"
+    finally:
+        for engine in engines:
+            await engine.stop()
+        for c in clients:
+            await c.aclose()
+
+
+async def test_a_step_whose_acknowledgement_finds_nothing_writes_nothing(
+    client: Redis, stream: str
+) -> None:
+    """Settled by another consumer (or never delivered): no copy scheduled, no letter added."""
+    entries = await pending_entries(client, stream, 3)
+    engine = RedisRetryEngine(client, [(stream, GROUP)])
+    keys = engine.keys(stream)
+    settled, other, _ = entries
+    assert await client.xack(stream, GROUP, settled.id) == 1
+    assert await engine.retry_later(settled, delay_ms=0, headers=retry_headers(settled, 0)) is None
+    assert await engine.dead_letter(settled, headers={h.REASON: "exhausted"}) is False
+    never = StreamEntry(stream, GROUP, "1-1", settled.fields)
+    assert await engine.retry_later(never, delay_ms=0, headers=retry_headers(never, 0)) is None
+    assert await client.zcard(keys.schedule) == 0
+    assert await client.hlen(keys.data) == 0
+    assert await client.xlen(keys.dlq) == 0 if await client.exists(keys.dlq) else True
+    # The same step twice on one delivery: the second finds nothing.
+    assert await engine.retry_later(other, delay_ms=60_000, headers=retry_headers(other, 0))
+    assert await engine.retry_later(other, delay_ms=0, headers=retry_headers(other, 0)) is None
+    assert await engine.dead_letter(other, headers={h.REASON: "exhausted"}) is False
+    assert await client.zcard(keys.schedule) == 1
+    assert not await client.exists(keys.dlq)
+
+
+async def test_a_new_head_wakes_a_sleeping_mover_at_its_due_time(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """A mover asleep for its 5 s cap moves a copy due in 300 ms on time: the nudge woke it.
+
+    And it does not poll meanwhile: a handful of scripts, not one per few milliseconds.
+    """
+    (entry,) = await pending_entries(client, stream, 1)
+    mover_client = Redis.from_url(redis_url)
+    engine = RedisRetryEngine(mover_client, [(stream, GROUP)], cap_s=5.0)
+    try:
+        await engine.start()
+        await asyncio.wait_for(engine.mover.listening.wait(), 10)
+        # Its look once subscribed: then it sleeps its cap, the schedule being empty.
+        await eventually(lambda: engine.mover.wakes >= 2, what="the mover's look once subscribed")
+        start = asyncio.get_running_loop().time()
+        assert await engine.retry_later(entry, delay_ms=300, headers=retry_headers(entry, 300))
+        await eventually(lambda: engine.mover.moved == 1, timeout=3.0, what="the copy moved")
+        waited = asyncio.get_running_loop().time() - start
+        assert waited >= 0.3
+        assert engine.mover.wakes <= 5, f"{engine.mover.wakes} scripts for one copy"
+    finally:
+        await engine.stop()
+        await mover_client.aclose()
+
+
+async def test_a_server_that_forgot_the_scripts_is_sent_them_again(
+    client: Redis, stream: str
+) -> None:
+    """After SCRIPT FLUSH (a restart, a failover) EVALSHA's NOSCRIPT loads the script again."""
+    entries = await pending_entries(client, stream, 2)
+    engine = RedisRetryEngine(client, [(stream, GROUP)])
+    assert await engine.retry_later(entries[0], delay_ms=0, headers=retry_headers(entries[0], 0))
+    await client.script_flush()
+    assert await engine.retry_later(entries[1], delay_ms=0, headers=retry_headers(entries[1], 0))
+    moved, head, _ = await engine.mover.move_once(engine.keys(stream))
+    assert (moved, head) == (2, -1)

@@ -1,0 +1,35 @@
+"""A replica of a retrying app, run as a subprocess and killed with SIGKILL by the tests.
+
+``REDIS_URL``, ``STREAM``, ``CONSUMER``; a message whose id is a multiple of 10 fails
+once. Each success is counted in the hash ``<STREAM>:done`` (id: times), written before
+the handler returns, so a kill after it and before the acknowledgement counts twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from tests.redis.support import App
+
+STREAM = os.environ["STREAM"]
+
+
+async def main() -> None:
+    """Run until killed."""
+    app = App(
+        os.environ["REDIS_URL"],
+        STREAM,
+        fails=lambda n, attempt: n % 10 == 0 and attempt == 1,
+        max_attempts=10,
+        delay_ms=200,
+        consumer=os.environ["CONSUMER"],
+        claim_idle_ms=1000,
+        on_done=lambda n: app.client.hincrby(f"{STREAM}:done", str(n), 1),
+    )
+    await app.start()
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
