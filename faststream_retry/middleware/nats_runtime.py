@@ -7,8 +7,9 @@ The NATS side of ``runtime``: the same ``Plugin`` makes a ``NatsRuntime`` for a
 subscriber with retries on is refused, with the fix), makes the delay stream and a
 dead-letter stream per covered stream (``nats.streams``, ``nats.dead_letters``), lets
 FastStream start its subscribers, then starts a re-check consumer per tier and a
-hand-over per covered subscriber (``nats.live``). Not yet on NATS: test mode under
-``TestNatsBroker`` (the plugin leaves the messages to FastStream, said once), outage
+hand-over per covered subscriber (``nats.live``). Under ``TestNatsBroker`` nothing
+starts: inside ``retry.testing()`` failures go to test mode's sink (``nats_test_mode``),
+once the subscribers passed the same checks (``check_in_test``). Not yet on NATS: outage
 mode (refused), and subscribers that join a running broker (left to FastStream).
 """
 
@@ -20,6 +21,7 @@ from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals, checks, nats_subscribers
+from faststream_retry.middleware.nats_test_mode import NatsTestSink
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.reporting.log import log
 
@@ -48,15 +50,42 @@ class NatsRuntime(Planned):
         """Prepare; nothing touches the network before ``open``."""
         super().__init__(config, reporter, broker, testing)
         self.live: NatsLive | None = None
+        self._checked_in_test = False
 
-    def sink(self) -> NatsSink | None:
-        """Where this broker's failures go now; ``None``: the plugin is not running."""
-        from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
+    def sink(self) -> NatsSink | NatsTestSink | None:
+        """Where this broker's failures go now; ``None``: the plugin is not running.
 
+        The live sink from the start to the stop; test mode's under ``TestNatsBroker``.
+        """
         live = self.live
+        if live is None and nats_subscribers.under_test_nats(self.broker):
+            return NatsTestSink(self.broker, self.plan, self.reporter, self._testing)
         if live is None or not live.running:
             return None
+        from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
+
         return NatsSink(live, self.reporter, self.config.pause_s)
+
+    def check_in_test(self, middleware: Middleware) -> None:
+        """Test mode's start: the checks a real start makes, once; a refusal raises every time.
+
+        A test of an app the plugin would refuse to start with (a core-NATS subscriber
+        with retries on, say) fails with the same error, rather than retrying in memory
+        what production would not.
+
+        Raises:
+            RetryConfigError: as ``check``.
+        """
+        if self.refused is not None:
+            raise self.refused
+        if self._checked_in_test:
+            return
+        try:
+            self.check(middleware)
+        except RetryConfigError as refused:
+            self.refused = refused
+            raise
+        self._checked_in_test = True
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
         """A subscriber that joined the running broker: not covered on NATS yet (FastStream's)."""
@@ -109,11 +138,7 @@ class NatsRuntime(Planned):
         """Check the subscribers, then make the plugin's streams on the broker's connection."""
         topology = self.check(middleware)
         if nats_subscribers.under_test_nats(self.broker):
-            self._leave_to_faststream(
-                "test mode under TestNatsBroker is not built yet: the plugin leaves this "
-                f"{type(self.broker).__qualname__}'s messages to FastStream, untouched"
-            )
-            return
+            return  # nothing to open: test mode's sink takes the failures (``sink``)
         connection = await self.broker.connect()
         jetstream = getattr(connection, "jetstream", None)
         if not callable(jetstream) or not type(connection).__module__.startswith("nats"):
