@@ -14,6 +14,7 @@ from faststream_retry.nats.checks import DEFAULT_ACK_WAIT_S
 
 __all__ = [
     "ack_wait_s",
+    "broker_url",
     "consumer_config",
     "durable_of",
     "is_nats",
@@ -96,3 +97,14 @@ def max_msg_size_of(sub: Any) -> int | None:  # noqa: ANN401 - a NATS subscriber
     """The ``max_msg_size`` of the subscriber's stream as its ``JStream`` declares it."""
     size = getattr(getattr(getattr(sub, "stream", None), "config", None), "max_msg_size", None)
     return size if isinstance(size, int) else None
+
+
+def broker_url(broker: Any) -> str | None:  # noqa: ANN401 - a NatsBroker
+    """The servers a ``NatsBroker`` connects to, comma-separated (``NatsBroker(servers)``)."""
+    kwargs = getattr(broker, "_connection_kwargs", None)
+    servers = kwargs.get("servers") if isinstance(kwargs, dict) else None
+    if isinstance(servers, str):
+        servers = [servers]
+    if not isinstance(servers, (list, tuple)) or not servers:
+        return None
+    return ",".join(str(server) for server in servers)
