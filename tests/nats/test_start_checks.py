@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 from faststream.nats import JStream, NatsBroker, PullSub
-from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from nats.js.errors import NotFoundError
 
 from faststream_retry import RetryConfigError
+from tests.nats.helpers import make_delay_stream
 from tests.nats.test_retries import FAST, middleware, running
 
 if TYPE_CHECKING:
@@ -133,14 +134,7 @@ async def test_a_duplicate_window_shorter_than_a_redelivery_is_warned_of(
     ack_wait), and the consumer waits 3 min for an ack (over the dead-letter stream's
     2 min): each stream is named once, with the window it needs."""
     stream, subject = names.stream(), names.subject()
-    await js.add_stream(
-        StreamConfig(
-            name=f"{names.prefix}-delay",
-            subjects=[f"{names.prefix}.delay.>", f"{names.prefix}.ready.>"],
-            retention=RetentionPolicy.WORK_QUEUE,
-            duplicate_window=10,
-        )
-    )
+    await make_delay_stream(js, names.prefix, duplicate_window=10)
     caplog.set_level(logging.WARNING, logger="faststream_retry")
     broker = app(nats_url, names, stream, subject, config=ConsumerConfig(ack_wait=180))
     async with running(broker):
