@@ -16,13 +16,15 @@ import json
 import logging
 import time
 from collections import defaultdict
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import pytest
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from nats.js.api import RetentionPolicy
 from nats.js.errors import NotFoundError
 
-from faststream_retry import RetryMiddleware, retry_policy
+from faststream_retry import Fixed, RetryMiddleware, RetryPolicy, retry_policy
 from tests.nats.helpers import stream_count, stream_messages
 from tests.rabbit import eventually
 from tests.rabbit import eventually_async as until
@@ -281,3 +283,43 @@ async def test_a_dead_letter_stream_declared_by_faststream_loses_its_direct_gets
     async with running(broker):
         info = await js.stream_info(dlq)
     assert info.config.allow_direct is not True
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="explanation/nats-guarantees.md's known problem: a copy's Nats-Msg-Id "
+    "(<stream>:<sequence>:retry) does not name the consumer, so the second consumer's "
+    "copy is dropped as a duplicate of the first's, and its original acked",
+)
+async def test_two_consumers_failing_one_message_each_get_their_retry(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Two durable consumers of one interest stream both fail the same message once: each
+    should be called again for its own retry (sent 1 = processed once by each)."""
+    stream, subject = names.stream(), names.subject()
+    retry = RetryMiddleware(
+        RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(milliseconds=200))),
+        prefix=names.prefix,
+        tick=timedelta(milliseconds=100),
+        max_delay=120,
+    )
+    broker = retry.install(NatsBroker(nats_url, logger=None))
+    jstream = JStream(stream, subjects=[subject], retention=RetentionPolicy.INTEREST)
+    calls: list[str] = []
+
+    for durable in ("billing", "shipping"):
+
+        @broker.subscriber(subject, stream=jstream, durable=durable, pull_sub=PullSub())
+        async def handle(body: str, name: str = durable) -> None:
+            calls.append(name)
+            if calls.count(name) == 1:
+                raise ConnectionError("once")
+
+    async with running(broker):
+        await broker.publish("x", subject, stream=stream)
+        deadline = time.monotonic() + 10  # both retries, or the assert below says which
+        while len(calls) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+    assert sorted(calls) == ["billing", "billing", "shipping", "shipping"]
+    assert await stream_count(js, f"{names.prefix}-dlq-{stream}") == 0
