@@ -25,13 +25,11 @@ from nats.js.api import RetentionPolicy
 from nats.js.errors import NotFoundError
 
 from faststream_retry import Fixed, RetryMiddleware, RetryPolicy, retry_policy
-from tests.nats.helpers import stream_count, stream_messages
+from tests.nats.helpers import running, stream_count, stream_messages
 from tests.rabbit import eventually
 from tests.rabbit import eventually_async as until
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from nats.js import JetStreamContext
 
     from tests.nats.conftest import Names
@@ -63,15 +61,6 @@ async def waiting(js: JetStreamContext, key: str) -> int:
     except NotFoundError:
         return 0
     return sum(n for subject, n in (info.state.subjects or {}).items() if subject.endswith(key))
-
-
-@contextlib.asynccontextmanager
-async def running(broker: NatsBroker) -> AsyncIterator[NatsBroker]:
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        await broker.stop()
 
 
 def gaps(times: list[float]) -> list[float]:
