@@ -274,17 +274,12 @@ async def test_a_dead_letter_stream_declared_by_faststream_loses_its_direct_gets
     assert info.config.allow_direct is not True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="explanation/nats-guarantees.md's known problem: a copy's Nats-Msg-Id "
-    "(<stream>:<sequence>:retry) does not name the consumer, so the second consumer's "
-    "copy is dropped as a duplicate of the first's, and its original acked",
-)
 async def test_two_consumers_failing_one_message_each_get_their_retry(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:
     """Two durable consumers of one interest stream both fail the same message once: each
-    should be called again for its own retry (sent 1 = processed once by each)."""
+    is called again for its own retry (sent 1 = processed once by each): a copy's
+    ``Nats-Msg-Id`` names the consumer that made it."""
     stream, subject = names.stream(), names.subject()
     retry = RetryMiddleware(
         RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(milliseconds=200))),
@@ -314,17 +309,12 @@ async def test_two_consumers_failing_one_message_each_get_their_retry(
     assert await stream_count(js, f"{names.prefix}-dlq-{stream}") == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="explanation/nats-guarantees.md's known problem: a stream made again restarts "
-    "its sequences, so its copy ids (<stream>:<sequence>:<kind>) repeat ones the plugin's "
-    "streams saw within their duplicate window, and the new copy is dropped",
-)
 async def test_a_work_stream_made_again_keeps_its_dead_letters(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:
     """A stream deleted and made again by the next start of its app: the first message of
-    each run fails for good; both dead letters should be kept (sent 2 = dead-lettered 2)."""
+    each run fails for good; both dead letters are kept (sent 2 = dead-lettered 2): a
+    copy's ``Nats-Msg-Id`` names its message's stored time, not only its sequence."""
     stream, subject = names.stream(), names.subject()
     calls: list[str] = []
 
