@@ -112,10 +112,13 @@ def dlq_filter(prefix: str, stream: str) -> str:
     return f"{prefix}.dlq.{stream}.>"
 
 
-def msg_id(stream: str, sequence: int, kind: str) -> str:
-    """The ``Nats-Msg-Id`` of the ``kind`` copy made of message ``sequence`` of ``stream``.
+def msg_id(stream: str, consumer: str, sequence: int, stored_us: int, kind: str) -> str:
+    """The ``Nats-Msg-Id`` of the ``kind`` copy ``consumer`` made of ``stream``'s ``sequence``.
 
     The same delivery, redelivered after a crash between the PubAck and the ack, makes
-    the same id, and the server drops the second copy within the duplicate window.
+    the same id, and the server drops the second copy within the duplicate window. The
+    consumer is in it because two consumers of one stream that both fail a message each
+    make a copy of their own; the message's stored time (``stored_us``, microseconds)
+    because a stream deleted and made again numbers its messages from 1 again.
     """
-    return f"{stream}:{sequence}:{kind}"
+    return f"{stream}:{consumer}:{sequence}:{stored_us}:{kind}"

@@ -12,15 +12,22 @@ import asyncio
 import enum
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.nats import wire
+from faststream_retry.nats import naming, wire
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from nats.aio.msg import Msg
     from nats.js import JetStreamContext
 
-__all__ = ["Outcome", "Publisher", "confirmed"]
+__all__ = ["Outcome", "Publisher", "confirmed", "copy_id"]
+
+
+def copy_id(meta: Msg.Metadata, kind: str) -> str:
+    """The ``Nats-Msg-Id`` of the ``kind`` copy made of the delivery ``meta`` describes."""
+    stored_us = round(meta.timestamp.timestamp() * 1_000_000)
+    return naming.msg_id(meta.stream, meta.consumer, meta.sequence.stream, stored_us, kind)
 
 
 class Outcome(str, enum.Enum):

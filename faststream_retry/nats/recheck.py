@@ -24,7 +24,7 @@ from faststream_retry.core.events import EventKind
 from faststream_retry.core.topology import Route
 from faststream_retry.nats import naming, wire
 from faststream_retry.nats.fetch import fetch, stop_loop
-from faststream_retry.nats.publisher import confirmed
+from faststream_retry.nats.publisher import confirmed, copy_id
 from faststream_retry.nats.streams import RECHECK_ACK_WAIT_S
 from faststream_retry.reporting.log import log
 
@@ -156,7 +156,7 @@ class Recheck:
         step = steps.recheck(plan, route, message_id, incoming, now_ms=h.now_ms())
         meta = msg.metadata
         subject, stream, kind = self.destination(step, key)
-        ident = naming.msg_id(meta.stream, meta.sequence.stream, kind)
+        ident = copy_id(meta, kind)
 
         async def send(copy: Copy) -> bool:
             outcome = await self._publisher.publish(

@@ -21,7 +21,7 @@ from faststream_retry.core import steps
 from faststream_retry.core.decision import Action
 from faststream_retry.core.events import EventKind
 from faststream_retry.nats import naming, wire
-from faststream_retry.nats.publisher import Outcome, confirmed
+from faststream_retry.nats.publisher import Outcome, confirmed, copy_id
 
 if TYPE_CHECKING:
     from faststream_retry.core.decision import Decision
@@ -146,7 +146,7 @@ class NatsSink:
             subject = naming.delay_subject(prefix, tier, key)
             stream = naming.delay_stream(prefix)
         meta = raw.metadata
-        ident = naming.msg_id(meta.stream, meta.sequence.stream, "dead" if dead else "retry")
+        ident = copy_id(meta, "dead" if dead else "retry")
         seen: list[Outcome] = [] if outcomes is None else outcomes
 
         async def send(copy: Copy) -> bool:

@@ -19,6 +19,7 @@ from aiormq.exceptions import ChannelLockedResource, ChannelNotFoundEntity
 
 from faststream_retry import Fixed, RetryPolicy, retry_policy
 from faststream_retry.core import headers
+from faststream_retry.core.topology import lock_name
 from faststream_retry.ops.wire import read_line
 from tests.cli import environment, run_cli, script
 from tests.rabbit import App, eventually, headers_of, queue_depth, unique
@@ -454,8 +455,9 @@ async def test_a_replay_killed_mid_way_loses_nothing(
         "dlq",
         "replay",
         work_queue,
+        # 6 s for 300: the kill lands after 60 with 4.8 s to spare on a loaded machine.
         "--rate",
-        "150",
+        "50",
         env=environment(rabbit_url),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
@@ -561,23 +563,29 @@ async def test_one_command_at_a_time_goes_through_a_queue(
         "dlq",
         "replay",
         work_queue,
-        # 8 s for 40: the second command's own start (a Python process, its imports)
-        # took over the 2 s that --rate 20 gave on a loaded machine.
         "--rate",
-        "5",
+        "20",
         env=environment(rabbit_url),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
-    await eventually_exists(amqp, f"faststream-retry.lock.{work_queue}.dlq")
-    second = await run_cli("dlq", "list", work_queue, url=rabbit_url)
-    assert second.status == 3
-    assert "another faststream-retry command is going through" in second.stderr
+    # A running command holds the lock ...
+    await eventually_exists(amqp, lock_name(f"{work_queue}.dlq"))
     assert await slow.wait() == 0
     assert sorted(await ids_in(amqp, work_queue)) == sorted(f"m{i}" for i in range(40))
-    # The lock went with its command.
+    # ... and the lock went with its command.
     again = await run_cli("dlq", "list", work_queue, url=rabbit_url)
     assert again.status == 0, again.stderr
+    # While another command holds it (here the test, so that no race with a command's own
+    # start decides the outcome on a loaded machine), a second one is refused.
+    holder = await amqp.channel()
+    try:
+        await holder.declare_queue(lock_name(f"{work_queue}.dlq"), exclusive=True, auto_delete=True)
+        second = await run_cli("dlq", "list", work_queue, url=rabbit_url)
+    finally:
+        await holder.close()
+    assert second.status == 3
+    assert "another faststream-retry command is going through" in second.stderr
 
 
 async def eventually_exists(amqp: AbstractRobustConnection, name: str) -> None:

@@ -1,7 +1,9 @@
-"""Reading what the plugin left on the server: dead letters, waiting copies (no consuming)."""
+"""Reading what the plugin left on the server: dead letters, waiting copies (no consuming);
+and running an app's broker for the length of a block."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +13,20 @@ from nats.js.errors import NotFoundError
 from tests.rabbit import eventually_async
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from faststream.nats import NatsBroker
     from nats.js import JetStreamContext
+
+
+@contextlib.asynccontextmanager
+async def running(broker: NatsBroker) -> AsyncIterator[NatsBroker]:
+    """``broker`` started for the block, and stopped after it, whatever happens in it."""
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
 
 
 async def drained(js: JetStreamContext, prefix: str, timeout: float = 10.0) -> None:

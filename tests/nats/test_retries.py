@@ -4,7 +4,6 @@ on JetStream, counted by id (sent = processed + dead-lettered)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -23,13 +22,17 @@ from faststream_retry import (
 )
 from faststream_retry.core import headers as h
 from faststream_retry.middleware.middleware import RetryMiddleware
-from tests.nats.helpers import drained, make_delay_stream, stream_count, stream_messages
+from tests.nats.helpers import (
+    drained,
+    make_delay_stream,
+    running,
+    stream_count,
+    stream_messages,
+)
 from tests.rabbit import eventually
 from tests.rabbit import eventually_async as until
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from nats.js import JetStreamContext
 
     from tests.nats.conftest import Names
@@ -48,15 +51,6 @@ def middleware(names: Names, default: RetryPolicy = FAST) -> RetryMiddleware:
     return RetryMiddleware(
         default, prefix=names.prefix, tick=timedelta(milliseconds=100), max_delay=120
     )
-
-
-@contextlib.asynccontextmanager
-async def running(broker: NatsBroker) -> AsyncIterator[NatsBroker]:
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        await broker.stop()
 
 
 async def counted(js: JetStreamContext, stream: str, at_least: int) -> bool:

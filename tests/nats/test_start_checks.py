@@ -17,8 +17,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from nats.js.errors import NotFoundError
 
 from faststream_retry import RetryConfigError
-from tests.nats.helpers import make_delay_stream
-from tests.nats.test_retries import FAST, middleware, running
+from tests.nats.helpers import make_delay_stream, running
+from tests.nats.test_retries import FAST, middleware
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
