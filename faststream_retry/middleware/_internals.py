@@ -35,8 +35,9 @@ in ``RealLoggerObject``)                                  follow (``--log-level 
                                                           operator's commands use for an
                                                           app (not checked at start: a
                                                           unit test pins it)
-``BrokerUsecase.config.producer``                         whether TestRabbitBroker is active
-``faststream.rabbit.testing.FakeProducer``                (test mode)
+``BrokerUsecase.config.producer``                         whether TestRabbitBroker (or
+``faststream.rabbit.testing.FakeProducer``                TestNatsBroker: ``nats_subscribers``)
+                                                          is active (test mode)
 context key ``"handler_"``                                the subscriber a message came to
 ========================================================  ===================================
 
@@ -262,8 +263,13 @@ def is_rabbit(broker: object) -> bool:
     return isinstance(broker, RabbitBroker)
 
 
-def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - RabbitBroker
-    """Return whether ``TestRabbitBroker`` is active on ``broker`` (it swaps the producer)."""
+def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - a RabbitBroker or a NatsBroker
+    """Return whether ``TestRabbitBroker`` or ``TestNatsBroker`` is active on ``broker``.
+
+    Each swaps the broker's producer for a fake one.
+    """
+    if nats_subscribers.is_nats(broker):  # before faststream.rabbit, which needs aio-pika
+        return nats_subscribers.under_test_nats(broker)
     from faststream.rabbit.testing import FakeProducer  # noqa: PLC0415 - test-only module
 
     return isinstance(getattr(broker.config, "producer", None), FakeProducer)

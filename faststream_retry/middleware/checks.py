@@ -56,20 +56,12 @@ class Middleware(Protocol):
 def unsupported(broker: object) -> str | None:
     """Say why the plugin cannot run on ``broker``; ``None``: it can.
 
-    It runs on a ``RabbitBroker`` and on a ``NatsBroker`` (JetStream subscribers), but
-    not yet under ``TestNatsBroker`` (test mode is RabbitMQ's only).
+    It runs on a ``RabbitBroker`` and on a ``NatsBroker`` (JetStream subscribers), and
+    in test mode under ``TestRabbitBroker`` and ``TestNatsBroker``.
     """
-    if _internals.is_rabbit(broker):
+    if nats_subscribers.is_nats(broker) or _internals.is_rabbit(broker):
         return None
     kind = type(broker)
-    if nats_subscribers.is_nats(broker):
-        if not nats_subscribers.under_test_nats(broker):
-            return None
-        return (
-            f"test mode under TestNatsBroker is not built yet: RetryMiddleware leaves this "
-            f"{kind.__qualname__}'s messages to FastStream, untouched (retry.testing() "
-            "records nothing). Test the retries against a real nats-server"
-        )
     return (
         f"RetryMiddleware works with FastStream's RabbitBroker (faststream.rabbit) and "
         f"NatsBroker (faststream.nats, JetStream subscribers) only, and this broker is a "

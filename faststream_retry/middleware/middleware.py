@@ -4,8 +4,9 @@
 builds a ``_RetryScope``. The scope does nothing on success. When the handler raises, it
 resolves the message (``delivery``), decides (``core.decision.decide``) and hands the
 decision to its broker's sink (``sink``: a copy published with a broker confirm, the
-original acked only then; ``test_mode`` under ``TestRabbitBroker``, inside a
-``testing()`` block: outside one the scope leaves a test broker's messages alone), and
+original acked only then; ``test_mode`` under ``TestRabbitBroker`` and
+``nats_test_mode`` under ``TestNatsBroker``, inside a ``testing()`` block: outside one
+the scope leaves a test broker's messages alone), and
 re-raises so FastStream never publishes the failed call's "result".
 """
 
@@ -245,15 +246,21 @@ class RetryMiddleware:
 
     @contextlib.contextmanager
     def testing(self, *, raise_on_dead_letter: bool = False) -> Iterator[RetryRecorder]:
-        """Run the plugin's test mode under ``TestRabbitBroker`` for the block, and record it.
+        """Run the plugin's test mode under a test broker for the block, and record it.
 
-        Under ``TestRabbitBroker`` (no real broker, no TTL) the plugin stays out of the
-        way outside such a block: a test sees what it would see without the plugin,
-        the handler called once and its exception raised from ``publish()``. Inside
+        Under ``TestRabbitBroker`` or ``TestNatsBroker`` (no real broker, no TTL) the
+        plugin stays out of the way outside such a block: a test sees what it would see
+        without the plugin, the handler called once and its exception raised from
+        ``publish()``. Inside
         the block it runs in test mode: decisions are made exactly as in production,
         delays are computed but not waited for (the handler is called again at once),
         and a dead letter settles the message and goes to the app's ``<queue>.dlq``
-        subscriber if it has one. The recorder it yields sees those decisions::
+        subscriber if it has one (on NATS: to the subscribers of ``<prefix>.dlq.<key>``,
+        its ``retry-*`` headers as JSON text, as the dead-letter stream holds them). On
+        NATS the broker's subscribers are first checked as at a real start: a wiring the
+        plugin would refuse (a core-NATS subscriber with retries on) raises its
+        ``RetryConfigError`` from ``publish()``. The recorder it yields sees those
+        decisions::
 
             async with TestRabbitBroker(broker) as br:
                 with retry.testing() as recorder:
@@ -330,6 +337,7 @@ class _RetryScope(BaseMiddleware):
                     # without the plugin: the handler's exception out of publish().
                     return await call_next(msg)
                 settled.guard(broker)  # for the next messages (see settled): start is faked
+                self._plugin.start_test(broker)
             # A subscriber's message: get_one() and iterators are not the plugin's.
             elif _internals.current_subscriber(self.context) is not None:
                 await self._start_late(broker, msg)
@@ -371,7 +379,7 @@ class _RetryScope(BaseMiddleware):
 
         A broker other than a ``RabbitBroker`` or a ``NatsBroker`` (Redis, Kafka, ...): the
         plugin would run a topology check on a client it does not know, and hold its
-        messages. A ``NatsBroker`` under ``TestNatsBroker``: test mode is not on NATS yet.
+        messages.
         """
         text = checks.unsupported(broker)
         if text is None:
