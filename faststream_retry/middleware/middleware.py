@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from faststream.message import StreamMessage
     from faststream.nats import NatsBroker
     from faststream.rabbit import RabbitBroker
+    from faststream.redis import RedisBroker
     from faststream.specification.base import SpecificationFactory
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from faststream_retry.core.topology import Route
     from faststream_retry.engine.outages import Gate
     from faststream_retry.middleware.nats_runtime import NatsRuntime
+    from faststream_retry.middleware.redis_runtime import RedisRuntime
     from faststream_retry.middleware.runtime import Runtime
     from faststream_retry.middleware.sink import Sink
 
@@ -115,6 +117,11 @@ class RetryMiddleware:
         outage_hold: how long a message may wait in outage mode before it is
             requeued (a quorum work queue counts that as a delivery). Keep it below
             RabbitMQ's ``consumer_timeout`` (30 min by default).
+        claim_idle: Redis only: how long a stream entry stays pending without its replica
+            keeping it alive (the replica was killed, froze, or Redis refused its step)
+            before any replica claims it, counting the lost delivery as a failed attempt
+            (at least 1 s). A live replica keeps the entries it holds alive every quarter
+            of it, however long their handlers run.
         hooks: callables that receive every ``RetryEvent``, called synchronously
             (an ``async def`` hook is refused: it would never run).
         tracer_provider: OpenTelemetry tracer provider for the plugin's spans
@@ -138,6 +145,7 @@ class RetryMiddleware:
         outage_after: int | None = None,
         outage_probe: timedelta | float | None = None,
         outage_hold: timedelta | float = defaults.OUTAGE_HOLD,
+        claim_idle: timedelta | float = defaults.CLAIM_IDLE,
         hooks: Sequence[RetryHook] = (),
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -157,6 +165,7 @@ class RetryMiddleware:
             outage_after=outage_after,
             outage_probe=outage_probe,
             outage_hold=outage_hold,
+            claim_idle=claim_idle,
         )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")
@@ -228,7 +237,11 @@ class RetryMiddleware:
     def runtime(self, broker: RabbitBroker) -> Runtime: ...
     @overload
     def runtime(self, broker: NatsBroker) -> NatsRuntime: ...
-    def runtime(self, broker: RabbitBroker | NatsBroker) -> Runtime | NatsRuntime:
+    @overload
+    def runtime(self, broker: RedisBroker) -> RedisRuntime: ...
+    def runtime(
+        self, broker: RabbitBroker | NatsBroker | RedisBroker
+    ) -> Runtime | NatsRuntime | RedisRuntime:
         """Return this middleware's state for ``broker`` (plan, channels, consumers)."""
         return self._plugin.runtime(broker)
 
@@ -366,12 +379,13 @@ class _RetryScope(BaseMiddleware):
                 self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc, delivery, gate)
 
-    def _covers(self, broker: Any, runtime: Runtime | NatsRuntime) -> bool:  # noqa: ANN401 - any broker
+    def _covers(self, broker: Any, runtime: Runtime | NatsRuntime | RedisRuntime) -> bool:  # noqa: ANN401 - any broker
         """Whether the plugin runs on ``broker``; if not, said once, and its messages pass.
 
-        A broker other than a ``RabbitBroker`` or a ``NatsBroker`` (Redis, Kafka, ...): the
-        plugin would run a topology check on a client it does not know, and hold its
-        messages. A ``NatsBroker`` under ``TestNatsBroker``: test mode is not on NATS yet.
+        A broker other than a ``RabbitBroker``, a ``NatsBroker`` or a ``RedisBroker``
+        (Kafka, MQTT, ...): the plugin would run a topology check on a client it does not
+        know, and hold its messages. A ``NatsBroker`` under ``TestNatsBroker``, a
+        ``RedisBroker`` under ``TestRedisBroker``: test mode is RabbitMQ's only so far.
         """
         text = checks.unsupported(broker)
         if text is None:
@@ -424,15 +438,21 @@ class _RetryScope(BaseMiddleware):
 
         Copies the re-check consumer released are reported there; these come back
         with RabbitMQ's ``x-death`` of a tier instead, and their lateness is what the
-        handler sees. A redelivery was reported on its first delivery. Never raises.
+        handler sees. A redelivery was reported on its first delivery. On Redis every
+        copy that arrives is one the mover put back when due. Never raises.
         """
         try:
             raw = msg.raw_message
             broker = _internals.current_broker(self.context)
-            live = None if broker is None else self._plugin.runtime(broker).live
-            if live is None or h.expired_from(msg.headers) not in live.plan.exchanges:
+            runtime = None if broker is None else self._plugin.runtime(broker)
+            live = None if runtime is None else runtime.live
+            if live is None or runtime is None:
                 return
-            if getattr(raw, "redelivered", True):  # a NATS message has none: never a tier's
+            # Redis: the mover put the copy back when due, and a stream never redelivers.
+            if not runtime.releases_on_arrival and (
+                h.expired_from(msg.headers) not in live.plan.exchanges
+                or getattr(raw, "redelivered", True)  # a NATS message has none: never a tier's
+            ):
                 return
             sub = _internals.current_subscriber(self.context)
             queue = _internals.queue_of(sub) if sub is not None else None
@@ -629,7 +649,11 @@ class _RetryScope(BaseMiddleware):
         return Delivery.of(runtime, route, await _internals.select_policy(route, msg)), sink
 
     async def _sink_of(
-        self, runtime: Runtime | NatsRuntime, queue: str, msg: StreamMessage[Any], exc: Failure
+        self,
+        runtime: Runtime | NatsRuntime | RedisRuntime,
+        queue: str,
+        msg: StreamMessage[Any],
+        exc: Failure,
     ) -> Sink | None:
         """Return where this failure goes; ``None``: not the plugin's to carry.
 
@@ -654,7 +678,7 @@ class _RetryScope(BaseMiddleware):
 
     async def _cover(
         self,
-        runtime: Runtime | NatsRuntime,
+        runtime: Runtime | NatsRuntime | RedisRuntime,
         sub: Any,  # noqa: ANN401 - a subscriber
         msg: StreamMessage[Any],
     ) -> Route | None:
