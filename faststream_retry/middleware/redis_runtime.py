@@ -21,6 +21,7 @@ broker (left to FastStream).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,10 @@ __all__ = ["RedisLive", "RedisRuntime", "exact_plan"]
 
 CLAIMER = "faststream-retry-claimer"
 """The consumer name an entry claimed from a lost consumer is pending under while settled."""
+
+_IMPORTED = time.monotonic()
+"""When this process imported the plugin: before any of its subscribers read, and after
+every delivery an earlier process under the same consumer names had."""
 
 
 def exact_plan(routes: Iterable[Route], default: RetryPolicy, config: RetryConfig) -> Plan:
@@ -90,6 +95,7 @@ class RedisRuntime(Planned):
         """Prepare; nothing touches the network before ``open``."""
         super().__init__(config, reporter, broker, testing)
         self.live: RedisLive | None = None
+        self._stopped_at = _IMPORTED
 
     def replan(self) -> Plan:
         """Plan from the subscribers the broker has now, on an exact ladder (no network)."""
@@ -218,6 +224,11 @@ class RedisRuntime(Planned):
         return RedisRetryEngine(
             client,
             streams,
+            # This replica's entries are those delivered since this process imported the
+            # plugin or, after a stop, since that stop: FastStream dropped the ones it held
+            # then, and they are the claimer's. Not since the engine was built: without
+            # install() it is built at the first message, after the first reads.
+            born=self._stopped_at,
             consumer=CLAIMER,
             own_consumers=own,
             claim_idle_ms=self.config.claim_idle_ms,
@@ -242,6 +253,7 @@ class RedisRuntime(Planned):
     async def stop(self) -> None:
         """Stop settling failures and close the engine's client."""
         live, self.live = self.live, None
+        self._stopped_at = time.monotonic()
         if live is not None:
             live.running = False
             await live.close()

@@ -111,18 +111,21 @@ class Claimer:
         idle_ms: int,
         settle: Callable[[StreamEntry], Awaitable[None]],
         own: Sequence[tuple[StreamKeys, str, str]] = (),
+        born: float | None = None,
     ) -> None:
         """Keep the settings; nothing runs until ``start()``.
 
         ``consumer`` is the name the claimed entries are pending under until settled;
         ``own`` the ``(keys, group, consumer)`` this replica's subscribers read as.
+        ``born``: when this replica began (``time.monotonic()``), before its subscribers
+        first read and after any earlier process under its consumer names last did;
+        ``None``: now, the claimer built before the subscribers start.
         """
         self._client = client
         self._targets = tuple(targets)
         self._own = tuple(own)
-        # Built before the app's subscribers start reading (the engine is), so an entry
-        # delivered since is this replica's own, and one delivered before is not.
-        self._born = time.monotonic()
+        # An entry delivered since is this replica's own, and one delivered before is not.
+        self._born = time.monotonic() if born is None else born
         self._consumer = consumer
         self._idle_ms = idle_ms
         self._settle = settle

@@ -68,7 +68,9 @@ class RedisRetryEngine:
         own_consumers: ``(stream, consumer)`` per covered subscriber of this replica: its
             pending entries are kept from growing idle while it lives (``claimer``). Each
             replica needs names of its own, and its engine built before its subscribers
-            start reading.
+            start reading, or ``born`` given.
+        born: when this replica began (``time.monotonic()``; ``claimer.Claimer``):
+            ``None``, now.
         claim_idle_ms: claim entries pending this long (above the handler's timeout);
             ``None``: no claimer.
         policy: the policy a claimed entry is counted against (``max_attempts``,
@@ -91,6 +93,7 @@ class RedisRetryEngine:
         batch: int = 100,
         cap_s: float = 5.0,
         tick_ms: int = 0,
+        born: float | None = None,
     ) -> None:
         """Name every key (refusing a stream no hash tag can follow); nothing is sent yet."""
         groups: dict[str, str] = {}
@@ -128,6 +131,7 @@ class RedisRetryEngine:
                 idle_ms=claim_idle_ms,
                 settle=self._settle_claimed,
                 own=[(self._keys[s], groups[s], c) for s, c in own_consumers],
+                born=born,
             )
         self.server: Server | None = None
 

@@ -168,7 +168,7 @@ def fitted(headers: Mapping[str, Any]) -> dict[str, Any]:
     kept = fit.lean(headers)
     if _weigh(kept) <= HEADER_LIMIT:
         return kept
-    made = fit.make_room(kept, _weigh, HEADER_LIMIT)
+    made = fit.make_room(kept, _weigh, HEADER_LIMIT, where="in FastStream's binary format")
     if made is not None:
         return made[0]
     return {k: v for k, v in kept.items() if k in h.RETRY_STATE}  # pragma: no cover - bounded
