@@ -257,3 +257,24 @@ def test_an_async_hook_is_refused_with_the_fix(hook: Any) -> None:
 )
 def test_plain_hooks_are_taken(hook: Any) -> None:
     RetryMiddleware(hooks=[hook]).add_hook(hook)
+
+
+def test_claim_idle_is_a_minute_unless_set_and_at_least_a_second() -> None:
+    """Redis' claim idle time: carried in ms; below 1 s refused, naming the option and why."""
+    assert build().claim_idle_ms == 60_000
+    assert (
+        build().claim_idle_ms
+        == RetryConfig(
+            default=RetryPolicy(),
+            topology=build().topology,
+            prefetch=1,
+            pause_s=1,
+            publish_timeout_s=1,
+            log_retry_traceback="first",
+        ).claim_idle_ms
+    )
+    assert build(claim_idle=timedelta(seconds=1)).claim_idle_ms == 1000
+    assert build(claim_idle=90).claim_idle_ms == 90_000
+    text = refusal(claim_idle=timedelta(milliseconds=999))
+    assert text.startswith("claim_idle must be at least 1 s, got 999 ms")
+    assert "claim each other's" in text
