@@ -326,7 +326,7 @@ def decided(plan: Any, attempt: int) -> Any:
 
 async def test_a_retry_is_one_scheduled_copy_carrying_the_first_deliverys_id() -> None:
     """The copy's headers have the attempt, the due time and the message id of attempt 1."""
-    engine, events = Engine(), []
+    engine, events = Engine(), list[RetryEvent]()
     sink, route, plan = sink_for(engine, events)
     decision = decided(plan, 1)
     assert decision.action is Action.RETRY_LATER
@@ -340,7 +340,7 @@ async def test_a_retry_is_one_scheduled_copy_carrying_the_first_deliverys_id() -
 
 async def test_a_step_that_found_nothing_pending_reports_nothing() -> None:
     """A claimer took the entry: the sink writes nothing, tells nothing, and the scope settles."""
-    engine, events = Engine(pending=False), []
+    engine, events = Engine(pending=False), list[RetryEvent]()
     sink, route, plan = sink_for(engine, events)
     assert await sink.retry(Message(), route, decided(plan, 1), ConnectionError()) is False
     assert await sink.dead_letter(Message(), route, decided(plan, 3), ConnectionError()) is True
@@ -350,7 +350,7 @@ async def test_a_step_that_found_nothing_pending_reports_nothing() -> None:
 async def test_a_step_redis_refuses_goes_on_up_and_leaves_the_entry_to_the_claimer() -> None:
     """The script's error propagates (the entry stays pending), and the entry is abandoned."""
     refusal = ResponseError("READONLY You can't write against a read only replica.")
-    engine, events = Engine(refuse=refusal), []
+    engine, events = Engine(refuse=refusal), list[RetryEvent]()
     sink, route, plan = sink_for(engine, events)
     with pytest.raises(ResponseError):
         await sink.retry(Message(), route, decided(plan, 1), ConnectionError())
@@ -362,7 +362,7 @@ async def test_a_step_redis_refuses_goes_on_up_and_leaves_the_entry_to_the_claim
 
 async def test_a_copy_the_format_cannot_hold_is_a_lean_dead_letter() -> None:
     """Its own 70,000-byte header: dead-lettered as invalid (HeadersTooLarge), not retried."""
-    engine, events = Engine(), []
+    engine, events = Engine(), list[RetryEvent]()
     sink, route, plan = sink_for(engine, events)
     message = Message({"correlation_id": "c", "big": "x" * 70_000})
     assert await sink.retry(message, route, decided(plan, 1), ConnectionError("down")) is False
