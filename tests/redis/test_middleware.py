@@ -7,9 +7,11 @@ plugin starts at the first message) unless a test says ``install()``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections import Counter, defaultdict
 from datetime import timedelta
@@ -511,3 +513,33 @@ async def test_a_copy_too_large_for_the_format_becomes_a_lean_dead_letter(
     assert counted.done == dict.fromkeys(range(1, 4), 1)
     assert counted.calls == {0: [1], 1: [1, 2], 2: [1, 2], 3: [1, 2]}
     await settled(client, stream)
+
+
+async def test_the_broker_stops_at_once_while_copies_come_back_every_millisecond(
+    redis_url: str, stream: str
+) -> None:
+    """RetryLater(0) keeps the mover and the scripts busy without pause; stop() still returns
+    at once, five times over (a cancellation redis-py swallowed left it waiting for ever)."""
+    for turn in range(5):
+        assert await _stop_while_looping(redis_url, f"{stream}-{turn}") < 5
+
+
+async def _stop_while_looping(redis_url: str, stream: str) -> float:
+    """Start an app whose copies loop at 1 ms, and return how long its stop() took."""
+    counted = Counted()
+    retry = middleware(counted, RetryPolicy(max_attempts=100_000))
+    broker = RedisBroker(redis_url, middlewares=[retry])
+
+    @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"))
+    async def handle(body: dict[str, Any], message: RedisStreamMessage) -> None:
+        counted.call(body, message)
+        raise RetryLater(delay=0)
+
+    await broker.start()
+    try:
+        await publish(broker, stream, range(20))
+        await eventually(lambda: sum(map(len, counted.calls.values())) >= 300, what="a loop")
+    finally:
+        started = time.monotonic()
+        await asyncio.wait_for(broker.stop(), 30)
+    return time.monotonic() - started
