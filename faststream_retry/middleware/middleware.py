@@ -5,8 +5,10 @@ builds a ``_RetryScope``. The scope does nothing on success. When the handler ra
 resolves the message (``delivery``), decides (``core.decision.decide``) and hands the
 decision to its broker's sink (``sink``: a copy published with a broker confirm, the
 original acked only then; ``test_mode`` under ``TestRabbitBroker``, inside a
-``testing()`` block: outside one the scope leaves a test broker's messages alone), and
-re-raises so FastStream never publishes the failed call's "result".
+``testing()`` block: outside one the scope leaves a test broker's messages alone;
+``nats.sink`` on a ``NatsBroker``; ``redis.sink`` on a ``RedisBroker``, one script that
+acknowledges the entry and writes its copy), and re-raises so FastStream never publishes
+the failed call's "result".
 """
 
 from __future__ import annotations
@@ -69,7 +71,15 @@ class RetryMiddleware:
 
     On a ``NatsBroker`` it covers the JetStream subscribers, their retries held by
     JetStream (``faststream_retry.nats``; a first slice: docs/explanation/nats-design.md
-    says what it does not do yet). It picks its transport from the broker.
+    says what it does not do yet). On a ``RedisBroker`` it covers the stream subscribers
+    read in a consumer group (``StreamSub(stream, group=..., consumer=...)``), their
+    retries held by Redis in a sorted set per stream and dead letters in
+    ``{<stream>}.dlq`` (``faststream_retry.redis``; a first slice:
+    docs/explanation/redis-design.md). A pub/sub channel, a list, or a stream read
+    without a group, with retries on, is refused at start with the fix. Under
+    ``TestNatsBroker`` and ``TestRedisBroker`` it leaves the messages to FastStream,
+    untouched (test mode is RabbitMQ's only so far). It picks its transport from the
+    broker.
 
     Pass it in ``RabbitBroker(middlewares=[retry])``: the plugin starts at the first
     message the broker consumes (it plans, checks and declares its topology, then
