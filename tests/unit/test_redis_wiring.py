@@ -201,23 +201,14 @@ async def test_the_engine_gets_a_client_of_its_own_with_the_brokers_settings() -
     assert await redis_subscribers.own_client(object()) is None
 
 
+def configured(default: RetryPolicy | None = None, max_delay: Any = 3600) -> RetryConfig:
+    """The middleware's options as RetryMiddleware builds them, ``max_delay`` as given."""
+    return RetryMiddleware(default, max_delay=max_delay)._plugin.config
+
+
 def test_a_delay_is_held_to_the_millisecond_and_capped_at_max_delay() -> None:
     """No tiers on Redis: jitter survives (no tick rounding), max_delay still bounds."""
-    config = RetryConfig.build(
-        None,
-        prefix="retry",
-        tick=None,
-        max_delay=timedelta(seconds=10),
-        queue_type="quorum",
-        delivery_limit=20,
-        prefetch=10,
-        publish_failure_pause=1,
-        publish_timeout=10,
-        log_retry_traceback="first",
-        outage_after=None,
-        outage_probe=None,
-        outage_hold=60,
-    )
+    config = configured(max_delay=timedelta(seconds=10))
     policy = RetryPolicy(max_attempts=9, backoff=Exponential(1.0, jitter=0.5, maximum=60))
     route = Route("s", (Handler(None),))
     plan = exact_plan([route], policy, config)
@@ -293,21 +284,7 @@ class Message:
 def sink_for(engine: Engine, events: list[RetryEvent]) -> tuple[RedisSink, Route, Any]:
     policy = RetryPolicy(max_attempts=3)
     route = Route("s", (Handler(None),))
-    config = RetryConfig.build(
-        policy,
-        prefix="retry",
-        tick=None,
-        max_delay=3600,
-        queue_type="quorum",
-        delivery_limit=20,
-        prefetch=10,
-        publish_failure_pause=1,
-        publish_timeout=10,
-        log_retry_traceback="first",
-        outage_after=None,
-        outage_probe=None,
-        outage_hold=60,
-    )
+    config = configured(policy)
     plan = exact_plan([route], policy, config)
     sink = RedisSink(engine, plan, Reporter(Telemetry(), [events.append]))  # type: ignore[arg-type]
     return sink, route, plan
