@@ -195,7 +195,7 @@ async def test_a_task_that_swallows_a_cancellation_is_stopped_all_the_same() -> 
         while True:
             try:
                 await asyncio.sleep(10)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # noqa: PERF203 - the loop is the point
                 if len(swallowed) >= 2:
                     raise
                 swallowed.append(1)  # as a command in flight would: the loop goes on
