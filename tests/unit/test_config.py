@@ -100,6 +100,7 @@ def test_a_publish_timeout_below_a_second_is_refused() -> None:
     [
         ("max_delay", 2**32 / 1000, "must be at most 49 d 17 h 2 min 47.295 s"),
         ("publish_timeout", 0.5, "must be at least 1 s, got 500 ms"),
+        ("claim_idle", 0.5, "must be at least 1 s, got 500 ms"),
     ],
 )
 def test_a_bound_names_its_option_for_the_worker_config(
@@ -275,6 +276,8 @@ def test_claim_idle_is_a_minute_unless_set_and_at_least_a_second() -> None:
     )
     assert build(claim_idle=timedelta(seconds=1)).claim_idle_ms == 1000
     assert build(claim_idle=90).claim_idle_ms == 90_000
-    text = refusal(claim_idle=timedelta(milliseconds=999))
-    assert text.startswith("claim_idle must be at least 1 s, got 999 ms")
-    assert "claim each other's" in text
+    assert refusal(claim_idle=timedelta(milliseconds=999)) == (
+        "claim_idle must be at least 1 s, got 999 ms: a replica keeps its pending entries "
+        "alive every quarter of it, and a shorter one would have live replicas claim each "
+        "other's"
+    )
