@@ -146,7 +146,9 @@ def test_positive_ints(name: str) -> None:
         assert refusal(**{name: bad}) == f"{name} must be an int >= 1, got {bad!r}"
 
 
-@pytest.mark.parametrize("name", ["tick", "max_delay", "publish_failure_pause", "publish_timeout"])
+@pytest.mark.parametrize(
+    "name", ["tick", "max_delay", "publish_failure_pause", "publish_timeout", "claim_idle"]
+)
 def test_durations_name_themselves(name: str) -> None:
     """A duration that is not one is refused with the option's name."""
     assert refusal(**{name: "1s"}) == f"{name} takes a timedelta or seconds, got '1s'"
