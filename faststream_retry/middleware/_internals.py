@@ -60,7 +60,7 @@ from faststream.middlewares import AckPolicy
 from faststream_retry.core.policy import get_handler_policy
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.middleware import nats_subscribers
+from faststream_retry.middleware import nats_subscribers, redis_subscribers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -131,12 +131,14 @@ def queue_of(sub: Any) -> str | None:  # noqa: ANN401 - any subscriber
     """Return the full name of the queue a Rabbit subscriber consumes, router prefix included.
 
     For a JetStream subscriber, its key (``nats.naming``: ``<stream>.<durable>``), which
-    its route, events and dead letters name it by; ``None`` for a core-NATS one.
+    its route, events and dead letters name it by; ``None`` for a core-NATS one. For a
+    Redis stream subscriber in a consumer group, its stream; ``None`` for any other
+    Redis subscriber.
     """
     queue = getattr(sub, "queue", None)
     name = getattr(queue, "name", None)
     if not isinstance(name, str) or not name:
-        return nats_subscribers.key_of(sub)
+        return nats_subscribers.key_of(sub) or redis_subscribers.key_of(sub)
     outer = getattr(sub, "_outer_config", None)
     prefix = getattr(outer, "prefix", "") or ""
     return f"{prefix}{name}"

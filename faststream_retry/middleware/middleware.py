@@ -6,8 +6,9 @@ resolves the message (``delivery``), decides (``core.decision.decide``) and hand
 decision to its broker's sink (``sink``: a copy published with a broker confirm, the
 original acked only then; ``test_mode`` under ``TestRabbitBroker`` and
 ``nats_test_mode`` under ``TestNatsBroker``, inside a ``testing()`` block: outside one
-the scope leaves a test broker's messages alone), and
-re-raises so FastStream never publishes the failed call's "result".
+the scope leaves a test broker's messages alone; ``nats.sink`` on a ``NatsBroker``;
+``redis.sink`` on a ``RedisBroker``, one script that acknowledges the entry and writes
+its copy), and re-raises so FastStream never publishes the failed call's "result".
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from faststream.message import StreamMessage
     from faststream.nats import NatsBroker
     from faststream.rabbit import RabbitBroker
+    from faststream.redis import RedisBroker
     from faststream.specification.base import SpecificationFactory
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     from faststream_retry.core.topology import Route
     from faststream_retry.engine.outages import Gate
     from faststream_retry.middleware.nats_runtime import NatsRuntime
+    from faststream_retry.middleware.redis_runtime import RedisRuntime
     from faststream_retry.middleware.runtime import Runtime
     from faststream_retry.middleware.sink import Sink
 
@@ -68,7 +71,15 @@ class RetryMiddleware:
 
     On a ``NatsBroker`` it covers the JetStream subscribers, their retries held by
     JetStream (``faststream_retry.nats``; a first slice: docs/explanation/nats-design.md
-    says what it does not do yet). It picks its transport from the broker.
+    says what it does not do yet). On a ``RedisBroker`` it covers the stream subscribers
+    read in a consumer group (``StreamSub(stream, group=..., consumer=...)``), their
+    retries held by Redis in a sorted set per stream and dead letters in
+    ``{<stream>}.dlq`` (``faststream_retry.redis``; a first slice:
+    docs/explanation/redis-design.md). A pub/sub channel, a list, or a stream read
+    without a group, with retries on, is refused at start with the fix. Under
+    ``TestNatsBroker`` and ``TestRedisBroker`` it leaves the messages to FastStream,
+    untouched (test mode is RabbitMQ's only so far). It picks its transport from the
+    broker.
 
     Pass it in ``RabbitBroker(middlewares=[retry])``: the plugin starts at the first
     message the broker consumes (it plans, checks and declares its topology, then
@@ -116,6 +127,11 @@ class RetryMiddleware:
         outage_hold: how long a message may wait in outage mode before it is
             requeued (a quorum work queue counts that as a delivery). Keep it below
             RabbitMQ's ``consumer_timeout`` (30 min by default).
+        claim_idle: Redis only: how long a stream entry stays pending without its replica
+            keeping it alive (the replica was killed, froze, or Redis refused its step)
+            before any replica claims it, counting the lost delivery as a failed attempt
+            (at least 1 s). A live replica keeps the entries it holds alive every quarter
+            of it, however long their handlers run.
         hooks: callables that receive every ``RetryEvent``, called synchronously
             (an ``async def`` hook is refused: it would never run).
         tracer_provider: OpenTelemetry tracer provider for the plugin's spans
@@ -139,6 +155,7 @@ class RetryMiddleware:
         outage_after: int | None = None,
         outage_probe: timedelta | float | None = None,
         outage_hold: timedelta | float = defaults.OUTAGE_HOLD,
+        claim_idle: timedelta | float = defaults.CLAIM_IDLE,
         hooks: Sequence[RetryHook] = (),
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -158,6 +175,7 @@ class RetryMiddleware:
             outage_after=outage_after,
             outage_probe=outage_probe,
             outage_hold=outage_hold,
+            claim_idle=claim_idle,
         )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")
@@ -229,7 +247,11 @@ class RetryMiddleware:
     def runtime(self, broker: RabbitBroker) -> Runtime: ...
     @overload
     def runtime(self, broker: NatsBroker) -> NatsRuntime: ...
-    def runtime(self, broker: RabbitBroker | NatsBroker) -> Runtime | NatsRuntime:
+    @overload
+    def runtime(self, broker: RedisBroker) -> RedisRuntime: ...
+    def runtime(
+        self, broker: RabbitBroker | NatsBroker | RedisBroker
+    ) -> Runtime | NatsRuntime | RedisRuntime:
         """Return this middleware's state for ``broker`` (plan, channels, consumers)."""
         return self._plugin.runtime(broker)
 
@@ -374,12 +396,13 @@ class _RetryScope(BaseMiddleware):
                 self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc, delivery, gate)
 
-    def _covers(self, broker: Any, runtime: Runtime | NatsRuntime) -> bool:  # noqa: ANN401 - any broker
+    def _covers(self, broker: Any, runtime: Runtime | NatsRuntime | RedisRuntime) -> bool:  # noqa: ANN401 - any broker
         """Whether the plugin runs on ``broker``; if not, said once, and its messages pass.
 
-        A broker other than a ``RabbitBroker`` or a ``NatsBroker`` (Redis, Kafka, ...): the
-        plugin would run a topology check on a client it does not know, and hold its
-        messages.
+        A broker other than a ``RabbitBroker``, a ``NatsBroker`` or a ``RedisBroker``
+        (Kafka, MQTT, ...): the plugin would run a topology check on a client it does not
+        know, and hold its messages. A ``RedisBroker`` under ``TestRedisBroker``: test mode
+        is not built there yet.
         """
         text = checks.unsupported(broker)
         if text is None:
@@ -432,15 +455,21 @@ class _RetryScope(BaseMiddleware):
 
         Copies the re-check consumer released are reported there; these come back
         with RabbitMQ's ``x-death`` of a tier instead, and their lateness is what the
-        handler sees. A redelivery was reported on its first delivery. Never raises.
+        handler sees. A redelivery was reported on its first delivery. On Redis every
+        copy that arrives is one the mover put back when due. Never raises.
         """
         try:
             raw = msg.raw_message
             broker = _internals.current_broker(self.context)
-            live = None if broker is None else self._plugin.runtime(broker).live
-            if live is None or h.expired_from(msg.headers) not in live.plan.exchanges:
+            runtime = None if broker is None else self._plugin.runtime(broker)
+            live = None if runtime is None else runtime.live
+            if live is None or runtime is None:
                 return
-            if getattr(raw, "redelivered", True):  # a NATS message has none: never a tier's
+            # Redis: the mover put the copy back when due, and a stream never redelivers.
+            if not runtime.releases_on_arrival and (
+                h.expired_from(msg.headers) not in live.plan.exchanges
+                or getattr(raw, "redelivered", True)  # a NATS message has none: never a tier's
+            ):
                 return
             sub = _internals.current_subscriber(self.context)
             queue = _internals.queue_of(sub) if sub is not None else None
@@ -637,7 +666,11 @@ class _RetryScope(BaseMiddleware):
         return Delivery.of(runtime, route, await _internals.select_policy(route, msg)), sink
 
     async def _sink_of(
-        self, runtime: Runtime | NatsRuntime, queue: str, msg: StreamMessage[Any], exc: Failure
+        self,
+        runtime: Runtime | NatsRuntime | RedisRuntime,
+        queue: str,
+        msg: StreamMessage[Any],
+        exc: Failure,
     ) -> Sink | None:
         """Return where this failure goes; ``None``: not the plugin's to carry.
 
@@ -662,7 +695,7 @@ class _RetryScope(BaseMiddleware):
 
     async def _cover(
         self,
-        runtime: Runtime | NatsRuntime,
+        runtime: Runtime | NatsRuntime | RedisRuntime,
         sub: Any,  # noqa: ANN401 - a subscriber
         msg: StreamMessage[Any],
     ) -> Route | None:
