@@ -21,9 +21,9 @@ from pamqp import commands
 from rich.console import Console
 from rich.table import Table
 
-from faststream_retry.amqp import frames
 from faststream_retry.core import headers as h
 from faststream_retry.core.fit import payload_limit
+from faststream_retry.rabbit import frames
 
 LIMIT = payload_limit(131_072) or 0
 

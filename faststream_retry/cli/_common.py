@@ -18,9 +18,9 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
-from faststream_retry.amqp.connection import safe_url
 from faststream_retry.ops.common import DEFAULT_NATS_URL, DEFAULT_URL, OperationError
 from faststream_retry.ops.walk import PassStoppedError, stop_all
+from faststream_retry.rabbit.connection import safe_url
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from faststream_retry.amqp.connection import safe_url
 from faststream_retry.cli._common import (
     EXIT_ACTION,
     AppUrl,
@@ -25,6 +24,7 @@ from faststream_retry.cli.status import ManagementUrl  # noqa: TC001 - typer rea
 from faststream_retry.ops import OperationError, connect, doctor, load_app
 from faststream_retry.ops.common import is_nats_url, safe_nats_url
 from faststream_retry.ops.management import vhost_of
+from faststream_retry.rabbit.connection import safe_url
 
 if TYPE_CHECKING:
     from faststream_retry.middleware.app import LoadedApp

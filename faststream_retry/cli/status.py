@@ -15,7 +15,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from faststream_retry.amqp.connection import safe_url
 from faststream_retry.cli._common import (
     AppUrl,
     Factory,
@@ -36,6 +35,7 @@ from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.explanation import format_ms
 from faststream_retry.ops.management import vhost_of
 from faststream_retry.ops.status import status as gather
+from faststream_retry.rabbit.connection import safe_url
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -8,7 +8,7 @@ each with a reply text. This module reads those texts (``parse_mismatch``,
 (``mismatch_advice``, ``refusal_advice``), the ``faststream-retry migrate`` commands, and
 the start's advice on quorum work queues' delivery limits (``work_queue_findings``) and on
 work queues declared in ways RabbitMQ 4.x deprecates or refuses (``series_advice``).
-The checks that collect the replies are in ``faststream_retry.amqp.checks``.
+The checks that collect the replies are in ``faststream_retry.rabbit.checks``.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     from faststream_retry.core.policy import HandlerPolicy
     from faststream_retry.core.topology import Route
-    from faststream_retry.middleware.nats_runtime import NatsRuntime
-    from faststream_retry.middleware.redis_runtime import RedisRuntime
-    from faststream_retry.middleware.runtime import Runtime
+    from faststream_retry.middleware.nats.runtime import NatsRuntime
+    from faststream_retry.middleware.rabbit.runtime import Runtime
+    from faststream_retry.middleware.redis.runtime import RedisRuntime
 
 __all__ = ["Delivery"]
 

@@ -1,6 +1,6 @@
 """Which gate of outage mode a message passes: its broker's, its queue's (FastStream side).
 
-The gates themselves are ``engine.outages``; this finds a resolved message's
+The gates themselves are ``rabbit.outages``; this finds a resolved message's
 (``delivery``).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from faststream_retry.engine.outages import Gate
     from faststream_retry.middleware.delivery import Delivery
+    from faststream_retry.rabbit.outages import Gate
 
 __all__ = ["gate_of"]
 

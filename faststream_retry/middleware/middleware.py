@@ -5,7 +5,7 @@ builds a ``_RetryScope``. The scope does nothing on success. When the handler ra
 resolves the message (``delivery``), decides (``core.decision.decide``) and hands the
 decision to its broker's sink (``sink``: a copy published with a broker confirm, the
 original acked only then; ``test_mode`` under ``TestRabbitBroker`` and
-``nats_test_mode`` under ``TestNatsBroker``, inside a ``testing()`` block: outside one
+``nats.test_mode`` under ``TestNatsBroker``, inside a ``testing()`` block: outside one
 the scope leaves a test broker's messages alone; ``nats.sink`` on a ``NatsBroker``;
 ``redis.sink`` on a ``RedisBroker``, one script that acknowledges the entry and writes
 its copy), and re-raises so FastStream never publishes the failed call's "result".
@@ -28,15 +28,15 @@ from faststream_retry.core import headers as h
 from faststream_retry.core.config import RetryConfig
 from faststream_retry.core.decision import Action, Decision, decide
 from faststream_retry.core.events import RetryEvent, RetryHook
-from faststream_retry.engine.outages import Requeue
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
 from faststream_retry.middleware import _internals, checks, settled
 from faststream_retry.middleware.delivery import Delivery
 from faststream_retry.middleware.gate import gate_of
-from faststream_retry.middleware.runtime import Covered, Plugin
+from faststream_retry.middleware.plugin import Covered, Plugin
 from faststream_retry.middleware.schema import RetrySpecification
 from faststream_retry.middleware.sink import requeue_after_pause
 from faststream_retry.middleware.testing import RetryRecorder, Testing
+from faststream_retry.rabbit.outages import Requeue
 from faststream_retry.reporting.log import log
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry
@@ -57,11 +57,11 @@ if TYPE_CHECKING:
 
     from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.core.topology import Route
-    from faststream_retry.engine.outages import Gate
-    from faststream_retry.middleware.nats_runtime import NatsRuntime
-    from faststream_retry.middleware.redis_runtime import RedisRuntime
-    from faststream_retry.middleware.runtime import Runtime
+    from faststream_retry.middleware.nats.runtime import NatsRuntime
+    from faststream_retry.middleware.rabbit.runtime import Runtime
+    from faststream_retry.middleware.redis.runtime import RedisRuntime
     from faststream_retry.middleware.sink import Sink
+    from faststream_retry.rabbit.outages import Gate
 
 __all__ = ["RetryMiddleware"]
 

@@ -1,7 +1,7 @@
 """What a runtime of either transport holds before it runs: its broker, plan and state.
 
-``runtime.Runtime`` (RabbitMQ), ``nats_runtime.NatsRuntime`` (NATS JetStream) and
-``redis_runtime.RedisRuntime`` (Redis Streams) build on it; the per-message scope reads
+``rabbit.runtime.Runtime`` (RabbitMQ), ``nats.runtime.NatsRuntime`` (NATS JetStream) and
+``redis.runtime.RedisRuntime`` (Redis Streams) build on it; the per-message scope reads
 each through these members.
 """
 

@@ -7,7 +7,7 @@ and there is no broker to hold a copy. Inside a ``testing()`` block the scope go
 failures here. Decisions
 are made exactly as in production; a retry is made at once instead of waiting, and a
 dead letter is settled without a broker to hold it, handed to the app's ``<queue>.dlq``
-subscriber if it has one. ``nats_test_mode`` is the same under ``TestNatsBroker``: it
+subscriber if it has one. ``nats.test_mode`` is the same under ``TestNatsBroker``: it
 changes only how the message and its dead letter are read and written
 (``_incoming``, ``_mirror_attempt``, ``_settle``, ``_hand_over``).
 """
@@ -44,7 +44,7 @@ class TestSink:
 
     def __init__(
         self,
-        broker: Any,  # noqa: ANN401 - a RabbitBroker (a NatsBroker in nats_test_mode)
+        broker: Any,  # noqa: ANN401 - a RabbitBroker (a NatsBroker in nats.test_mode)
         topology: Plan,
         reporter: Reporter,
         testing: Testing,

@@ -15,5 +15,5 @@ headers as NATS carries them), ``publisher`` (PubAck), ``streams`` (the delay st
 ``ready`` (the hand-over), ``fetch`` (one pull of their loops), ``checks`` (what a
 covered subscriber must be), ``sink`` (a handler's failure carried out), ``live`` (the
 running parts). Nothing here imports FastStream or aio-pika; the FastStream side is
-``middleware.nats_runtime``.
+``middleware.nats.runtime``.
 """

@@ -14,7 +14,6 @@ the command line in ``faststream_retry.cli`` is a thin layer over them.
 
 from typing import TYPE_CHECKING
 
-from faststream_retry.amqp.registry import Registry, registered_queues
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.diagnosis import Finding, Report
@@ -36,6 +35,7 @@ from faststream_retry.ops.migrate import MigrationResult, migrate
 from faststream_retry.ops.records import DeadLetter, Selection, parse_time
 from faststream_retry.ops.status import Depth, QueueStatus, Status, TierStatus, status
 from faststream_retry.ops.walk import Pass, TooLarge
+from faststream_retry.rabbit.registry import Registry, registered_queues
 
 if TYPE_CHECKING:
     from faststream_retry.middleware.app import LoadedApp

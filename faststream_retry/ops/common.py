@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import aio_pika
 from aiormq.exceptions import AMQPError, ChannelAccessRefused, ChannelLockedResource
 
-from faststream_retry.amqp.connection import connect_failure, safe_url
 from faststream_retry.core.topology import MAX_NAME_BYTES, lock_name
 from faststream_retry.errors import FastStreamRetryError
+from faststream_retry.rabbit.connection import connect_failure, safe_url
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

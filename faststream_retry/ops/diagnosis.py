@@ -212,7 +212,7 @@ def series_findings(
     """Turn the advice on work queues RabbitMQ 4.x deprecates or refuses into warnings.
 
     ``transient_refused``: this broker refuses transient queues that are not exclusive
-    (``amqp.probe.refuses_transient_queues``), so a work queue declared so stops the
+    (``rabbit.probe.refuses_transient_queues``), so a work queue declared so stops the
     app's start: that needs action, not a warning.
     """
     findings = []

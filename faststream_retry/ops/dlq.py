@@ -12,7 +12,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.amqp.probe import depth
 from faststream_retry.core import headers as h
 from faststream_retry.core.topology import dlq_of, dlq_owner
 from faststream_retry.ops.common import OperationError, check_name, name_problem, shown_name
@@ -29,6 +28,7 @@ from faststream_retry.ops.walk import (
     walk,
 )
 from faststream_retry.ops.wire import Record, fingerprint, read_line, write_line
+from faststream_retry.rabbit.probe import depth
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

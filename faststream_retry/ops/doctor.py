@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.amqp.checks import Checked, check_objects
-from faststream_retry.amqp.probe import depth, refuses_transient_queues
-from faststream_retry.amqp.registry import retry_queues_in_use, stranded_queues
 from faststream_retry.core.advice import series_advice, work_queue_findings
 from faststream_retry.core.topology import merge_routes, migrating_name, tier_ttl
 from faststream_retry.core.versions import parse_version
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import amqp_of
 from faststream_retry.ops.management import list_queues
+from faststream_retry.rabbit.checks import Checked, check_objects
+from faststream_retry.rabbit.probe import depth, refuses_transient_queues
+from faststream_retry.rabbit.registry import retry_queues_in_use, stranded_queues
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection

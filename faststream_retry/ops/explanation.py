@@ -446,7 +446,7 @@ def _shared_objects(plan: Plan) -> tuple[Declared, ...]:
             ),
             Declared("binding", {"exchange": name, "queue": name, "routing_key": ""}),
         ]
-    # The registry is classic whatever queue_type says (see amqp/registry.py).
+    # The registry is classic whatever queue_type says (see rabbit/registry.py).
     registry = {"x-queue-type": "classic"}
     registry_queue = {"name": registry_name(plan.options.prefix), "durable": True}
     shared.append(Declared("queue", {**registry_queue, "arguments": registry}))

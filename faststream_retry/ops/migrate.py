@@ -19,10 +19,6 @@ from typing import TYPE_CHECKING, Any
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 from pamqp import commands as spec
 
-from faststream_retry.amqp import frames
-from faststream_retry.amqp.checks import declare_checked
-from faststream_retry.amqp.probe import depth
-from faststream_retry.amqp.registry import registered_queues
 from faststream_retry.core.advice import Refusal
 from faststream_retry.core.defaults import DELIVERY_LIMIT, PREFIX, QueueType
 from faststream_retry.core.topology import migrating_name, retry_queue_name
@@ -30,6 +26,10 @@ from faststream_retry.core.versions import MIN_VERSION, parse_version
 from faststream_retry.ops import migration
 from faststream_retry.ops.common import OperationError, amqp_of, exclusive
 from faststream_retry.ops.walk import TooLarge
+from faststream_retry.rabbit import frames
+from faststream_retry.rabbit.checks import declare_checked
+from faststream_retry.rabbit.probe import depth
+from faststream_retry.rabbit.registry import registered_queues
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

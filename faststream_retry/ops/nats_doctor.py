@@ -17,7 +17,7 @@ import nats
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JetStreamError
 
-from faststream_retry.middleware.nats_runtime import NatsRuntime
+from faststream_retry.middleware.nats.runtime import NatsRuntime
 from faststream_retry.nats import checks, survey
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import CONNECT_TIMEOUT_S, OperationError, safe_nats_url

@@ -12,8 +12,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.amqp.probe import depth
-from faststream_retry.amqp.registry import registered_queues
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.topology import (
     dlq_name,
@@ -26,6 +24,8 @@ from faststream_retry.core.topology import (
 )
 from faststream_retry.ops.common import name_problem, shown_name
 from faststream_retry.ops.management import list_queues
+from faststream_retry.rabbit.probe import depth
+from faststream_retry.rabbit.registry import registered_queues
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

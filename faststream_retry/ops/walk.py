@@ -50,11 +50,11 @@ from aiormq.exceptions import (
 )
 from pamqp import commands
 
-from faststream_retry.amqp import frames
-from faststream_retry.amqp.probe import depth, plain_classic
-from faststream_retry.amqp.publisher import encodable_headers
 from faststream_retry.core import headers as h
 from faststream_retry.ops.common import OperationError, check_name, exclusive
+from faststream_retry.rabbit import frames
+from faststream_retry.rabbit.probe import depth, plain_classic
+from faststream_retry.rabbit.publisher import encodable_headers
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -6,7 +6,7 @@ and who consumes it, and above all what a covered work queue dead-letters into. 
 whose dead letters lead nowhere (no intake yet, an exchange that does not exist, one that
 is not the intake) loses what its consumers reject without a word; that is the finding
 that needs action. A queue's dead-letter exchange is read over AMQP
-(``amqp.arguments``); a policy's is not visible there.
+(``rabbit.arguments``); a policy's is not visible there.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 
 from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from faststream_retry.amqp.arguments import DLX, DeadLettering, dead_lettering
-from faststream_retry.amqp.channels import close_quietly
-from faststream_retry.amqp.checks import declare_checked
-from faststream_retry.amqp.probe import depth
 from faststream_retry.core.advice import Mismatch, Refusal, parse_mismatch
 from faststream_retry.core.topology import intake_dlq_name
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import amqp_of
 from faststream_retry.ops.doctor import plan_findings
+from faststream_retry.rabbit.arguments import DLX, DeadLettering, dead_lettering
+from faststream_retry.rabbit.channels import close_quietly
+from faststream_retry.rabbit.checks import declare_checked
+from faststream_retry.rabbit.probe import depth
 from faststream_retry.worker.declare import intake_arguments
 from faststream_retry.worker.worker import first_plan
 

@@ -35,8 +35,6 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from faststream_retry.amqp.connection import safe_url
-from faststream_retry.amqp.probe import depth
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import dlq_of, dlq_owner
@@ -52,6 +50,8 @@ from faststream_retry.ops.management import vhost_of
 from faststream_retry.ops.records import Selection, iso_time, moment, not_a_time
 from faststream_retry.ops.status import status as gather
 from faststream_retry.ops.wire import encode_value
+from faststream_retry.rabbit.connection import safe_url
+from faststream_retry.rabbit.probe import depth
 from faststream_retry.web.guard import (
     CSRF_FIELD,
     CSRF_HEADER,

@@ -2,7 +2,7 @@
 
 Each delivery is decided by ``core.intake.intake_step``, its copy built by
 ``core.steps`` (``intake``, ``refused``), and it is consumed and settled by
-``engine.consumer`` as a re-check step is: acked only once its copy is confirmed, requeued
+``rabbit.consumer`` as a re-check step is: acked only once its copy is confirmed, requeued
 after a pause otherwise. It runs on channels of its own: acks of the re-check consumers
 go out in ``multiple`` runs per channel, which must never cover an intake delivery still
 in flight. The intake's queues are ``worker.declare``'s.
@@ -17,20 +17,20 @@ from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.intake import Refuse, intake_step
 from faststream_retry.core.topology import intake_dlq_name
-from faststream_retry.engine.consumer import Consumer
-from faststream_retry.engine.step import give_up, publish_step
 from faststream_retry.errors import RetryTopologyError
+from faststream_retry.rabbit.consumer import Consumer
+from faststream_retry.rabbit.step import give_up, publish_step
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-    from faststream_retry.amqp.publisher import Outcome, Publisher
     from faststream_retry.core.steps import Step
     from faststream_retry.core.topology import Plan, Route
     from faststream_retry.core.worker_config import WorkerConfig
-    from faststream_retry.engine.requeues import Requeues
+    from faststream_retry.rabbit.publisher import Outcome, Publisher
+    from faststream_retry.rabbit.requeues import Requeues
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["IntakeConsumer"]

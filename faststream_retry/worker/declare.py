@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from aio_pika import ExchangeType
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
-from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
 from faststream_retry.core.topology import intake_dlq_name
 from faststream_retry.errors import RetryTopologyError
+from faststream_retry.rabbit.channels import RPC_TIMEOUT_S, close_quietly
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractRobustConnection

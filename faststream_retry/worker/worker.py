@@ -20,14 +20,14 @@ from urllib.parse import urlsplit
 import aio_pika
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from faststream_retry.amqp.channels import RPC_TIMEOUT_S, ChannelPair, close_quietly
-from faststream_retry.amqp.checks import check_broker
-from faststream_retry.amqp.connection import connect_failure, safe_url
-from faststream_retry.amqp.registry import registered_queues, survey
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Handler, Plan, Route, queue_specs
-from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError, RetryWorkerError
+from faststream_retry.rabbit.channels import RPC_TIMEOUT_S, ChannelPair, close_quietly
+from faststream_retry.rabbit.checks import check_broker
+from faststream_retry.rabbit.connection import connect_failure, safe_url
+from faststream_retry.rabbit.live import Live
+from faststream_retry.rabbit.registry import registered_queues, survey
 from faststream_retry.reporting.log import log
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry

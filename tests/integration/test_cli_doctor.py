@@ -14,7 +14,6 @@ import aio_pika
 import pytest
 from aiormq.exceptions import ChannelNotFoundEntity
 
-from faststream_retry.amqp.probe import refuses_transient_queues
 from faststream_retry.core.topology import (
     Route,
     TopologyOptions,
@@ -22,6 +21,7 @@ from faststream_retry.core.topology import (
     route_specs,
     tier_name,
 )
+from faststream_retry.rabbit.probe import refuses_transient_queues
 from tests.cli import run_cli
 from tests.rabbit import App, consumers, script_broker_ctl, series_of, unique
 

@@ -13,9 +13,9 @@ from faststream.rabbit import RabbitMessage
 from pamqp.commands import Basic
 
 from faststream_retry import Fixed, RetryPolicy
-from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.core import headers
 from faststream_retry.core.topology import tier_name
+from faststream_retry.rabbit.publisher import Outcome
 from tests.rabbit import (
     App,
     close_all_connections,

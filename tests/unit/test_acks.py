@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faststream_retry.amqp.acks import AckRuns
+from faststream_retry.rabbit.acks import AckRuns
 
 
 class Broker:

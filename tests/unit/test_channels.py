@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from faststream_retry.amqp import channels
-from faststream_retry.amqp.channels import ChannelPair
+from faststream_retry.rabbit import channels
+from faststream_retry.rabbit.channels import ChannelPair
 
 
 class Underlay:

@@ -10,9 +10,9 @@ import pytest
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
 from faststream_retry import RetryPolicy, RetryTopologyError
-from faststream_retry.amqp.checks import check_broker
 from faststream_retry.core.topology import Handler, Route, TopologyOptions, plan
 from faststream_retry.core.versions import parse_version, too_old
+from faststream_retry.rabbit.checks import check_broker
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from faststream_retry.amqp.publisher import Outcome
-from faststream_retry.engine.consumer import Consumer
+from faststream_retry.rabbit.consumer import Consumer
+from faststream_retry.rabbit.publisher import Outcome
 
 Callback = Callable[[Any], Awaitable[None]]
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from faststream_retry.amqp.deadlines import Deadlines
+from faststream_retry.rabbit.deadlines import Deadlines
 
 
 async def _never() -> None:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from pamqp.decode import field_table as decode_table
 from pamqp.encode import field_table as encode_table
 
-from faststream_retry.amqp.publisher import encodable_headers
 from faststream_retry.core import headers as h
+from faststream_retry.rabbit.publisher import encodable_headers
 from tests.strategies import hostile_headers
 
 PAMQP_MAJOR = int(version("pamqp").split(".")[0])

@@ -18,8 +18,8 @@ from pamqp import commands
 from pamqp.encode import field_table as encode_table
 from pamqp.header import ContentHeader
 
-from faststream_retry.amqp.publisher import Outcome, Publisher
 from faststream_retry.core import headers as h
+from faststream_retry.rabbit.publisher import Outcome, Publisher
 from faststream_retry.reporting.log import Throttle
 
 

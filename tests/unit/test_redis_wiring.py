@@ -36,7 +36,7 @@ from faststream_retry.core.config import RetryConfig
 from faststream_retry.core.decision import Action, decide
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.middleware import _internals, redis_subscribers
-from faststream_retry.middleware.redis_runtime import RedisRuntime, exact_plan
+from faststream_retry.middleware.redis.runtime import RedisRuntime, exact_plan
 from faststream_retry.redis import envelope, refusals
 from faststream_retry.redis import steps as redis_steps
 from faststream_retry.redis.sink import RedisSink

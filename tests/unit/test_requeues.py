@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from faststream_retry.engine.requeues import Requeues
+from faststream_retry.rabbit.requeues import Requeues
 
 
 @dataclass

@@ -20,11 +20,11 @@ WORKER_MODULES = (
     "faststream_retry.worker.worker",
     "faststream_retry.worker.consumer",
     "faststream_retry.worker.declare",
-    "faststream_retry.engine.live",
-    "faststream_retry.engine.recheck",
-    "faststream_retry.engine.consumer",
-    "faststream_retry.engine.step",
-    "faststream_retry.engine.outages",
+    "faststream_retry.rabbit.live",
+    "faststream_retry.rabbit.recheck",
+    "faststream_retry.rabbit.consumer",
+    "faststream_retry.rabbit.step",
+    "faststream_retry.rabbit.outages",
     "faststream_retry.cli.worker",
 )
 

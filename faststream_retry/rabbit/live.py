@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING
 
 from aiormq.exceptions import ChannelAccessRefused
 
-from faststream_retry.amqp.channels import ChannelPair
-from faststream_retry.amqp.checks import declare_late_route
-from faststream_retry.amqp.declare import declare_topology, redeclare
-from faststream_retry.amqp.publisher import Publisher
-from faststream_retry.amqp.registry import record
 from faststream_retry.core.advice import parse_refusal, refused
-from faststream_retry.engine.dlq_depths import DeadLetterDepths
-from faststream_retry.engine.outages import Outages
-from faststream_retry.engine.recheck import RecheckConsumer
-from faststream_retry.engine.requeues import Requeues
+from faststream_retry.rabbit.channels import ChannelPair
+from faststream_retry.rabbit.checks import declare_late_route
+from faststream_retry.rabbit.declare import declare_topology, redeclare
+from faststream_retry.rabbit.dlq_depths import DeadLetterDepths
+from faststream_retry.rabbit.outages import Outages
+from faststream_retry.rabbit.publisher import Publisher
+from faststream_retry.rabbit.recheck import RecheckConsumer
+from faststream_retry.rabbit.registry import record
+from faststream_retry.rabbit.requeues import Requeues
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The plugin on a ``RedisBroker``: the start and stop wrapping, and what it keeps per broker.
 
-The Redis side of ``runtime``, beside ``nats_runtime``: the same ``Plugin`` makes a
+The Redis side of ``plugin``, beside ``nats.runtime``: the same ``Plugin`` makes a
 ``RedisRuntime`` for a ``RedisBroker`` (its cluster and sentinel kinds too), and the
 per-message scope talks to it through the same few members (``plan``, ``route``,
 ``sink``, ``live``). At start the plugin checks the broker's subscribers (a pub/sub

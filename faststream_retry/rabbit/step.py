@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
+from faststream_retry.rabbit.publisher import Outcome
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage
 
-    from faststream_retry.amqp.publisher import Publisher
     from faststream_retry.core.steps import Copy, Step
     from faststream_retry.core.topology import Plan, Route
-    from faststream_retry.engine.requeues import Requeues
+    from faststream_retry.rabbit.publisher import Publisher
+    from faststream_retry.rabbit.requeues import Requeues
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["give_up", "publish_step"]

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 import aio_pika
 from aiormq.exceptions import ChannelAccessRefused, ChannelPreconditionFailed
 
-from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
-from faststream_retry.amqp.probe import QueueDepth, depth, depths
 from faststream_retry.core.topology import MAX_NAME_BYTES, registry_name, retry_queue_name
+from faststream_retry.rabbit.channels import RPC_TIMEOUT_S, close_quietly
+from faststream_retry.rabbit.probe import QueueDepth, depth, depths
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ subscriber with retries on is refused, with the fix), makes the delay stream and
 dead-letter stream per covered stream (``nats.streams``, ``nats.dead_letters``), lets
 FastStream start its subscribers, then starts a re-check consumer per tier and a
 hand-over per covered subscriber (``nats.live``). Under ``TestNatsBroker`` nothing
-starts: inside ``retry.testing()`` failures go to test mode's sink (``nats_test_mode``),
+starts: inside ``retry.testing()`` failures go to test mode's sink (``nats.test_mode``),
 once the subscribers passed the same checks (``check_in_test``). Not yet on NATS: outage
 mode (refused), and subscribers that join a running broker (left to FastStream).
 """
@@ -21,7 +21,7 @@ from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals, checks, nats_subscribers
-from faststream_retry.middleware.nats_test_mode import NatsTestSink
+from faststream_retry.middleware.nats.test_mode import NatsTestSink
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.nats import checks as nats_checks
 from faststream_retry.nats.checks import Finding

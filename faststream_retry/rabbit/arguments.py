@@ -22,7 +22,7 @@ from typing import Any
 
 from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from faststream_retry.amqp.channels import close_quietly
+from faststream_retry.rabbit.channels import close_quietly
 
 __all__ = ["DLX", "DeadLettering", "dead_lettering"]
 

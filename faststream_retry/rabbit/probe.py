@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import aio_pika
 from aiormq.exceptions import AMQPError, ChannelNotFoundEntity
 
-from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
+from faststream_retry.rabbit.channels import RPC_TIMEOUT_S, close_quietly
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

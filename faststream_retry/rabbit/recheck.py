@@ -8,7 +8,7 @@ It is written on aio-pika directly because every hop of every waiting message pa
 The destination comes from the queue the message was consumed from, never from a header,
 so a forged header cannot move a message to another queue. What each copy is comes from
 ``core.steps`` (``recheck``, ``wait_again``); consuming and settling from
-``engine.consumer``.
+``rabbit.consumer``.
 """
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING
 
-from faststream_retry.amqp.publisher import Outcome
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
-from faststream_retry.engine.consumer import Consumer
-from faststream_retry.engine.step import give_up, publish_step
+from faststream_retry.rabbit.consumer import Consumer
+from faststream_retry.rabbit.publisher import Outcome
+from faststream_retry.rabbit.step import give_up, publish_step
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, ConsumerTag
 
-    from faststream_retry.amqp.publisher import Publisher
     from faststream_retry.core.topology import Plan, Route
-    from faststream_retry.engine.requeues import Requeues
+    from faststream_retry.rabbit.publisher import Publisher
+    from faststream_retry.rabbit.requeues import Requeues
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["RecheckConsumer"]

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
-from faststream_retry.amqp.probe import Probe
+from faststream_retry.rabbit.probe import Probe
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:

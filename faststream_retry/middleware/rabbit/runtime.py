@@ -1,8 +1,8 @@
-"""Installing the plugin on a broker: the start/stop wrapping and what it keeps per broker.
+"""The plugin on a ``RabbitBroker``: its runtime, its start and stop, late subscribers.
 
 FastStream 0.7 has no broker start hook, so ``install`` wraps ``broker.start`` and
 ``broker.stop``. On start the plugin plans the topology from the subscribers the broker
-has then, checks it against the live broker (declaring it: ``amqp.checks``), opens its
+has then, checks it against the live broker (declaring it: ``rabbit.checks``), opens its
 channels, and starts FastStream's subscribers and the re-check consumers side by side.
 On stop it undoes that in reverse, the intake first.
 
@@ -14,39 +14,25 @@ its first failure (``cover_failed``), before its copy is published.
 
 Each runtime also says where its broker's failures go (``Runtime.sink``): the live sink
 while the plugin runs, test mode's under ``TestRabbitBroker``.
-
-A ``NatsBroker`` gets a ``nats_runtime.NatsRuntime`` instead, and a ``RedisBroker`` a
-``redis_runtime.RedisRuntime``, each with a start and stop of its own (``_install_own``);
-the rest of the plugin reads any of them through the same members.
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from aio_pika.abc import AbstractConnection
 
-from faststream_retry.amqp.checks import check_broker
-from faststream_retry.amqp.registry import retry_queues_in_use, survey
 from faststream_retry.core.advice import series_advice, work_queue_findings
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Plan, Route, merge_routes, retry_queue_name
-from faststream_retry.engine.live import Live
-from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import (
-    _internals,
-    checks,
-    nats_subscribers,
-    redis_subscribers,
-    settled,
-)
-from faststream_retry.middleware.nats_runtime import NatsRuntime
+from faststream_retry.middleware import _internals, checks, settled
 from faststream_retry.middleware.planned import Planned
-from faststream_retry.middleware.redis_runtime import RedisRuntime
-from faststream_retry.middleware.sink import LiveSink
+from faststream_retry.middleware.rabbit.sink import LiveSink
 from faststream_retry.middleware.test_mode import TestSink
+from faststream_retry.rabbit.checks import check_broker
+from faststream_retry.rabbit.live import Live
+from faststream_retry.rabbit.registry import retry_queues_in_use, survey
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -54,9 +40,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from aio_pika.abc import AbstractRobustConnection
-    from faststream.nats import NatsBroker
     from faststream.rabbit import RabbitBroker
-    from faststream.redis import RedisBroker
 
     from faststream_retry.core.config import RetryConfig
     from faststream_retry.middleware.checks import Middleware
@@ -64,12 +48,7 @@ if TYPE_CHECKING:
     from faststream_retry.middleware.testing import Testing
     from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["Covered", "Plugin", "Runtime", "cover_failed", "follow", "watch"]
-
-Covered = TypeVar("Covered", "RabbitBroker", "NatsBroker", "RedisBroker")
-"""A broker the plugin runs on."""
-
-_INSTALLED_ATTR = "__faststream_retry_installed__"
+__all__ = ["Runtime", "cover_failed", "follow", "install", "start_plugin", "watch"]
 
 
 class Runtime(Planned):
@@ -244,188 +223,39 @@ class Runtime(Planned):
         self.live = None
 
 
-class Plugin:
-    """A middleware's configuration, its reporter and its runtime per broker."""
+def install(broker: RabbitBroker, runtime: Runtime, middleware: Middleware) -> None:
+    """Wrap a ``RabbitBroker``'s start and stop, and follow subscribers that join it late.
 
-    def __init__(self, config: RetryConfig, reporter: Reporter, testing: Testing) -> None:
-        """Keep the configuration; runtimes are made per broker as they are needed.
-
-        ``testing``: the middleware's open ``testing()`` blocks, which test mode obeys.
-        """
-        self.config = config
-        self.reporter = reporter
-        self.testing = testing
-        """The middleware's open ``testing()`` blocks: test mode runs while one is open."""
-        self._runtimes: weakref.WeakKeyDictionary[Any, Runtime | NatsRuntime | RedisRuntime] = (
-            weakref.WeakKeyDictionary()
-        )
-        self.middleware: Middleware | None = None
-        """The ``RetryMiddleware`` this is the plugin of (set by it): a late start installs it."""
-
-    def runtime(self, broker: Any) -> Runtime | NatsRuntime | RedisRuntime:  # noqa: ANN401 - a broker
-        """Return the runtime of ``broker``: a ``NatsRuntime`` for a ``NatsBroker``, and so on."""
-        runtime = self._runtimes.get(broker)
-        if runtime is None:
-            kind: type[Runtime | NatsRuntime | RedisRuntime] = Runtime
-            if nats_subscribers.is_nats(broker):
-                kind = NatsRuntime
-            elif redis_subscribers.is_redis(broker):
-                kind = RedisRuntime
-            runtime = self._runtimes[broker] = kind(
-                self.config, self.reporter, broker, self.testing
-            )
-        return runtime
-
-    def start_test(self, broker: Any) -> None:  # noqa: ANN401 - a broker under a test broker
-        """Test mode's start, at each message in a ``testing()`` block.
-
-        Nothing is started. A ``NatsBroker``'s subscribers are checked as at a real start
-        (``NatsRuntime.check_in_test``); ``TestRabbitBroker``'s test mode checks nothing.
-
-        Raises:
-            RetryConfigError: the app is wired so that the plugin would refuse to start.
-        """
-        runtime = self.runtime(broker)
-        if isinstance(runtime, NatsRuntime) and self.middleware is not None:
-            runtime.check_in_test(self.middleware)
-
-    def install(self, broker: Any, middleware: Middleware) -> None:  # noqa: ANN401 - a broker
-        """Add ``middleware`` to ``broker`` if needed and wrap its start and stop."""
-        checks.refuse_other_broker(broker)
-        if not _attach(broker, middleware):
-            return
-        runtime = self.runtime(broker)
-        if isinstance(runtime, (NatsRuntime, RedisRuntime)):
-            _install_own(broker, runtime, middleware)
-            setattr(broker, _INSTALLED_ATTR, middleware)
-            return
-        original_start = broker.start
-        original_stop = broker.stop
-
-        async def start() -> None:
-            settled.guard(broker)  # still the first, whatever was inserted since install()
-            if runtime.live is not None:
-                # Started again while running (to start a router included late):
-                # FastStream starts the subscribers, and the new ones are followed.
-                await original_start()
-                return
-            await _start(broker, runtime, middleware)
-            # Side by side: a copy the re-check consumers release before its queue's
-            # subscriber consumes waits in that queue; one released before FastStream
-            # declared that queue (a queue that is not durable, after a broker restart)
-            # is refused, and requeued after the pause.
-            await _side_by_side(original_start(), runtime.start_consumers())
-
-        async def stop(
-            exc_type: type[BaseException] | None = None,
-            exc_val: BaseException | None = None,
-            exc_tb: TracebackType | None = None,
-        ) -> None:
-            # Intake first, at once: no handler starts once stop() is called. Then the
-            # re-check consumers (they feed the subscribers' queues), then FastStream
-            # drains its handlers, whose failures still need the publisher; the
-            # plugin's channels close last.
-            _internals.stop_intake(broker)
-            await runtime.stop_consumers()
-            try:
-                await original_stop(exc_type, exc_val, exc_tb)
-            finally:
-                await runtime.stop()
-
-        broker.start = start
-        broker.stop = stop
-        watch(broker, runtime, middleware)
-        setattr(broker, _INSTALLED_ATTR, middleware)
-
-    async def start_late(self, broker: Any) -> None:  # noqa: ANN401 - a broker
-        """Start on a broker that is consuming without ``install()``: at its first message.
-
-        What ``install()`` does at the broker's start, done now: plan from the
-        subscribers the broker has, check them, declare the topology, start the
-        re-check consumers, and wrap the broker's stop (and a later start). Once.
-
-        Raises:
-            RetryConfigError, RetryTopologyError: the app or the broker is wired so
-                that the plugin must not run (as at an installed start); every later
-                call raises it again.
-            Exception: the broker could not be reached; the next message tries again.
-        """
-        runtime = self.runtime(broker)
-        async with runtime.starting:
-            if runtime.refused is not None:
-                raise runtime.refused
-            if runtime.started:
-                return
-            middleware = self.middleware
-            if middleware is None:  # pragma: no cover - RetryMiddleware sets it
-                raise RetryConfigError("this plugin belongs to no RetryMiddleware")
-            try:
-                self.install(broker, middleware)
-                if isinstance(runtime, (NatsRuntime, RedisRuntime)):
-                    await runtime.open(middleware)
-                else:
-                    await _start(broker, runtime, middleware)
-            except (RetryConfigError, RetryTopologyError) as exc:
-                runtime.refused = exc
-                raise
-            await runtime.start_consumers()
-
-
-def _attach(broker: Any, middleware: Middleware) -> bool:  # noqa: ANN401 - a broker
-    """Put ``middleware`` on ``broker``; ``False``: it is installed there already.
-
-    Raises:
-        RetryConfigError: another ``RetryMiddleware`` is installed there, or FastStream
-            lacks an internal the plugin reads.
-    """
-    installed = getattr(broker, _INSTALLED_ATTR, None)
-    if installed is middleware:
-        return False
-    if installed is not None:
-        raise RetryConfigError("another RetryMiddleware is already installed on this broker")
-    _internals.check()
-    if middleware not in broker.middlewares:
-        # Outermost: a failure raised anywhere in the broker's middlewares is
-        # covered too. Pass it in middlewares= to choose its place yourself.
-        broker.insert_middleware(middleware)
-    settled.guard(broker)
-    # The plugin's lines go through this broker's logger unless logging is
-    # configured for them (see _log).
-    log.send_to(_internals.broker_outlet(broker), _internals.broker_level(broker))
-    return True
-
-
-def _install_own(
-    broker: Any,  # noqa: ANN401 - a NatsBroker or a RedisBroker
-    runtime: NatsRuntime | RedisRuntime,
-    middleware: Middleware,
-) -> None:
-    """Wrap a ``NatsBroker``'s or a ``RedisBroker``'s start and stop.
-
-    Start: check the subscribers and open the plugin's side (NATS: its streams; Redis:
-    the engine, the server checked), let FastStream start its subscribers, then start
-    the plugin's consumers (NATS: the re-checks and the hand-overs, which hand copies to
-    running subscribers; Redis: the mover and the claimer). Stop: intake first, then
-    the plugin's consumers, then FastStream's drain, whose failures are still carried
-    out; the plugin stops last.
+    Start: plan, check and declare (``start``), then FastStream's subscribers and the
+    re-check consumers side by side. Stop: intake first, then the re-check consumers,
+    then FastStream's drain, whose failures still need the publisher; the channels last.
     """
     original_start = broker.start
     original_stop = broker.stop
 
     async def start() -> None:
-        settled.guard(broker)
-        if runtime.live is not None or runtime.bypass is not None:
+        settled.guard(broker)  # still the first, whatever was inserted since install()
+        if runtime.live is not None:
+            # Started again while running (to start a router included late):
+            # FastStream starts the subscribers, and the new ones are followed.
             await original_start()
             return
-        await runtime.open(middleware)
-        await original_start()
-        await runtime.start_consumers()
+        await start_plugin(broker, runtime, middleware)
+        # Side by side: a copy the re-check consumers release before its queue's
+        # subscriber consumes waits in that queue; one released before FastStream
+        # declared that queue (a queue that is not durable, after a broker restart)
+        # is refused, and requeued after the pause.
+        await _side_by_side(original_start(), runtime.start_consumers())
 
     async def stop(
         exc_type: type[BaseException] | None = None,
         exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,
     ) -> None:
+        # Intake first, at once: no handler starts once stop() is called. Then the
+        # re-check consumers (they feed the subscribers' queues), then FastStream
+        # drains its handlers, whose failures still need the publisher; the
+        # plugin's channels close last.
         _internals.stop_intake(broker)
         await runtime.stop_consumers()
         try:
@@ -433,8 +263,9 @@ def _install_own(
         finally:
             await runtime.stop()
 
-    broker.start = start
-    broker.stop = stop
+    broker.start = start  # type: ignore[method-assign]
+    broker.stop = stop  # type: ignore[method-assign]
+    watch(broker, runtime, middleware)
 
 
 async def _side_by_side(*steps: Awaitable[None]) -> None:
@@ -444,7 +275,7 @@ async def _side_by_side(*steps: Awaitable[None]) -> None:
             raise outcome
 
 
-async def _start(broker: RabbitBroker, runtime: Runtime, middleware: Middleware) -> None:
+async def start_plugin(broker: RabbitBroker, runtime: Runtime, middleware: Middleware) -> None:
     """Plan from the subscribers the broker has now, check the plan, and declare it."""
     topology = runtime.replan()
     checks.refuse_ack_first(broker, topology)

@@ -30,9 +30,9 @@ from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError
 from pamqp import commands
 from pamqp.encode import field_table as encode_table
 
-from faststream_retry.amqp import frames
-from faststream_retry.amqp.deadlines import Deadlines
 from faststream_retry.core import fit
+from faststream_retry.rabbit import frames
+from faststream_retry.rabbit.deadlines import Deadlines
 from faststream_retry.reporting.log import Throttle, log
 
 if TYPE_CHECKING:

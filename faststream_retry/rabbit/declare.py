@@ -2,7 +2,7 @@
 
 The tiers with their exchanges and bindings, and each route's ``.retry`` and ``.dlq``.
 These declarations run on the plugin's own channels once the startup checks
-(``faststream_retry.amqp.checks``) have passed, and again after every reopen.
+(``faststream_retry.rabbit.checks``) have passed, and again after every reopen.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from aio_pika.abc import ExchangeType
 
-from faststream_retry.amqp.channels import RPC_TIMEOUT_S, close_quietly
+from faststream_retry.rabbit.channels import RPC_TIMEOUT_S, close_quietly
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractRobustConnection

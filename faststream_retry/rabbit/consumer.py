@@ -1,8 +1,8 @@
 """The skeleton both engine consumers share: their consumers, deliveries in flight, settling.
 
-The re-check consumer (``engine.recheck``) and the worker's intake consumer
+The re-check consumer (``rabbit.recheck``) and the worker's intake consumer
 (``worker.consumer``) each turn one delivery into one step, a copy published with a
-confirm (``engine.step``). Everything around that step is the same for both and lives
+confirm (``rabbit.step``). Everything around that step is the same for both and lives
 here:
 
 - each delivery is handled in a task of its own, tracked while it is in flight;
@@ -17,7 +17,7 @@ here:
   and the acks on their way, time to finish, and cancels the consumers meanwhile, in the
   background (a round trip each: 300 of them made a broker's stop 2 s longer).
 
-With ``ack_runs`` the acks of a channel go out in runs (``amqp.acks.AckRuns``: one
+With ``ack_runs`` the acks of a channel go out in runs (``rabbit.acks.AckRuns``: one
 ``multiple`` ack for many deliveries); a consumer that uses them must have its channel
 to itself, or a run could cover another consumer's delivery still in flight.
 """
@@ -29,9 +29,9 @@ import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from faststream_retry.amqp.acks import AckRuns
-from faststream_retry.amqp.channels import RPC_TIMEOUT_S
-from faststream_retry.amqp.publisher import Outcome
+from faststream_retry.rabbit.acks import AckRuns
+from faststream_retry.rabbit.channels import RPC_TIMEOUT_S
+from faststream_retry.rabbit.publisher import Outcome
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:

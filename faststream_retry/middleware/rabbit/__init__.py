@@ -1,0 +1,1 @@
+"""The FastStream side on a ``RabbitBroker``: ``runtime`` (start, stop, late joiners), ``sink``."""
