@@ -1,10 +1,9 @@
 # Shared by start.sh, stop.sh and cluster.sh. Sourced, not run; needs NATS_BASE.
 
-# alive = exists and is not a zombie (PID 1 in some containers reaps late)
-alive() { local st; st="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ -n "$st" && "$st" != Z* ]]; }
+# alive, port_open, stop_server
+source "$(dirname "${BASH_SOURCE[0]}")/../server.sh"
 # ours = a process whose command line names our config file (guards against PID reuse)
 ours() { alive "$1" && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "-c $NATS_BASE/nats.conf"; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # js_ready PORT: JetStream on the server at PORT answers $JS.API.INFO with account info,
 # not an error: on a single node once its store is loaded, on a cluster node once the

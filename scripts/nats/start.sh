@@ -60,16 +60,6 @@ choose_nats
 mkdir -p "$NATS_BASE"
 bind_base "$NATS_BASE"
 
-fail() {
-  log "ERROR: $*"
-  [[ -s "$LOG_FILE" ]] && { log "---- last 30 lines of $LOG_FILE ----"; tail -n 30 "$LOG_FILE" >&2; }
-  if [[ -n "${launched:-}" ]] && alive "$launched"; then
-    log "terminating the half-started server (pid $launched)"
-    kill -TERM "$launched" 2>/dev/null || true
-  fi
-  exit 1
-}
-
 # Serialise concurrent starts of the same node (parallel CI jobs / shells).
 exec 9>"$NATS_BASE.lock"
 flock -w "$NATS_TIMEOUT" 9 || die "timed out waiting for lock $NATS_BASE.lock"
@@ -82,17 +72,9 @@ if [[ -s "$PID_FILE" ]] && ours "$(cat "$PID_FILE")" && port_open "$NATS_PORT"; 
   echo "$URL"; exit 0
 fi
 
-# Pre-flight: a foreign listener on our ports would fool the readiness check.
 ports=("$NATS_PORT")
 [[ -z "$NATS_CLUSTER_NAME" ]] || ports+=("$NATS_ROUTE_PORT")
-for p in "${ports[@]}"; do
-  # A node killed a moment ago may still hold its port while it exits: give it 10 s.
-  for _ in $(seq 1 50); do port_open "$p" || break; sleep 0.2; done
-  if port_open "$p"; then
-    who="$(ss -ltnpH "sport = :$p" 2>/dev/null | sed -n 's/.*users:((\(.*\)))/\1/p' | head -1)"
-    die "port $p is already in use${who:+ by $who} (not our node $NAME). Choose another NATS_PORT, or stop that server."
-  fi
-done
+ports_free "$NAME" NATS_PORT "${ports[@]}"
 # A stale server of this node (half-dead, its port closed) -> stop it.
 if [[ -s "$PID_FILE" ]] && ours "$(cat "$PID_FILE")"; then
   old="$(cat "$PID_FILE")"

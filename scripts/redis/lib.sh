@@ -1,11 +1,10 @@
 # Shared by start.sh, stop.sh and cluster.sh. Sourced, not run; needs REDIS_BASE.
 
-# alive = exists and is not a zombie (PID 1 in some containers reaps late)
-alive() { local st; st="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ -n "$st" && "$st" != Z* ]]; }
+# alive, port_open, stop_server
+source "$(dirname "${BASH_SOURCE[0]}")/../server.sh"
 # ours = a process whose command line names our config file (guards against PID reuse; the
 # config sets `set-proc-title no`, so the server keeps the command line it was given).
 ours() { alive "$1" && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$REDIS_BASE/redis.conf"; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # redis_ask PORT COMMAND...: the first line of the server's answer to COMMAND, over the
 # protocol itself (RESP), so it needs no client: "+PONG", "-LOADING ...", "$123".

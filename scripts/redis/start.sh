@@ -67,16 +67,6 @@ esac
 choose_redis
 mkdir -p "$REDIS_BASE"
 
-fail() {
-  log "ERROR: $*"
-  [[ -s "$LOG_FILE" ]] && { log "---- last 30 lines of $LOG_FILE ----"; tail -n 30 "$LOG_FILE" >&2; }
-  if [[ -n "${launched:-}" ]] && alive "$launched"; then
-    log "terminating the half-started server (pid $launched)"
-    kill -TERM "$launched" 2>/dev/null || true
-  fi
-  exit 1
-}
-
 # Serialise concurrent starts of the same server (parallel CI jobs / shells).
 exec 9>"$REDIS_BASE.lock"
 flock -w "$REDIS_TIMEOUT" 9 || die "timed out waiting for lock $REDIS_BASE.lock"
@@ -89,17 +79,9 @@ if [[ -s "$PID_FILE" ]] && ours "$(cat "$PID_FILE")" && redis_ready "$REDIS_PORT
   echo "$URL"; exit 0
 fi
 
-# Pre-flight: a foreign listener on our ports would fool the readiness check.
 ports=("$REDIS_PORT")
 [[ "$REDIS_CLUSTER" != 1 ]] || ports+=("$REDIS_CLUSTER_BUS_PORT")
-for p in "${ports[@]}"; do
-  # A server killed a moment ago may still hold its port while it exits: give it 10 s.
-  for _ in $(seq 1 50); do port_open "$p" || break; sleep 0.2; done
-  if port_open "$p"; then
-    who="$(ss -ltnpH "sport = :$p" 2>/dev/null | sed -n 's/.*users:((\(.*\)))/\1/p' | head -1)"
-    die "port $p is already in use${who:+ by $who} (not our server $NAME). Choose another REDIS_PORT, or stop that server."
-  fi
-done
+ports_free "$NAME" REDIS_PORT "${ports[@]}"
 # A stale server of this port (half-dead, not answering) -> stop it.
 if [[ -s "$PID_FILE" ]] && ours "$(cat "$PID_FILE")"; then
   old="$(cat "$PID_FILE")"
