@@ -10,17 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
-from faststream_retry.core import headers as h
-from faststream_retry.core import steps
-
 if TYPE_CHECKING:
     from faststream.message import StreamMessage
 
     from faststream_retry.core.decision import Decision
     from faststream_retry.core.topology import Route
-    from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["Sink", "record_in_process", "requeue_after_pause"]
+__all__ = ["Sink", "requeue_after_pause"]
 
 
 class Sink(Protocol):
@@ -41,22 +37,6 @@ class Sink(Protocol):
     ) -> bool:
         """Dead-letter the message; ``True``: it is settled and its failure goes no further."""
         ...
-
-
-def record_in_process(
-    reporter: Reporter,
-    msg: StreamMessage[Any],
-    route: Route,
-    decision: Decision,
-    exc: BaseException,
-    *,
-    immediate: bool,
-) -> None:
-    """Report a retry made in the process, with no copy (``core.steps.in_process``)."""
-    event = steps.in_process(
-        route.queue, msg.message_id, decision, exc, h.now_ms(), immediate=immediate
-    )
-    reporter.record(event, incoming=msg.headers, exception=exc)
 
 
 async def requeue_after_pause(msg: StreamMessage[Any], pause_s: float) -> None:

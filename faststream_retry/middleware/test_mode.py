@@ -20,7 +20,6 @@ from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.decision import Action
 from faststream_retry.middleware import _internals
-from faststream_retry.middleware.sink import record_in_process
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -60,7 +59,9 @@ class TestSink:
     ) -> bool:
         """Every retry is made now: there is no TTL to wait for. Its delay is still reported."""
         immediate = decision.action is Action.RETRY_NOW
-        record_in_process(self._reporter, msg, route, decision, exc, immediate=immediate)
+        self._reporter.in_process(
+            route.queue, msg.message_id, msg.headers, decision, exc, immediate=immediate
+        )
         # Mirror what the copy would carry, so the handler sees its attempt.
         self._mirror_attempt(msg, decision.attempt)
         return True

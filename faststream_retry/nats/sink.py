@@ -68,10 +68,9 @@ class NatsSink:
     ) -> bool:
         """An immediate retry is made now, in process; a later one is a copy into its tier."""
         if decision.action is Action.RETRY_NOW:
-            event = steps.in_process(
-                route.queue, msg.message_id, decision, exc, h.now_ms(), immediate=True
+            self._reporter.in_process(
+                route.queue, msg.message_id, msg.headers, decision, exc, immediate=True
             )
-            self._reporter.record(event, incoming=msg.headers, exception=exc)
             return True
         await self._send(msg, route, decision, exc)
         return False

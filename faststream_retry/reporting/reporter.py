@@ -22,6 +22,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
 from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
 from faststream_retry.reporting import lines, metrics, spans
 from faststream_retry.reporting.log import log
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
     from opentelemetry.trace import Span
 
+    from faststream_retry.core.decision import Decision
     from faststream_retry.core.steps import Copy
     from faststream_retry.reporting.telemetry import Telemetry
 
@@ -121,6 +124,20 @@ class Reporter:
                 if span is not None and exception is not None:
                     _record_exception(span, exception, event)
         self.report(event, exception)
+
+    def in_process(
+        self,
+        queue: str,
+        message_id: str,
+        headers: Mapping[str, Any] | None,
+        decision: Decision,
+        exc: BaseException,
+        *,
+        immediate: bool,
+    ) -> None:
+        """Report a retry made in the process, with no copy (``core.steps.in_process``)."""
+        event = steps.in_process(queue, message_id, decision, exc, h.now_ms(), immediate=immediate)
+        self.record(event, incoming=headers, exception=exc)
 
     @contextlib.contextmanager
     def _step(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.decision import Action
-from faststream_retry.middleware.sink import record_in_process, requeue_after_pause
+from faststream_retry.middleware.sink import requeue_after_pause
 from faststream_retry.rabbit.step import give_up, publish_step
 
 if TYPE_CHECKING:
@@ -43,7 +43,9 @@ class LiveSink:
     ) -> bool:
         """An immediate retry is made now, in process; a later one is a copy into the tiers."""
         if decision.action is Action.RETRY_NOW:
-            record_in_process(self._reporter, msg, route, decision, exc, immediate=True)
+            self._reporter.in_process(
+                route.queue, msg.message_id, msg.headers, decision, exc, immediate=True
+            )
             return True
         await self._send(msg, route, decision, exc)
         return False
