@@ -1,10 +1,12 @@
 """Read a stream's dead letters on Redis without consuming them (redis-py)."""
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from faststream.redis import BinaryMessageFormatV1
 from redis.asyncio import Redis
+
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 
 def dead_letter_stream(stream: str) -> str:
@@ -22,7 +24,8 @@ async def list_dead_letters(url: str, stream: str) -> list[dict[str, Any]]:
     client = Redis.from_url(url)
     letters: list[dict[str, Any]] = []
     try:
-        entries = await client.xrange(dead_letter_stream(stream))
+        # redis-py types a reply loosely: XRANGE's, as it comes back
+        entries = cast("Entries", await client.xrange(dead_letter_stream(stream)))
     finally:
         await client.aclose()
     for entry_id, fields in entries:

@@ -21,7 +21,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from faststream.redis import BinaryMessageFormatV1, RedisBroker, StreamSub
@@ -61,6 +61,14 @@ async def fresh(client: Redis, *streams: str) -> None:
         await client.delete(stream, keys.schedule, keys.data, keys.dlq)
 
 
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+async def xrange(client: Redis, stream: str) -> Entries:
+    """Every entry of ``stream`` (redis-py types XRANGE's reply loosely)."""
+    return cast("Entries", await client.xrange(stream))
+
+
 def parse(fields: dict[bytes, bytes]) -> tuple[bytes, dict[str, Any]]:
     """A FastStream entry's body and headers, as FastStream's own parser reads them."""
     return BinaryMessageFormatV1.parse(fields[b"__data__"])
@@ -69,7 +77,7 @@ def parse(fields: dict[bytes, bytes]) -> tuple[bytes, dict[str, Any]]:
 async def dead_letters(client: Redis, stream: str) -> list[tuple[str, dict[str, Any]]]:
     """Each dead letter of ``stream``: its body's id and its headers."""
     out = []
-    for _, fields in await client.xrange(stream_keys(stream).dlq):
+    for _, fields in await xrange(client, stream_keys(stream).dlq):
         body, headers = parse(fields)
         out.append((json.loads(body)["id"], headers))
     return out
@@ -82,7 +90,7 @@ def gaps(times: list[float]) -> list[float]:
 async def one_message_id_per_message(client: Redis, dead: list[tuple[str, dict[str, Any]]]) -> None:
     """Every attempt of a message, its copies and its dead letter share one message_id."""
     by_body: dict[str, set[str]] = defaultdict(set)
-    for _, fields in await client.xrange("orders"):
+    for _, fields in await xrange(client, "orders"):
         body, headers = parse(fields)
         if "message_id" in headers:
             by_body[json.loads(body)["id"]].add(headers["message_id"])
@@ -130,11 +138,13 @@ async def test_the_getting_started_app_retries_then_dead_letters_and_the_reader_
             return int(await client.zcard(keys.schedule)) > 0
 
         await until(waiting, what="a copy in {orders}.retry")
-        member, score = (await client.zrange(keys.schedule, 0, 0, withscores=True))[0]
+        head = await client.zrange(keys.schedule, 0, 0, withscores=True)
+        member, score = cast("list[tuple[bytes, float]]", head)[0]
         entry_id, group = member.decode().split("/")
         assert group == "billing"
         assert re.fullmatch(r"\d+-\d+", entry_id)
-        body, headers = BinaryMessageFormatV1.parse(await client.hget(keys.data, member))
+        copy = cast("bytes", await client.hget(keys.data, member))
+        body, headers = BinaryMessageFormatV1.parse(copy)
         assert json.loads(body)["id"].split("-")[0] in {"flaky", "down"}
         assert headers["retry-attempt"] == "1"
         assert int(headers["retry-due"]) <= int(score) <= int(headers["retry-due"]) + 1000
@@ -390,7 +400,7 @@ async def test_a_handler_longer_than_claim_idle_is_claimed_only_if_it_blocks_its
         await until(slow_called, timeout=30, what="the slow replica's call")
         async with running(broker):
             await asyncio.sleep(6)  # the slow handler's 4 s, and claim_idle past it
-            calls = [c.decode() for c in await client.lrange(log, 0, -1)]
+            calls = [c.decode() for c in cast("list[bytes]", await client.lrange(log, 0, -1))]
             pending = (await client.xpending(stream, "g"))["pending"]
     finally:
         slow.kill()
