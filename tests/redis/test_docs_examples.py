@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 from faststream.redis import BinaryMessageFormatV1, RedisBroker, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
+from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from faststream_retry import Fixed, RetryConfigError, RetryMiddleware, RetryPolicy
@@ -33,10 +34,13 @@ from faststream_retry.core import headers as h
 from faststream_retry.redis.claimer import CONSUMER_LOST
 from faststream_retry.redis.keys import stream_keys
 from tests.rabbit import eventually
+from tests.redis.conftest import SCRIPTS
 from tests.redis.support import until
 from tests.redis.test_middleware import running
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from redis.asyncio import Redis
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
@@ -409,3 +413,85 @@ async def test_a_handler_longer_than_claim_idle_is_claimed_only_if_it_blocks_its
         assert calls[0] == "slow"
         lost = [e for history in histories for e in history if e["exception"] == CONSUMER_LOST]
         assert lost or len(calls) == 2, "claimed as a lost attempt"
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    """``REDIS_CLUSTER_URL``, or scripts/redis/cluster.sh's three masters on
+    ``REDIS_CLUSTER_PORT`` (test_cluster.py's), started and stopped here."""
+    url = os.environ.get("REDIS_CLUSTER_URL")
+    if url:
+        yield url
+        return
+    script = ["bash", str(SCRIPTS / "cluster.sh")]
+    env = {**os.environ, "REDIS_CLUSTER_PORT": os.environ.get("REDIS_CLUSTER_PORT", "6407")}
+    started = subprocess.run(
+        [*script, "start"], capture_output=True, text=True, check=False, env=env
+    )
+    if started.returncode != 0:
+        pytest.fail(f"the cluster did not start:\n{started.stderr[-2000:]}")
+    try:
+        yield started.stdout.split()[0]
+    finally:
+        subprocess.run([*script, "stop"], capture_output=True, check=False, env=env)
+
+
+async def test_the_cluster_example_keeps_each_tenant_in_one_slot(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """how-to/redis.md: on a Redis Cluster, RedisClusterBroker with the tagged streams of one
+    tenant: each failure retried or dead-lettered with no CROSSSLOT, counted by id, every key
+    in the tag's slot."""
+    cluster = RedisCluster.from_url(cluster_url)
+    streams = ("{tenant-7}.orders", "{tenant-7}.refunds")
+    try:
+        for stream in streams:
+            keys = stream_keys(stream)
+            for key in (stream, keys.schedule, keys.data, keys.dlq):
+                await cluster.delete(key)
+        monkeypatch.setenv("REDIS_CLUSTER_URL", cluster_url)
+        example = importlib.reload(importlib.import_module("examples.docs.redis_cluster"))
+        calls: dict[str, int] = defaultdict(int)
+        done: list[str] = []
+
+        async def work(order: dict[str, str]) -> None:
+            ident = order["id"]
+            calls[ident] += 1
+            if ident.startswith("down") or calls[ident] == 1:
+                raise ConnectionError("down")
+            done.append(ident)
+
+        monkeypatch.setattr(example, "save", work)
+        monkeypatch.setattr(example, "refund", work)
+        sent = {
+            s: [f"{kind}-{s[-7:]}-{i}" for kind in ("ok", "down") for i in range(5)]
+            for s in streams
+        }
+        async with running(example.broker) as broker:
+            for stream, ids in sent.items():
+                for ident in ids:
+                    await broker.publish({"id": ident}, stream=stream)
+
+            async def settled() -> bool:
+                dead = [int(await cluster.xlen(stream_keys(s).dlq)) for s in streams]
+                return len(done) >= 10 and sum(dead) >= 10
+
+            await until(settled, 60, "10 handled and 10 dead letters")
+            await asyncio.sleep(1.0)  # and nothing more comes
+        dead = []
+        for stream in streams:
+            keys = stream_keys(stream)
+            slots = {key_slot(k.encode()) for k in (stream, keys.schedule, keys.data, keys.dlq)}
+            assert slots == {key_slot(b"tenant-7")}
+            for _, fields in cast("Entries", await cluster.xrange(keys.dlq)):
+                body, headers = parse(fields)
+                assert headers["retry-origin-queue"] == stream
+                dead.append(json.loads(body)["id"])
+            assert await cluster.zcard(keys.schedule) == 0
+        assert sorted(done + dead) == sorted(i for ids in sent.values() for i in ids)
+        assert sorted(dead) == sorted(i for i in done + dead if i.startswith("down"))
+        assert len(set(done)) == len(done)
+        # RetryMiddleware()'s default policy: its max_attempts, then a dead letter
+        assert {i: calls[i] for i in dead} == dict.fromkeys(dead, RetryPolicy().max_attempts)
+    finally:
+        await cluster.aclose()
