@@ -8,7 +8,7 @@ full; a read-only replica; and a covered stream read by more than one consumer g
 a copy goes back into the stream, and every group reads it, so the groups that
 handled the message well would handle it again. ``noeviction`` (Redis' default) is
 fine: a full server refuses new messages, still lets a step through whole (a script
-that has written, here its ``XACK``, may finish past ``maxmemory``, so a step is never
+that has written, here its copy, may finish past ``maxmemory``, so a step is never
 half done), and refuses the mover's ``XADD``, so copies wait in the schedule until
 memory is freed.
 Everything is read with ``INFO``, ``EVAL`` and ``XINFO GROUPS``; ``CONFIG`` (often

@@ -6,23 +6,26 @@ again. Every time is the server's (``TIME``), so replicas with skewed clocks agr
 what is due. Times are integer milliseconds.
 
 ``RETRY_LATER``  KEYS stream, schedule, data; ARGV group, entry id, copy id, copy,
-                 delay ms, wake channel. ``XACK`` the entry; when that acknowledged
-                 nothing (another consumer settled it, or it was never pending)
-                 return -1 and schedule nothing. Else store the copy, score it
-                 ``now + delay``, nudge the movers when it is the new head, and return
-                 its due time.
+                 delay ms, wake channel. When the entry is not pending in the group
+                 (another consumer settled it, or it was never delivered) return -1 and
+                 do nothing. Else store the copy, score it ``now + delay``, ``XACK``
+                 the entry, nudge the movers when it is the new head, and return its
+                 due time.
 ``DEAD_LETTER``  KEYS stream, dlq; ARGV group, entry id, letter, maxlen (0: no cap).
-                 ``XACK``; when it acknowledged nothing return 0, else ``XADD`` the
-                 letter to the dead-letter stream and return 1.
+                 When the entry is not pending return 0; else ``XADD`` the letter to
+                 the dead-letter stream, ``XACK`` the entry and return 1.
 ``MOVE``         KEYS stream, schedule, data; ARGV batch. Up to ``batch`` copies due by
                  now: ``XADD`` each to the stream, remove it from the schedule and the
                  data. Return ``{moved, head due ms or -1, now ms}``.
 
-Redis does not undo a script's writes when a later command of it fails: a ``RETRY_LATER``
-whose ``HSET`` met a key of another type (an operator's ``SET`` on ``P.retry.data``) would
-have acknowledged the entry and stored no copy. So both settling scripts check the types
-of the keys they write before the ``XACK``, and refuse (``WRONGTYPE``) with nothing done:
-the entry stays pending.
+Redis does not undo a script's writes when a later command of it fails, so each
+settling script writes the copy or letter first and acknowledges the entry last: a
+script stopped part-way (a key of another type, a command the app's ACL user may not
+run, the server out of memory) leaves the entry pending, to be delivered again, never
+acknowledged with nothing stored. The worst a stop between the write and the ``XACK``
+can do is a copy beside a pending entry: a duplicate, which the guarantees allow, not a
+loss. The types of the keys written are checked before anything, and a clash refused
+(``WRONGTYPE``) with nothing done.
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+# A settling script writes under maxmemory too (noeviction): it moves what is already
+# stored, and refusing it would leave a failed entry pending until it is claimed. Redis
+# 7.0 and Valkey 7.2 read a script's flags from its first line; with none, a script's
+# first write decides, and a copy written before the XACK would be refused.
+_SETTLING = "#!lua flags=allow-oom\n"
+
 _GUARD = """
 local function expect(key, kind)
   local found = redis.call('TYPE', key)['ok']
@@ -49,20 +58,26 @@ local function expect(key, kind)
       ': nothing was done, the entry stays pending')
   end
 end
+-- Is the entry pending in the group (delivered, not yet acknowledged)?
+local function pending(stream, group, id)
+  return #redis.call('XPENDING', stream, group, id, id, 1) > 0
+end
 """
 
 RETRY_LATER = (
-    _GUARD
+    _SETTLING
+    + _GUARD
     + """
 local refused = expect(KEYS[2], 'zset') or expect(KEYS[3], 'hash')
 if refused then return refused end
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return -1 end
+if not pending(KEYS[1], ARGV[1], ARGV[2]) then return -1 end
 """
     + _NOW
     + """
 local due = now + tonumber(ARGV[5])
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
 redis.call('ZADD', KEYS[2], due, ARGV[3])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 local head = redis.call('ZRANGE', KEYS[2], 0, 0)
 if head[1] == ARGV[3] then redis.call('PUBLISH', ARGV[6], due) end
 return due
@@ -70,16 +85,18 @@ return due
 )
 
 DEAD_LETTER = (
-    _GUARD
+    _SETTLING
+    + _GUARD
     + """
 local refused = expect(KEYS[2], 'stream')
 if refused then return refused end
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+if not pending(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
 if tonumber(ARGV[4]) > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', '__data__', ARGV[3])
 else
   redis.call('XADD', KEYS[2], '*', '__data__', ARGV[3])
 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
 )

@@ -1,8 +1,9 @@
 """The two steps a failure takes on Redis, each one script: retry later, or dead-letter.
 
-Both acknowledge the entry in the same script that writes its copy, and write nothing
-when that acknowledgement finds nothing pending: a message two consumers handled (a
-claim raced a slow handler) is settled once. ``entry`` is the delivery as read from
+Both acknowledge the entry in the same script that writes its copy, the acknowledgement
+last (a script stopped part-way keeps its writes, so it must not have acknowledged yet),
+and write nothing when the entry is no longer pending: a message two consumers handled
+(a claim raced a slow handler) is settled once. ``entry`` is the delivery as read from
 the group; ``headers`` are the copy's full headers (``core.headers.retry_headers`` or
 ``dead_letter_headers``), written over the entry's own in FastStream's binary format.
 
@@ -86,8 +87,8 @@ class StreamEntry:
 def copy_id(entry: StreamEntry) -> str:
     """Return the schedule's member for ``entry``'s copy: unique per entry and group.
 
-    An entry is acknowledged once per group, and only an acknowledging step schedules,
-    so no two copies share it.
+    An entry is acknowledged once per group, and only a step that finds it pending (and
+    acknowledges it) schedules, so no two copies share it.
     """
     return f"{entry.id}/{entry.group}"
 
@@ -108,7 +109,7 @@ async def retry_later(
     """Acknowledge ``entry`` and schedule its copy ``delay_ms`` from the server's now.
 
     Return the copy's due time (epoch ms, the server's clock), or ``None`` when the
-    acknowledgement found nothing pending and nothing was scheduled.
+    entry was no longer pending and nothing was scheduled.
     """
     due = await scripts.retry_later(
         keys=[keys.stream, keys.schedule, keys.data],
@@ -134,7 +135,7 @@ async def dead_letter(
 ) -> bool:
     """Acknowledge ``entry`` and add its dead letter to ``keys.dlq`` (capped near ``maxlen``).
 
-    Return ``False`` when the acknowledgement found nothing pending and nothing was added.
+    Return ``False`` when the entry was no longer pending and nothing was added.
     """
     try:
         letter = encode_copy(entry, headers)

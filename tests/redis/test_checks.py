@@ -65,7 +65,7 @@ async def test_a_full_server_lets_a_step_through_whole_and_holds_the_copies(
 ) -> None:
     """Under noeviction past maxmemory: new messages refused; the step done whole, never half.
 
-    Its XACK writes first, and Redis lets a script that wrote finish; the mover's XADD is
+    The settling scripts are flagged allow-oom, so a step goes through whole; the mover's XADD is
     refused, so the copy waits in the schedule until memory is freed.
     """
     await client.xgroup_create(stream, "g", id="$", mkstream=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from faststream_retry.core import headers as h
 from faststream_retry.redis import envelope
@@ -162,3 +163,38 @@ async def test_a_server_that_forgot_the_scripts_is_sent_them_again(
     assert await engine.retry_later(entries[1], delay_ms=0, headers=retry_headers(entries[1], 0))
     moved, head, _ = await engine.mover.move_once(engine.keys(stream))
     assert (moved, head) == (2, -1)
+
+
+@pytest.mark.parametrize("denied", ["hset", "xadd"])
+async def test_a_step_stopped_part_way_leaves_the_entry_pending(
+    redis_url: str, client: Redis, stream: str, denied: str
+) -> None:
+    """A script that stops before its write (here an ACL user denied HSET or XADD) acks nothing.
+
+    Redis keeps what a script wrote before a command failed: were the XACK first, the
+    entry would be acknowledged with no copy or letter stored, and the message lost.
+    """
+    user = f"no-{denied}-{stream}"
+    await client.acl_setuser(
+        user,
+        enabled=True,
+        nopass=True,
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", f"-{denied}"],
+    )
+    limited = Redis.from_url(redis_url, username=user)
+    try:
+        (entry,) = await pending_entries(client, stream, 1)
+        engine = RedisRetryEngine(limited, [(stream, GROUP)])
+        step = (
+            engine.retry_later(entry, delay_ms=0, headers=retry_headers(entry, 0))
+            if denied == "hset"
+            else engine.dead_letter(entry, headers={h.REASON: "exhausted"})
+        )
+        with pytest.raises(ResponseError):  # the server names the command it refused
+            await step
+        assert (await client.xpending(stream, GROUP))["pending"] == 1, "the entry was acked"
+    finally:
+        await limited.aclose()
+        await client.acl_deluser(user)
