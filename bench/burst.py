@@ -18,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import resource
 import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
@@ -100,6 +103,23 @@ class Recorder:
         }
 
 
+def cpu_self() -> float:
+    """This process' CPU seconds (user + sys)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_of(pid: int | None) -> float:
+    """CPU seconds (user + sys) of process `pid` so far (Linux); 0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def loadavg() -> float:
     """The machine's 1-minute load average (the bench runs on shared machines)."""
     return os.getloadavg()[0]
@@ -128,6 +148,8 @@ class Results:
         A ratio row gives the ratio of the medians and, in brackets, the range of the
         per-round ratios (each round's variants ran back to back): how noisy it is.
         """
+        if baseline not in self.rows:  # BENCH_ONLY left it out
+            baseline = next(iter(self.rows))
         console = Console()
         console.print(
             f"[bold]{title}[/]; load average (1 min) at each round: "
@@ -137,8 +159,10 @@ class Results:
         table = Table()
         table.add_column("variant")
         for figure in figures:
-            table.add_column(figure + (" (lower is better)" if figure in lower_is_better else ""),
-                             justify="right")
+            table.add_column(
+                figure + (" (lower is better)" if figure in lower_is_better else ""),
+                justify="right",
+            )
         for variant, values in self.rows.items():
             table.add_row(variant, *(summary(values[f]) for f in figures))
         for variant, values in self.rows.items():
@@ -160,6 +184,12 @@ class Results:
                 )
             table.add_row(f"{variant} / {baseline}", *cells)
         console.print(table)
+
+
+def only(variants: list[str]) -> list[str]:
+    """`variants`, or those of them BENCH_ONLY names (comma-separated): to profile one alone."""
+    wanted = os.environ.get("BENCH_ONLY")
+    return [v for v in variants if wanted is None or v in wanted.split(",")]
 
 
 def rounds_arg(argv: list[str], default_n: int, default_rounds: int) -> tuple[int, int]:

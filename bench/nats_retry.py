@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -48,18 +50,42 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 
-from bench.burst import Recorder, Results, body, extra_args, loadavg, rounds_arg
+from bench.burst import (
+    Recorder,
+    Results,
+    body,
+    cpu_of,
+    cpu_self,
+    extra_args,
+    loadavg,
+    only,
+    rounds_arg,
+)
 from faststream_retry import Fixed, RetryMiddleware, RetryPolicy
 
-URL = __import__("os").environ.get("NATS_URL", "nats://127.0.0.1:4301")
+URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4301")
 DELAY = 1.0
 BATCH = 100
 TIMEOUT = 120.0
+
+
+def server_pid() -> int | None:
+    """The nats-server's pid: NATS_PID, or the pid file scripts/nats/start.sh wrote for the port."""
+    if os.environ.get("NATS_PID"):
+        return int(os.environ["NATS_PID"])
+    port = URL.rsplit(":", 1)[-1].strip("/")
+    pidfile = Path(os.environ.get("TMPDIR", "/tmp")) / f"nats-test-{port}" / "nats.pid"  # noqa: S108
+    with contextlib.suppress(OSError, ValueError):
+        return int(pidfile.read_text().strip())
+    return None
+
+
+SERVER = server_pid()
 RECHECK_FETCH = 200
-"""Copies one re-check fetch holds while its head waits: the plugin's own figure, 1 s timeout too."""
+"""Copies one re-check fetch holds while its head waits (the plugin's figure; 1 s timeout)."""
 
 
-class Transient(Exception):
+class TransientError(Exception):
     """The handler's failure."""
 
 
@@ -108,7 +134,7 @@ class HandWritten:
             self.subject, data, headers={"attempt": str(attempt), "due": repr(due)}, timeout=30
         )
 
-    async def recheck(self, sub: Any) -> None:  # noqa: ANN401 - nats-py's PullSubscription
+    async def recheck(self, sub: Any) -> None:
         """Release each copy when due: publish back, PubAcks awaited, then ack."""
         while True:
             try:
@@ -168,29 +194,37 @@ async def burst(js: JetStreamContext, variant: str, n: int) -> dict[str, float]:
         hand = HandWritten(js, subject, base)
 
     @broker.subscriber(
-        subject, stream=JStream(base, subjects=[subject]), durable="work",
+        subject,
+        stream=JStream(base, subjects=[subject]),
+        durable="work",
         pull_sub=PullSub(batch_size=BATCH),
     )
     async def handler(data: bytes, msg: NatsMessage) -> None:
         if not rec.call(data):
             return
         if hand is None:
-            raise Transient
+            raise TransientError
         await hand.fail(msg, data)
 
     if retry is not None:
         retry.install(broker)
     if hand is not None:
         await hand.start()
+    server0, self0 = cpu_of(SERVER), cpu_self()
     await broker.start()
     try:
         await rec.wait(TIMEOUT)
     finally:
+        server1, self1 = cpu_of(SERVER), cpu_self()
         await broker.stop()
         if hand is not None:
             await hand.stop()
         await delete_streams(js, base, f"{base}-delay", f"{base}-r-delay", f"{base}-r-dlq-{base}")
-    return rec.burst(DELAY)
+    return {
+        **rec.burst(DELAY),
+        "server CPU µs/msg": (server1 - server0) * 1e6 / n,
+        "own CPU µs/msg": (self1 - self0) * 1e6 / n,
+    }
 
 
 async def happy(js: JetStreamContext, variant: str, n: int) -> dict[str, float]:
@@ -210,7 +244,9 @@ async def happy(js: JetStreamContext, variant: str, n: int) -> dict[str, float]:
     broker = NatsBroker(URL, logger=None, middlewares=middlewares)
 
     @broker.subscriber(
-        subject, stream=JStream(base, subjects=[subject]), durable="work",
+        subject,
+        stream=JStream(base, subjects=[subject]),
+        durable="work",
         pull_sub=PullSub(batch_size=BATCH),
     )
     async def handler(data: bytes) -> None:
@@ -218,13 +254,15 @@ async def happy(js: JetStreamContext, variant: str, n: int) -> dict[str, float]:
 
     if retry is not None:
         retry.install(broker)
+    self0 = cpu_self()
     await broker.start()
     try:
         await rec.wait(TIMEOUT)
     finally:
+        self1 = cpu_self()
         await broker.stop()
         await delete_streams(js, base, f"{base}-r-delay", f"{base}-r-dlq-{base}")
-    return rec.happy()
+    return {**rec.happy(), "own CPU µs/msg": (self1 - self0) * 1e6 / n}
 
 
 async def main(argv: list[str]) -> None:
@@ -234,31 +272,40 @@ async def main(argv: list[str]) -> None:
     nc = await nats.connect(URL)
     js = nc.jetstream()
     info = nc._server_info  # noqa: SLF001 - the server's version, for the record
-    print(f"{URL}: nats-server {info.get('version')}", file=sys.stderr)
+    print(f"{URL}: nats-server {info.get('version')}, pid {SERVER}", file=sys.stderr)
     if "burst" in scenarios:
         results = Results()
         for round_ in range(rounds):
             results.loads.append(loadavg())
             order = ["hand-written", "plugin"] if round_ % 2 == 0 else ["plugin", "hand-written"]
-            for variant in order:
+            for variant in only(order):
                 figures = await burst(js, variant, n)
                 results.add(variant, figures)
                 print(f"round {round_ + 1} {variant}: {figures}", file=sys.stderr)
         results.print(
             f"NATS retry burst: {n:,} messages failing once, {DELAY:g} s delay, {rounds} rounds",
             "hand-written",
-            {"first pass s", "lateness p50 ms", "lateness p99 ms", "extra calls"},
+            {
+                "first pass s",
+                "lateness p50 ms",
+                "lateness p99 ms",
+                "extra calls",
+                "server CPU µs/msg",
+                "own CPU µs/msg",
+            },
         )
     if "happy" in scenarios:
         results = Results()
         variants = ["bare", "no-op middleware", "plugin"]
         for round_ in range(rounds):
             results.loads.append(loadavg())
-            for variant in variants if round_ % 2 == 0 else variants[::-1]:
+            for variant in only(variants if round_ % 2 == 0 else variants[::-1]):
                 figures = await happy(js, variant, n * 5 // 2)
                 results.add(variant, figures)
                 print(f"round {round_ + 1} {variant}: {figures}", file=sys.stderr)
-        results.print(f"NATS happy path: {n * 5 // 2:,} messages, {rounds} rounds", "bare", set())
+        results.print(
+            f"NATS happy path: {n * 5 // 2:,} messages, {rounds} rounds", "bare", {"own CPU µs/msg"}
+        )
     await nc.close()
 
 
