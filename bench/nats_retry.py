@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
 import time
@@ -81,6 +82,8 @@ def server_pid() -> int | None:
 
 
 SERVER = server_pid()
+WIRE = "hand-written, plugin's headers"
+"""A diagnostic variant (BENCH_DIAG=1): the hand-written retry carrying the plugin's headers."""
 RECHECK_FETCH = 200
 """Copies one re-check fetch holds while its head waits (the plugin's figure; 1 s timeout)."""
 
@@ -111,7 +114,12 @@ async def delete_streams(js: JetStreamContext, *names: str) -> None:
 class HandWritten:
     """The cheapest correct FastStream-on-NATS retry (module docstring)."""
 
-    def __init__(self, js: JetStreamContext, work_subject: str, base: str) -> None:
+    def __init__(
+        self, js: JetStreamContext, work_subject: str, base: str, *, wire: bool = False
+    ) -> None:
+        self.wire = wire
+        """Carry what the plugin's copies carry (diagnostic, BENCH_DIAG=1): `Nats-Msg-Id`,
+        the target stream named, and its eight `retry-*`/`message_id` headers (425 bytes)."""
         self.js = js
         self.work_subject = work_subject
         self.stream = f"{base}-delay"
@@ -130,16 +138,31 @@ class HandWritten:
         """Copy the failed message into the delay stream; return once the server has it."""
         attempt = int((msg.headers or {}).get("attempt", "0")) + 1
         due = time.time() + DELAY
-        await self.js.publish(
-            self.subject, data, headers={"attempt": str(attempt), "due": repr(due)}, timeout=30
-        )
+        headers = {"attempt": str(attempt), "due": repr(due)}
+        if not self.wire:
+            await self.js.publish(self.subject, data, headers=headers, timeout=30)
+            return
+        meta = msg.raw_message.metadata
+        now = str(int(time.time() * 1000))
+        headers |= {
+            "retry-subject": json.dumps(self.work_subject),
+            "message_id": str(uuid.uuid4()),
+            "retry-version": "1",
+            "retry-first-failed-at": now,
+            "retry-last-failed-at": now,
+            "retry-history": json.dumps(
+                [{"attempt": 1, "at": int(now), "exception": "TransientError", "error": ""}]
+            ),
+            "Nats-Msg-Id": f"{meta.stream}:{meta.consumer}:{meta.sequence.stream}:retry",
+        }
+        await self.js.publish(self.subject, data, headers=headers, timeout=30, stream=self.stream)
 
     async def recheck(self, sub: Any) -> None:
         """Release each copy when due: publish back, PubAcks awaited, then ack."""
         while True:
             try:
                 msgs = await sub.fetch(RECHECK_FETCH, timeout=1)
-            except nats.errors.TimeoutError:
+            except (TimeoutError, nats.errors.TimeoutError):
                 continue
             i = 0
             while i < len(msgs):
@@ -156,7 +179,7 @@ class HandWritten:
                         self.js.publish(
                             self.work_subject,
                             m.data,
-                            headers={"attempt": m.headers["attempt"]},
+                            headers=self.released(m),
                             timeout=30,
                         )
                         for m in due
@@ -165,6 +188,13 @@ class HandWritten:
                 for m in due:
                     await m.ack()
                 i = j
+
+    def released(self, copy: Any) -> dict[str, str]:
+        """The headers of a copy released to the work subject."""
+        if not self.wire:
+            return {"attempt": copy.headers["attempt"]}
+        headers = {k: v for k, v in copy.headers.items() if not k.startswith("Nats-")}
+        return headers | {"Nats-Msg-Id": f"{copy.metadata.sequence.stream}:release"}
 
     async def stop(self) -> None:
         """Stop the re-check loop."""
@@ -191,7 +221,7 @@ async def burst(js: JetStreamContext, variant: str, n: int) -> dict[str, float]:
         broker = NatsBroker(URL, logger=None, middlewares=[retry])
     else:
         broker = NatsBroker(URL, logger=None)
-        hand = HandWritten(js, subject, base)
+        hand = HandWritten(js, subject, base, wire=variant == WIRE)
 
     @broker.subscriber(
         subject,
@@ -277,7 +307,8 @@ async def main(argv: list[str]) -> None:
         results = Results()
         for round_ in range(rounds):
             results.loads.append(loadavg())
-            order = ["hand-written", "plugin"] if round_ % 2 == 0 else ["plugin", "hand-written"]
+            order = ["hand-written", "plugin"] + ([WIRE] if os.environ.get("BENCH_DIAG") else [])
+            order = order if round_ % 2 == 0 else order[::-1]
             for variant in only(order):
                 figures = await burst(js, variant, n)
                 results.add(variant, figures)
