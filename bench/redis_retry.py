@@ -66,6 +66,7 @@ from bench.burst import (
 )
 from faststream_retry import Fixed, RetryMiddleware, RetryPolicy
 from faststream_retry.redis.mover import Mover
+from faststream_retry.redis.sink import RedisSink
 
 URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6401")
 DELAY = 1.0
@@ -188,6 +189,27 @@ class HandWritten:
                 await self.task
 
 
+NO_XACK = "plugin, no second XACK"
+"""A diagnostic variant (BENCH_DIAG=1): the plugin with FastStream's own `XACK` of a message
+the plugin's script acknowledged already left out (the message marked settled)."""
+
+
+@contextlib.contextmanager
+def no_second_xack() -> Any:
+    """Mark a message whose failure the plugin's script settled as acked, for the block."""
+    original = RedisSink._send  # noqa: SLF001 - a diagnostic patch
+
+    async def send(self: RedisSink, msg: Any, *args: Any) -> None:
+        await original(self, msg, *args)
+        msg.committed = AckStatus.ACKED
+
+    RedisSink._send = send  # type: ignore[method-assign,assignment]  # noqa: SLF001
+    try:
+        yield
+    finally:
+        RedisSink._send = original  # type: ignore[method-assign]  # noqa: SLF001
+
+
 @contextlib.contextmanager
 def timed_plugin_mover(timer: MoveTimer) -> Any:
     """Time the plugin's `Mover.move_once` calls into `timer` for the block."""
@@ -240,7 +262,7 @@ async def burst(r: aredis.Redis, variant: str, n: int) -> dict[str, float]:
     timer = MoveTimer()
     retry: RetryMiddleware | None = None
     hand: HandWritten | None = None
-    if variant == "plugin":
+    if variant in {"plugin", NO_XACK}:
         retry = RetryMiddleware(
             RetryPolicy(max_attempts=4, backoff=Fixed(timedelta(seconds=DELAY)))
         )
@@ -260,7 +282,8 @@ async def burst(r: aredis.Redis, variant: str, n: int) -> dict[str, float]:
     if retry is not None:
         retry.install(broker)
     server0, self0 = await cpu_server(r), cpu_self()
-    with timed_plugin_mover(timer) if retry is not None else contextlib.nullcontext():
+    patch = no_second_xack() if variant == NO_XACK else contextlib.nullcontext()
+    with patch, timed_plugin_mover(timer) if retry is not None else contextlib.nullcontext():
         await broker.start()
         if hand is not None:
             hand.start()
@@ -326,7 +349,8 @@ async def main(argv: list[str]) -> None:
         results = Results()
         for round_ in range(rounds):
             results.loads.append(loadavg())
-            order = ["hand-written", "plugin"] if round_ % 2 == 0 else ["plugin", "hand-written"]
+            order = ["hand-written", "plugin"] + ([NO_XACK] if os.environ.get("BENCH_DIAG") else [])
+            order = order if round_ % 2 == 0 else order[::-1]
             for variant in only(order):
                 figures = await burst(r, variant, n)
                 results.add(variant, figures)
