@@ -20,8 +20,10 @@ import math
 import os
 import resource
 import statistics
+import sys
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,7 +144,7 @@ class Results:
         """The median of `figure` over the rounds."""
         return statistics.median(self.rows[variant][figure])
 
-    def print(self, title: str, baseline: str, lower_is_better: set[str]) -> None:
+    def print(self, title: str, baseline: str) -> None:
         """One table: each variant's median (min - max) per figure, then each ratio to `baseline`.
 
         A ratio row gives the ratio of the medians and, in brackets, the range of the
@@ -159,10 +161,8 @@ class Results:
         table = Table()
         table.add_column("variant")
         for figure in figures:
-            table.add_column(
-                figure + (" (lower is better)" if figure in lower_is_better else ""),
-                justify="right",
-            )
+            better = "" if figure.endswith("msg/s") else " (lower is better)"
+            table.add_column(figure + better, justify="right")
         for variant, values in self.rows.items():
             table.add_row(variant, *(summary(values[f]) for f in figures))
         for variant, values in self.rows.items():
@@ -184,6 +184,20 @@ class Results:
                 )
             table.add_row(f"{variant} / {baseline}", *cells)
         console.print(table)
+
+
+async def interleaved(
+    variants: list[str], rounds: int, run: Callable[[str], Awaitable[dict[str, float]]]
+) -> Results:
+    """`run` each variant once a round, the order turned every round (ABAB...)."""
+    results = Results()
+    for round_ in range(rounds):
+        results.loads.append(loadavg())
+        for variant in only(variants if round_ % 2 == 0 else variants[::-1]):
+            figures = await run(variant)
+            results.add(variant, figures)
+            print(f"round {round_ + 1} {variant}: {figures}", file=sys.stderr)
+    return results
 
 
 def only(variants: list[str]) -> list[str]:

@@ -53,13 +53,11 @@ from nats.js.errors import NotFoundError
 
 from bench.burst import (
     Recorder,
-    Results,
     body,
     cpu_of,
     cpu_self,
     extra_args,
-    loadavg,
-    only,
+    interleaved,
     rounds_arg,
 )
 from faststream_retry import Fixed, RetryMiddleware, RetryPolicy
@@ -284,15 +282,19 @@ async def happy(js: JetStreamContext, variant: str, n: int) -> dict[str, float]:
 
     if retry is not None:
         retry.install(broker)
-    self0 = cpu_self()
+    server0, self0 = cpu_of(SERVER), cpu_self()
     await broker.start()
     try:
         await rec.wait(TIMEOUT)
     finally:
-        self1 = cpu_self()
+        server1, self1 = cpu_of(SERVER), cpu_self()
         await broker.stop()
         await delete_streams(js, base, f"{base}-r-delay", f"{base}-r-dlq-{base}")
-    return {**rec.happy(), "own CPU µs/msg": (self1 - self0) * 1e6 / n}
+    return {
+        **rec.happy(),
+        "server CPU µs/msg": (server1 - server0) * 1e6 / n,
+        "own CPU µs/msg": (self1 - self0) * 1e6 / n,
+    }
 
 
 async def main(argv: list[str]) -> None:
@@ -304,39 +306,16 @@ async def main(argv: list[str]) -> None:
     info = nc._server_info  # noqa: SLF001 - the server's version, for the record
     print(f"{URL}: nats-server {info.get('version')}, pid {SERVER}", file=sys.stderr)
     if "burst" in scenarios:
-        results = Results()
-        for round_ in range(rounds):
-            results.loads.append(loadavg())
-            order = ["hand-written", "plugin"] + ([WIRE] if os.environ.get("BENCH_DIAG") else [])
-            order = order if round_ % 2 == 0 else order[::-1]
-            for variant in only(order):
-                figures = await burst(js, variant, n)
-                results.add(variant, figures)
-                print(f"round {round_ + 1} {variant}: {figures}", file=sys.stderr)
+        variants = ["hand-written", "plugin"] + ([WIRE] if os.environ.get("BENCH_DIAG") else [])
+        results = await interleaved(variants, rounds, lambda v: burst(js, v, n))
         results.print(
             f"NATS retry burst: {n:,} messages failing once, {DELAY:g} s delay, {rounds} rounds",
             "hand-written",
-            {
-                "first pass s",
-                "lateness p50 ms",
-                "lateness p99 ms",
-                "extra calls",
-                "server CPU µs/msg",
-                "own CPU µs/msg",
-            },
         )
     if "happy" in scenarios:
-        results = Results()
         variants = ["bare", "no-op middleware", "plugin"]
-        for round_ in range(rounds):
-            results.loads.append(loadavg())
-            for variant in only(variants if round_ % 2 == 0 else variants[::-1]):
-                figures = await happy(js, variant, n * 5 // 2)
-                results.add(variant, figures)
-                print(f"round {round_ + 1} {variant}: {figures}", file=sys.stderr)
-        results.print(
-            f"NATS happy path: {n * 5 // 2:,} messages, {rounds} rounds", "bare", {"own CPU µs/msg"}
-        )
+        results = await interleaved(variants, rounds, lambda v: happy(js, v, n * 5 // 2))
+        results.print(f"NATS happy path: {n * 5 // 2:,} messages, {rounds} rounds", "bare")
     await nc.close()
 
 

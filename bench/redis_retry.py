@@ -56,12 +56,10 @@ from faststream.redis.parser.binary import BinaryMessageFormatV1
 
 from bench.burst import (
     Recorder,
-    Results,
     body,
     cpu_self,
     extra_args,
-    loadavg,
-    only,
+    interleaved,
     rounds_arg,
 )
 from faststream_retry import Fixed, RetryMiddleware, RetryPolicy
@@ -346,43 +344,16 @@ async def main(argv: list[str]) -> None:
         file=sys.stderr,
     )
     if "burst" in scenarios:
-        results = Results()
-        for round_ in range(rounds):
-            results.loads.append(loadavg())
-            order = ["hand-written", "plugin"] + ([NO_XACK] if os.environ.get("BENCH_DIAG") else [])
-            order = order if round_ % 2 == 0 else order[::-1]
-            for variant in only(order):
-                figures = await burst(r, variant, n)
-                results.add(variant, figures)
-                print(f"round {round_ + 1} {variant}: {figures}", file=sys.stderr)
+        variants = ["hand-written", "plugin"] + ([NO_XACK] if os.environ.get("BENCH_DIAG") else [])
+        results = await interleaved(variants, rounds, lambda v: burst(r, v, n))
         results.print(
             f"Redis retry burst: {n:,} messages failing once, {DELAY:g} s delay, {rounds} rounds",
             "hand-written",
-            {
-                "first pass s",
-                "lateness p50 ms",
-                "lateness p99 ms",
-                "extra calls",
-                "redis CPU µs/msg",
-                "own CPU µs/msg",
-                "mover µs/copy",
-                "move scripts/copy",
-            },
         )
     if "happy" in scenarios:
-        results = Results()
         variants = ["bare", "no-op middleware", "plugin"]
-        for round_ in range(rounds):
-            results.loads.append(loadavg())
-            for variant in only(variants if round_ % 2 == 0 else variants[::-1]):
-                figures = await happy(r, variant, n * 5 // 2)
-                results.add(variant, figures)
-                print(f"round {round_ + 1} {variant}: {figures}", file=sys.stderr)
-        results.print(
-            f"Redis happy path: {n * 5 // 2:,} messages, {rounds} rounds",
-            "bare",
-            {"own CPU µs/msg"},
-        )
+        results = await interleaved(variants, rounds, lambda v: happy(r, v, n * 5 // 2))
+        results.print(f"Redis happy path: {n * 5 // 2:,} messages, {rounds} rounds", "bare")
     await r.aclose()
 
 
