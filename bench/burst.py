@@ -81,7 +81,7 @@ class Recorder:
         """Until every message succeeded; raise TimeoutError naming how far it got."""
         try:
             await asyncio.wait_for(self.done.wait(), timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
             msg = f"only {self.n_ok}/{self.expected} succeeded in {timeout:.0f} s"
             raise TimeoutError(msg) from None
 

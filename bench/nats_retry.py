@@ -160,7 +160,7 @@ class HandWritten:
         while True:
             try:
                 msgs = await sub.fetch(RECHECK_FETCH, timeout=1)
-            except (TimeoutError, nats.errors.TimeoutError):
+            except (asyncio.TimeoutError, nats.errors.TimeoutError):
                 continue
             i = 0
             while i < len(msgs):

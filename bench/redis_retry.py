@@ -176,7 +176,7 @@ class HandWritten:
                 continue
             wait = CAP_S if head < 0 else min(CAP_S, (head - now) / 1000)
             if wait > 0:
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.nudged.wait(), wait)
 
     async def stop(self) -> None:
