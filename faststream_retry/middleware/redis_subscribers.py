@@ -81,8 +81,13 @@ def key_of(sub: Any) -> str | None:  # noqa: ANN401 - a Redis subscriber
     reads without a group otherwise). A channel, a list, and a stream read without a
     group have none: their messages are gone once delivered (``describe`` names them).
     """
+    # Read once: FastStream makes a deep copy of its StreamSub at each read of stream_sub.
     stream = _stream_sub(sub)
-    if stream is None or group_of(sub) is None or consumer_of(sub) is None:
+    if stream is None:
+        return None
+    if _text(getattr(stream, "group", None)) is None:
+        return None
+    if _text(getattr(stream, "consumer", None)) is None:
         return None
     return _text(getattr(stream, "name", None))
 

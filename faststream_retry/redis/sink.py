@@ -33,6 +33,8 @@ from faststream_retry.redis.envelope import EnvelopeTooLarge
 from faststream_retry.redis.steps import StreamEntry
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from faststream_retry.core.decision import Decision
     from faststream_retry.core.steps import Copy, Step
     from faststream_retry.core.topology import Plan, Route
@@ -63,13 +65,25 @@ class Message(Protocol):
 class RedisSink:
     """A running Redis broker's sink."""
 
-    __slots__ = ("_engine", "_plan", "_reporter")
+    __slots__ = ("_engine", "_plan", "_reporter", "_settled")
 
-    def __init__(self, engine: RedisRetryEngine, plan: Plan, reporter: Reporter) -> None:
-        """Carry failures of ``plan``'s streams out through ``engine``."""
+    def __init__(
+        self,
+        engine: RedisRetryEngine,
+        plan: Plan,
+        reporter: Reporter,
+        settled: Callable[[Message], None] = lambda _: None,
+    ) -> None:
+        """Carry failures of ``plan``'s streams out through ``engine``.
+
+        ``settled``: told of each message whose step acknowledged it (or found it settled
+        by another consumer), so FastStream does not send an ``XACK`` of its own: a round
+        trip per failure that acknowledges nothing.
+        """
         self._engine = engine
         self._plan = plan
         self._reporter = reporter
+        self._settled = settled
 
     async def retry(
         self, msg: Message, route: Route, decision: Decision, exc: BaseException
@@ -120,6 +134,7 @@ class RedisSink:
         except (RedisError, OSError):
             self._engine.abandon(entry)
             raise
+        self._settled(msg)
 
     async def _place(
         self, entry: StreamEntry, step: Step, incoming: dict[str, Any], exc: BaseException

@@ -543,3 +543,33 @@ async def _stop_while_looping(redis_url: str, stream: str) -> float:
         started = time.monotonic()
         await asyncio.wait_for(broker.stop(), 30)
     return time.monotonic() - started
+
+
+async def test_a_settled_failure_is_acknowledged_once_by_its_step(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """The step's script acknowledges the entry; FastStream sends no XACK of its own after it.
+
+    Counted by the server (``INFO commandstats``, which counts a script's commands too): one
+    ``XACK`` per dead letter, not two (a round trip per failure that acknowledged nothing).
+    """
+
+    async def xacks() -> int:
+        stats: dict[str, Any] = await client.info("commandstats")
+        return int(stats.get("cmdstat_xack", {}).get("calls", 0))
+
+    counted = Counted()
+    broker = RedisBroker(redis_url, middlewares=[middleware(counted)])
+
+    @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"))
+    async def handle(body: dict[str, Any], message: RedisStreamMessage) -> None:
+        key, _ = counted.call(body, message)
+        raise PermanentError(f"message {key}")
+
+    async with running(broker):
+        before = await xacks()
+        await publish(broker, stream, range(N))
+        await dead_count(client, stream, N)
+        await until(lambda: _pending_zero(client, stream), what="nothing pending")
+        assert await xacks() - before == N
+    assert sorted(n for n, _ in await letters(client, stream)) == list(range(N))

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from faststream.message import AckStatus
+
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.policy import effective_policy
 from faststream_retry.core.tiers import Tiers
@@ -53,6 +55,11 @@ CLAIMER = "faststream-retry-claimer"
 _IMPORTED = time.monotonic()
 """When this process imported the plugin: before any of its subscribers read, and after
 every delivery an earlier process under the same consumer names had."""
+
+
+def _acked_by_step(msg: Any) -> None:  # noqa: ANN401 - FastStream's Redis stream message
+    """The step's script acknowledged ``msg``: FastStream need not send an ``XACK`` too."""
+    msg.committed = AckStatus.ACKED
 
 
 def exact_plan(routes: Iterable[Route], default: RetryPolicy, config: RetryConfig) -> Plan:
@@ -109,7 +116,7 @@ class RedisRuntime(Planned):
         live = self.live
         if live is None or not live.running:
             return None
-        return RedisSink(live.engine, live.plan, self.reporter)
+        return RedisSink(live.engine, live.plan, self.reporter, _acked_by_step)
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
         """A subscriber that joined the running broker: not covered on Redis yet (FastStream's)."""
