@@ -201,6 +201,7 @@ def record(
             "dead-lettered": len(set(tally.dead)),
             "lost": len(tally.lost),
             "duplicates": tally.duplicates + extra_duplicates,
+            "of them still to come": extra_duplicates,
             "settled after the last fault, s": f"{seconds:.1f}",
             **more,
         }

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.redis, pytest.mark.fault, pytest.mark.timeout(300)]
 
-N = 1000
+N = 400
 
 
 def sha(script: str) -> bytes:
@@ -60,7 +60,7 @@ CUTS = [
 async def test_connections_cut_five_times_lose_nothing(
     redis_url: str, client: Redis, stream: str, tmp_path: Path
 ) -> None:
-    """1,000 messages through a proxy that cuts the app's connections five times."""
+    """400 messages through a proxy that cuts the app's connections five times."""
     timeline = Timeline()
     proxy = RedisCuttingProxy(urlsplit(redis_url).port or 6379)
     await proxy.start()

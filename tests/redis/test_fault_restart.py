@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.redis, pytest.mark.fault, pytest.mark.timeout(300)]
 
 PORT = int(os.environ.get("REDIS_RESTART_PORT", "6404"))
-N = 1000
+N = 400
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,7 @@ N = 1000
 async def test_redis_restarted_under_the_app_loses_nothing(
     signal: str, appendfsync: str, tmp_path: Path
 ) -> None:
-    """1,000 messages; the server stopped (SIGTERM) or killed (SIGKILL) once copies wait in
+    """400 messages; the server stopped (SIGTERM) or killed (SIGKILL) once copies wait in
     the schedule and the app is mid-burst, started again on its AOF: every id processed or
     dead-lettered, none lost, the group and the schedule empty at the end."""
     timeline = Timeline()
@@ -78,7 +78,7 @@ async def test_redis_restarted_under_the_app_loses_nothing(
         timeline(f"SIG{signal} with {waiting} copies waiting, {len(ledger.ids())} processed")
         await asyncio.to_thread(stop_server, PORT, REDIS_SIGNAL=signal, REDIS_KEEP_DATA="1")
         # Down long enough that the app's commands fail (redis-py's own retries spent).
-        await asyncio.sleep(3)
+        await asyncio.sleep(2)
         await asyncio.to_thread(start_server, PORT, REDIS_APPENDFSYNC=appendfsync, REDIS_FRESH="0")
         timeline("started again")
         seconds = await settle(tally, client, stream, ledger, 120, f"SIG{signal} {appendfsync}")
