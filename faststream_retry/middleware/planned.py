@@ -85,8 +85,10 @@ class Planned:
         msg: Any,  # noqa: ANN401, ARG002 - FastStream's message
         sub: Any,  # noqa: ANN401, ARG002 - its subscriber
     ) -> contextlib.AbstractContextManager[None]:
-        """Wrap a handler's call on ``msg``: a transport that must know what its handlers
-        hold (Redis' claimer) is told; here, nothing."""
+        """Wrap a handler's call on ``msg``; nothing here.
+
+        A transport that must know what its handlers hold (Redis' claimer) is told.
+        """
         return contextlib.nullcontext()
 
     def route(self, queue: str) -> Route | None:

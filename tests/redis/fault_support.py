@@ -74,7 +74,7 @@ class Worker:
         """
         ready = Path(f"{self.env['LEDGER']}.{self.env['CONSUMER']}.ready")
         ready.unlink(missing_ok=True)
-        with open(f"{self.env['LEDGER']}.{self.env['CONSUMER']}.log", "ab") as log:  # noqa: ASYNC230
+        with Path(f"{self.env['LEDGER']}.{self.env['CONSUMER']}.log").open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -144,7 +144,7 @@ async def dead_ids(client: Redis, stream: str) -> list[str]:
 
 
 async def settle(
-    tally: Tally, client: Redis, stream: str, ledger: Ledger, timeout: float, what: str
+    tally: Tally, client: Redis, stream: str, ledger: Ledger, *, timeout: float, what: str
 ) -> float:
     """Follow the ledger and the dead letters until every id settled; return the seconds.
 
@@ -175,8 +175,10 @@ async def late(client: Redis, stream: str) -> int:
     """
     keys = stream_keys(stream)
     waiting = int(await client.zcard(keys.schedule))
-    (group,) = [g for g in await client.xinfo_groups(stream) if g["name"] in (GROUP, GROUP.encode())]
-    unread = len(await client.xrange(stream, min="(" + _str(group["last-delivered-id"])))
+    (group,) = [
+        g for g in await client.xinfo_groups(stream) if g["name"] in (GROUP, GROUP.encode())
+    ]
+    unread = int(group["lag"] or 0)  # Redis 7.0 and later; nothing deleted, so never unknown
     return waiting + unread + int(group["pending"])
 
 
@@ -206,11 +208,6 @@ def record(
             **more,
         }
     )
-
-
-def _str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
 
 
 async def until_up(

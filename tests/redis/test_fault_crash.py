@@ -66,7 +66,7 @@ async def test_the_app_killed_three_times_mid_burst_loses_nothing(
             await app.kill()
             timeline(f"SIGKILL {kill + 1} with {pending} entries pending")
             await app.start()
-        seconds = await settle(tally, client, stream, ledger, 120, "SIGKILL x3")
+        seconds = await settle(tally, client, stream, ledger, timeout=120, what="SIGKILL x3")
         timeline("settled")
 
         async def drained() -> bool:

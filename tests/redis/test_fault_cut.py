@@ -83,7 +83,7 @@ async def test_connections_cut_five_times_lose_nothing(
         proxy.cut_all()
         timeline("cut: everything")
         await recovered(proxy, ledger, connections)
-        seconds = await settle(tally, client, stream, ledger, 120, "cut connections")
+        seconds = await settle(tally, client, stream, ledger, timeout=120, what="cut connections")
         timeline("settled")
 
         async def drained() -> bool:
@@ -100,9 +100,12 @@ async def test_connections_cut_five_times_lose_nothing(
     check_outcomes(workload, tally)
     assert proxy.cuts == 5
     record(
-        "connection cut x5", server, tally, duplicates, seconds, faults="5 cuts: " + ", ".join(
-            w.split(",")[0] for w, _, _ in CUTS
-        ) + ", all",
+        "connection cut x5",
+        server,
+        tally,
+        duplicates,
+        seconds,
+        faults="5 cuts: " + ", ".join(w.split(",")[0] for w, _, _ in CUTS) + ", all",
     )
 
 

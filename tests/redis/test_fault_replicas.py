@@ -54,7 +54,7 @@ async def test_two_replicas_move_copies_at_once_never_twice_never_lost(
         for app in apps:
             await app.start()
         await publish(client, stream, workload.ids)
-        seconds = await settle(tally, client, stream, ledger, 120, "two replicas")
+        seconds = await settle(tally, client, stream, ledger, timeout=120, what="two replicas")
 
         async def drained() -> bool:
             pending = (await client.xpending(stream, "g"))["pending"]
@@ -82,6 +82,10 @@ async def test_two_replicas_move_copies_at_once_never_twice_never_lost(
     assert tally.duplicates == 0
     assert duplicates == 0
     record(
-        "two replicas moving at once", server, tally, duplicates, seconds,
+        "two replicas moving at once",
+        server,
+        tally,
+        duplicates,
+        seconds,
         faults=f"{len(copies)} copies moved by 2 movers",
     )

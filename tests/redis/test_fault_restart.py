@@ -81,7 +81,9 @@ async def test_redis_restarted_under_the_app_loses_nothing(
         await asyncio.sleep(2)
         await asyncio.to_thread(start_server, PORT, REDIS_APPENDFSYNC=appendfsync, REDIS_FRESH="0")
         timeline("started again")
-        seconds = await settle(tally, client, stream, ledger, 120, f"SIG{signal} {appendfsync}")
+        seconds = await settle(
+            tally, client, stream, ledger, timeout=120, what=f"SIG{signal} {appendfsync}"
+        )
         timeline("settled")
 
         async def drained() -> bool:
@@ -108,4 +110,3 @@ async def test_redis_restarted_under_the_app_loses_nothing(
         seconds,
         faults=f"1 SIG{signal} with {waiting} copies waiting",
     )
-
