@@ -182,6 +182,27 @@ async def late(client: Redis, stream: str) -> int:
     return waiting + unread + int(group["pending"])
 
 
+async def drained(client: Redis, stream: str) -> None:
+    """Wait until nothing is pending in the group and nothing waits in the schedule.
+
+    Once every id settled, what is left is a duplicate on its way, or an entry stranded:
+    pending for ever, behind a live replica that will never hand it to a handler.
+    """
+    keys = stream_keys(stream)
+
+    async def empty() -> bool:
+        pending = (await client.xpending(stream, GROUP))["pending"]
+        return pending == 0 and int(await client.zcard(keys.schedule)) == 0
+
+    try:
+        await until_up(empty, "nothing pending, nothing waiting")
+    except BaseException:
+        with contextlib.suppress(RedisError, OSError):
+            rows = await client.xpending_range(stream, GROUP, min="-", max="+", count=10)
+            print(f"still pending: {rows}")  # noqa: T201 - shown with the failure
+        raise
+
+
 async def server_of(client: Redis) -> str:
     """``redis 7.0.15``, ``valkey 9.1.2``: what the rows were measured on."""
     info = await client.info("server")

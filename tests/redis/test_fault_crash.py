@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from faststream_retry.redis.keys import stream_keys
 from tests.faults.support import Timeline, stopped
 from tests.redis.fault_support import (
     Ledger,
@@ -22,6 +21,7 @@ from tests.redis.fault_support import (
     Worker,
     Workload,
     check_outcomes,
+    drained,
     late,
     publish,
     record,
@@ -51,7 +51,6 @@ async def test_the_app_killed_three_times_mid_burst_loses_nothing(
     tally = Tally(workload.ids)
     ledger = Ledger(tmp_path / "ledger")
     app = Worker(redis_url, stream, "c1", ledger.path)
-    keys = stream_keys(stream)
     try:
         await app.start()
         await publish(client, stream, workload.ids)
@@ -69,11 +68,7 @@ async def test_the_app_killed_three_times_mid_burst_loses_nothing(
         seconds = await settle(tally, client, stream, ledger, timeout=120, what="SIGKILL x3")
         timeline("settled")
 
-        async def drained() -> bool:
-            pending = (await client.xpending(stream, "g"))["pending"]
-            return pending == 0 and int(await client.zcard(keys.schedule)) == 0
-
-        await until_up(drained, "nothing pending, nothing waiting")
+        await drained(client, stream)
         await stopped("stopping the app", app.stop())
         duplicates = await late(client, stream)
         server = await server_of(client)

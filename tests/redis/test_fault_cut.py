@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from faststream_retry.redis.keys import stream_keys
 from faststream_retry.redis.lua import MOVE, RETRY_LATER
 from tests.faults.support import Timeline, stopped
 from tests.redis.cut_proxy import RedisCuttingProxy
@@ -27,6 +26,7 @@ from tests.redis.fault_support import (
     Worker,
     Workload,
     check_outcomes,
+    drained,
     late,
     publish,
     record,
@@ -68,7 +68,6 @@ async def test_connections_cut_five_times_lose_nothing(
     tally = Tally(workload.ids)
     ledger = Ledger(tmp_path / "ledger")
     app = Worker(f"redis://127.0.0.1:{proxy.port}", stream, "c1", ledger.path)
-    keys = stream_keys(stream)
     try:
         await app.start()
         publishing = asyncio.create_task(publish(client, stream, workload.ids, chunk=100))
@@ -86,11 +85,7 @@ async def test_connections_cut_five_times_lose_nothing(
         seconds = await settle(tally, client, stream, ledger, timeout=120, what="cut connections")
         timeline("settled")
 
-        async def drained() -> bool:
-            pending = (await client.xpending(stream, "g"))["pending"]
-            return pending == 0 and int(await client.zcard(keys.schedule)) == 0
-
-        await until_up(drained, "nothing pending, nothing waiting")
+        await drained(client, stream)
         await stopped("stopping the app", app.stop())
         duplicates = await late(client, stream)
         server = await server_of(client)

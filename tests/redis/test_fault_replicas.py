@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 from faststream_retry.core import headers as h
-from faststream_retry.redis.keys import stream_keys
 from tests.faults.support import stopped
 from tests.redis.fault_support import (
     Ledger,
@@ -21,12 +20,12 @@ from tests.redis.fault_support import (
     Worker,
     Workload,
     check_outcomes,
+    drained,
     late,
     publish,
     record,
     server_of,
     settle,
-    until_up,
 )
 from tests.redis.support import read_stream
 
@@ -49,18 +48,13 @@ async def test_two_replicas_move_copies_at_once_never_twice_never_lost(
     tally = Tally(workload.ids)
     ledger = Ledger(tmp_path / "ledger")
     apps = [Worker(redis_url, stream, name, ledger.path) for name in ("r1", "r2")]
-    keys = stream_keys(stream)
     try:
         for app in apps:
             await app.start()
         await publish(client, stream, workload.ids)
         seconds = await settle(tally, client, stream, ledger, timeout=120, what="two replicas")
 
-        async def drained() -> bool:
-            pending = (await client.xpending(stream, "g"))["pending"]
-            return pending == 0 and int(await client.zcard(keys.schedule)) == 0
-
-        await until_up(drained, "nothing pending, nothing waiting")
+        await drained(client, stream)
         for app in apps:
             await stopped("stopping a replica", app.stop())
         duplicates = await late(client, stream)

@@ -26,6 +26,7 @@ from tests.redis.fault_support import (
     Worker,
     Workload,
     check_outcomes,
+    drained,
     late,
     publish,
     record,
@@ -86,15 +87,7 @@ async def test_redis_restarted_under_the_app_loses_nothing(
         )
         timeline("settled")
 
-        async def drained() -> bool:
-            pending = (await client.xpending(stream, "g"))["pending"]
-            return pending == 0 and int(await client.zcard(keys.schedule)) == 0
-
-        try:
-            await until_up(drained, "nothing pending, nothing waiting")
-        finally:
-            rows = await client.xpending_range(stream, "g", min="-", max="+", count=20)
-            timeline(f"pending {rows}, waiting {await client.zcard(keys.schedule)}")
+        await drained(client, stream)
         await stopped("stopping the app", app.stop())
         duplicates = await late(client, stream)
     finally:
