@@ -28,7 +28,8 @@ from tests.faults.support import Workload
 MAX_ATTEMPTS = 6
 """Two transient failures, the fault's lost deliveries (a claim counts as an attempt: three
 kills at most), and still one to succeed."""
-DELAY = timedelta(milliseconds=300)
+DELAY = timedelta(milliseconds=int(os.environ.get("DELAY_MS", "300")))
+"""Each retry's delay; ``DELAY_MS`` sets it (a restart wants copies waiting when it hits)."""
 
 
 async def main() -> None:

@@ -64,7 +64,8 @@ async def test_redis_restarted_under_the_app_loses_nothing(
     workload = Workload(N)
     tally = Tally(workload.ids)
     ledger = Ledger(tmp_path / "ledger")
-    app = Worker(url, stream, "c1", ledger.path)
+    # Copies wait 1 s: whatever the machine's pace, some are in the schedule at the fault.
+    app = Worker(url, stream, "c1", ledger.path, DELAY_MS="1000")
     try:
         server = await server_of(client)
         await app.start()
@@ -72,7 +73,7 @@ async def test_redis_restarted_under_the_app_loses_nothing(
         timeline("published")
 
         async def mid_burst() -> bool:
-            return int(await client.zcard(keys.schedule)) >= 20 and len(ledger.ids()) >= 50
+            return int(await client.zcard(keys.schedule)) >= 10 and len(ledger.ids()) >= 50
 
         await until_up(mid_burst, "copies waiting and messages handled")
         waiting = int(await client.zcard(keys.schedule))
