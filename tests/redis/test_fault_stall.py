@@ -91,8 +91,9 @@ async def test_ten_thousand_waiting_copies_do_not_slow_good_messages(
         assert (await client.xpending(stream, "g"))["pending"] == 0, "nothing held in the group"
         assert await client.zcard(keys.schedule) == WAITING, "no copy moved before its time"
         assert not [m for m in ledger.ids() if m.startswith("w")], "no copy handled early"
-        # Within seconds: a stall (copies in the way of the reads) would be the 60 s delay.
-        assert beside < 30, f"1,000 good messages took {beside:.1f} s beside 10,000 copies"
+        # Long before the copies are due: good messages stuck behind them would wait the 60 s.
+        # (How fast beside how fast alone is the row's figure, not a bound: the machine's.)
+        assert beside < DELAY_MS / 1000 - 10, f"1,000 good ones took {beside:.1f} s beside 10,000"
         server = await server_of(client)
     finally:
         await stopped("stopping the app", app.stop())
