@@ -373,9 +373,15 @@ class _RetryScope(BaseMiddleware):
                 with contextlib.suppress(Exception):
                     await msg.nack()
                 raise
-        if self._plugin.config.outage is not None:
-            return await self._through_gate(call_next, msg)
-        return await self._handle(call_next, msg)
+        held = (
+            contextlib.nullcontext()
+            if runtime is None
+            else runtime.holding(msg, _internals.current_subscriber(self.context))
+        )
+        with held:
+            if self._plugin.config.outage is not None:
+                return await self._through_gate(call_next, msg)
+            return await self._handle(call_next, msg)
 
     async def _handle(
         self,

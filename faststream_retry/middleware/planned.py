@@ -8,6 +8,7 @@ each through these members.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 from faststream_retry.core.topology import plan
@@ -78,6 +79,17 @@ class Planned:
             _internals.routes_of(self.broker), self.config.default, self.config.topology
         )
         return self._plan
+
+    def holding(
+        self,
+        msg: Any,  # noqa: ANN401, ARG002 - FastStream's message
+        sub: Any,  # noqa: ANN401, ARG002 - its subscriber
+    ) -> contextlib.AbstractContextManager[None]:
+        """Wrap a handler's call on ``msg``; nothing here.
+
+        A transport that must know what its handlers hold (Redis' claimer) is told.
+        """
+        return contextlib.nullcontext()
 
     def route(self, queue: str) -> Route | None:
         """Return the route of ``queue`` if the plugin covers it: the live plan's once started."""

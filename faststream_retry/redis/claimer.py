@@ -14,10 +14,11 @@ pending under the claimer; it is claimed again ``idle_ms`` later.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -28,7 +29,7 @@ from faststream_retry.redis.steps import StreamEntry
 from faststream_retry.redis.tasks import stop_tasks
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
     from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.redis.client import Client
@@ -100,6 +101,16 @@ class Claimer:
     replicas under one name keep each other's entries alive. An entry this replica gave
     up (``abandon``: its step failed, Redis refused it) is no longer kept alive, so it
     grows idle and is claimed as a dead consumer's would be.
+
+    Kept alive is only what the replica still holds, as its handlers say (``holding``):
+    the entry a handler runs on, and those after the last one a handler started (a read's
+    rest, waiting in memory), while handlers run or started within the last pass. An
+    entry below that mark that no handler holds is one this replica will never hand to a
+    handler again: a group read whose reply a cut connection dropped (redis-py sends the
+    read again and gets the next entries: the first ones are pending here and were never
+    seen), or a success whose ``XACK`` failed. Such an entry grows idle and is claimed;
+    kept alive, it would wait for ever behind a live replica. When no handler ran for a
+    whole pass, the reader holds nothing, and nothing is kept alive.
     """
 
     def __init__(
@@ -132,6 +143,7 @@ class Claimer:
         self._interval_s = min(5.0, max(0.1, idle_ms / 4000))
         self._tasks: list[asyncio.Task[None]] = []
         self._abandoned: dict[str, set[str]] = {}
+        self._reading: dict[tuple[str, str], _Reading] = {}
         self.claimed = 0
         """Entries this claimer claimed (a test's count)."""
         self.kept = 0
@@ -160,6 +172,21 @@ class Claimer:
         """Stop keeping ``entry_id`` of ``stream`` alive: it is left to grow idle and be claimed."""
         self._abandoned.setdefault(stream, set()).add(entry_id)
 
+    @contextlib.contextmanager
+    def holding(self, stream: str, consumer: str, entry_id: str) -> Iterator[None]:
+        """Say that a handler of this replica runs on ``entry_id``, read by ``consumer``.
+
+        The middleware wraps each handler's call, its failure's step included, in it.
+        """
+        reading = self._reading.setdefault((stream, consumer), _Reading())
+        reading.started(entry_id)
+        try:
+            yield
+        finally:
+            reading.held[entry_id] -= 1
+            if not reading.held[entry_id]:
+                del reading.held[entry_id]
+
     async def keep_alive_once(
         self, keys: StreamKeys, group: str, consumer: str, seen: set[str] | None = None
     ) -> int:
@@ -169,6 +196,7 @@ class Claimer:
         """
         uptime_ms = (time.monotonic() - self._born) * 1000
         abandoned = self._abandoned.get(keys.stream, set())
+        holds = self._reading.setdefault((keys.stream, consumer), _Reading()).pass_()
         start: bytes | str = "-"
         kept = 0
         while True:
@@ -181,7 +209,9 @@ class Claimer:
             ids = [
                 r["message_id"]
                 for r, entry_id in pending
-                if r["time_since_delivered"] < uptime_ms and entry_id not in abandoned
+                if r["time_since_delivered"] < uptime_ms
+                and entry_id not in abandoned
+                and holds(entry_id)
             ]
             if ids:
                 await self._client.xclaim(keys.stream, group, consumer, 0, ids, justid=True)
@@ -245,6 +275,41 @@ class Claimer:
             logger.debug("claiming in %s/%s: %s", keys.stream, group, exc)
         except (RedisError, OSError) as exc:
             logger.warning("claiming in %s/%s failed: %s", keys.stream, group, exc)
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id's place: ``"1700000000000-3"`` is ``(1700000000000, 3)``."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(eq=False, slots=True)
+class _Reading:
+    """What one consumer's handlers in this replica hold (``Claimer.holding``)."""
+
+    held: dict[str, int] = field(default_factory=dict)
+    """Entry id: handlers running on it now."""
+    last: tuple[int, int] | None = None
+    """The highest entry id a handler started on."""
+    starts: int = 0
+    starts_at_pass: int = -1
+    """``starts`` at the previous keep-alive pass (-1: none yet)."""
+
+    def started(self, entry_id: str) -> None:
+        self.held[entry_id] = self.held.get(entry_id, 0) + 1
+        self.starts += 1
+        order = _order(entry_id)
+        if self.last is None or order > self.last:
+            self.last = order
+
+    def pass_(self) -> Callable[[str], bool]:
+        """Return whether the replica still holds an entry, as of this pass."""
+        quiet = not self.held and self.starts == self.starts_at_pass
+        self.starts_at_pass = self.starts
+        held, last = set(self.held), self.last
+        if quiet:
+            return held.__contains__  # empty: no handler ran for a whole pass
+        return lambda entry_id: entry_id in held or last is None or _order(entry_id) >= last
 
 
 def _str(value: bytes | str) -> str:

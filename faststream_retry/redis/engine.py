@@ -17,6 +17,9 @@ the one consumer group that reads it, and runs a mover and a claimer beside the 
   ``P.dlq`` with ``headers`` (``core.headers.dead_letter_headers(...)``), capped near
   ``dlq_maxlen``; ``False`` when it was no longer pending. A letter whose headers the
   format cannot hold is made lean (``steps.fitted``), never refused.
+- ``with engine.holding(stream, consumer, entry_id):`` wraps each handler's call (its
+  failure's step included): the claimer keeps alive only what this replica's handlers
+  hold, and the rest of a read still waiting for them (``claimer.Claimer``).
 - ``engine.abandon(entry)``: a delivery whose step Redis refused (down, read-only) is left
   pending for the claimer, which no longer keeps it alive here: claimed ``claim_idle_ms``
   later by any replica, and counted as a lost attempt.
@@ -30,6 +33,7 @@ only carries out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +187,19 @@ class RedisRetryEngine:
             headers=headers,
             maxlen=self._dlq_maxlen,
         )
+
+    def holding(
+        self, stream: str, consumer: str, entry_id: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """Wrap a handler's call on ``entry_id``: what this replica holds is kept alive.
+
+        Only that (``claimer.Claimer.holding``): an entry read and never handed to a
+        handler, or handled and not acknowledged, is left to be claimed. No claimer: a
+        no-op.
+        """
+        if self.claimer is None:
+            return contextlib.nullcontext()
+        return self.claimer.holding(stream, consumer, entry_id)
 
     def abandon(self, entry: StreamEntry) -> None:
         """Leave ``entry`` pending to the claimer: its step failed, and this replica gave it up."""

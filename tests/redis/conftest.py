@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from redis.asyncio import Redis
 
+from tests.redis.fault_support import ROWS
 from tests.redis.support import App
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
+
+    from _pytest.terminal import TerminalReporter
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "redis"
 
@@ -96,3 +99,15 @@ async def make_app(redis_url: str, stream: str) -> AsyncIterator[Callable[..., A
     finally:
         for app in apps:
             await app.stop()
+
+
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    """The fault scenarios' figures (``fault_support.record``), one row each."""
+    if not ROWS:
+        return
+    columns = list(dict.fromkeys(c for row in ROWS for c in row))
+    terminalreporter.section("Redis fault figures")
+    terminalreporter.write_line("| " + " | ".join(columns) + " |")
+    terminalreporter.write_line("|" + "---|" * len(columns))
+    for row in ROWS:
+        terminalreporter.write_line("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")

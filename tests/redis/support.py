@@ -108,7 +108,10 @@ class App:
 
         @self.broker.subscriber(stream=StreamSub(stream, group=group, consumer=consumer))
         async def handle(body: dict[str, Any], message: RedisStreamMessage) -> None:
-            await self._handle(body, message)
+            # As the middleware does: the claimer keeps alive what the handlers hold.
+            (entry_id,) = message.raw_message["message_ids"]
+            with self.engine.holding(stream, consumer, entry_id.decode()):
+                await self._handle(body, message)
 
     async def _handle(self, body: dict[str, Any], message: RedisStreamMessage) -> None:
         entry = StreamEntry.from_raw(message.raw_message, self.group)

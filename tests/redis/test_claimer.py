@@ -15,6 +15,7 @@ import pytest
 from faststream_retry.core import headers as h
 from faststream_retry.redis.claimer import CONSUMER_LOST
 from tests.rabbit import eventually
+from tests.redis.fault_support import message
 from tests.redis.support import read_stream, until
 
 if TYPE_CHECKING:
@@ -109,3 +110,28 @@ async def test_a_lost_delivery_on_the_last_attempt_is_dead_lettered(
         assert h.read_attempt(letter.headers) == 1
     assert not app.calls, "no handler ran again"
     assert (await client.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_entries_read_in_a_live_replicas_name_and_never_handled_are_claimed(
+    make_app: Callable[..., App], client: Redis, stream: str
+) -> None:
+    """A group read whose reply never reached the replica (a cut connection; redis-py sent
+    the read again) leaves entries pending in its name that no handler will see. The replica
+    lives on, but keeps alive only what its handlers hold: they are claimed and handled."""
+    app = make_app(fails=lambda _id, _attempt: False, claim_idle_ms=1000, consumer="c1")
+    await app.start()
+    await app.publish(range(3))
+    await eventually(lambda: sum(app.done.values()) >= 3, what="the first three handled")
+    # The lost reply: read as c1, after the replica began, and dropped. One transaction, so
+    # the app's blocked read is served after it, and finds nothing left.
+    pipe = client.pipeline(transaction=True)
+    for n in range(3, 3 + N):
+        pipe.xadd(stream, message(str(n)))  # type: ignore[arg-type]
+    pipe.xreadgroup("g", "c1", {stream: ">"})
+    *_, stolen = await pipe.execute()
+    assert len(stolen[0][1]) == N
+    await eventually(lambda: sum(app.done.values()) >= 3 + N, timeout=30, what="claimed, handled")
+    assert app.done == dict.fromkeys(range(3 + N), 1)
+    assert {k: [a for a, _ in v] for k, v in app.calls.items() if k >= 3} == {
+        n: [2] for n in range(3, 3 + N)
+    }, "each handled once, its lost delivery counted"

@@ -21,6 +21,7 @@ broker (left to FastStream).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -121,6 +122,22 @@ class RedisRuntime(Planned):
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
         """A subscriber that joined the running broker: not covered on Redis yet (FastStream's)."""
         return None
+
+    def holding(
+        self,
+        msg: Any,  # noqa: ANN401 - FastStream's RedisStreamMessage
+        sub: Any,  # noqa: ANN401 - its subscriber
+    ) -> contextlib.AbstractContextManager[None]:
+        """Tell the claimer a handler runs on ``msg``'s entry, so only held entries stay alive."""
+        live = self.live
+        stream = None if sub is None else redis_subscribers.key_of(sub)
+        ids = getattr(msg.raw_message, "get", lambda _key: None)("message_ids")
+        if live is None or stream is None or not ids or len(ids) != 1:
+            return contextlib.nullcontext()
+        consumer = redis_subscribers.consumer_of(sub)
+        (entry_id,) = ids
+        entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return live.engine.holding(stream, consumer or "", entry)
 
     def check(self, middleware: Middleware) -> Plan:
         """Plan and check the broker's subscribers; raise one error naming every fix.
