@@ -12,35 +12,26 @@ import pytest
 from faststream.nats import NatsBroker
 from faststream.rabbit import RabbitBroker
 from faststream.redis import RedisBroker
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from faststream_retry import Reason, RetryEvent, RetryMiddleware, Rule, Verdict
 from faststream_retry.core.steps import Copy
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import ATTR, Telemetry
+from tests.observed import Observed
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
 
 
-class Harness:
+class Harness(Observed):
+    """A reporter as a middleware makes it (RabbitMQ's unless bound), to this test's SDK."""
+
     def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.metrics = InMemoryMetricReader()
-        self.events: list[RetryEvent] = []
-        self.reporter = Reporter(
-            Telemetry(provider, MeterProvider(metric_readers=[self.metrics])),
-            [self.events.append],
-        )
+        super().__init__()
+        self.reporter = Reporter(Telemetry(self.tracer_provider, self.meter_provider), [])
 
     def only_span(self) -> ReadableSpan:
-        (span,) = self.spans.get_finished_spans()
+        (span,) = self.exporter.get_finished_spans()
         return span
 
 
