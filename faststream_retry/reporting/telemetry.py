@@ -203,7 +203,8 @@ class Telemetry:
             explicit_bucket_boundaries_advisory=duration_buckets(max(max_delay_s, _DAY_S)),
         )
         self.dlq_depths: dict[str, int] = {}
-        """Each covered queue's ``.dlq`` depth as last sampled (``rabbit.dlq_depths``)."""
+        """Each covered queue's dead letters as last sampled (``reporting.depths``: each
+        broker's sampler writes its runtime's queues here)."""
         self.on_read: list[Callable[[], None]] = []
         """Called each time the metrics are read: asks the samplers for fresh depths."""
         meter.create_observable_gauge(
