@@ -491,7 +491,7 @@ class _RetryScope(BaseMiddleware):
                 lateness_ms=None if due is None else now - due,
             )
             headers = msg.headers
-            self._plugin.reporter.record(event, incoming=headers, onward=headers)
+            runtime.reporter.record(event, incoming=headers, onward=headers)
         except Exception:  # reporting never decides a message's fate
             log.exception("faststream-retry could not report the arrival of %s", msg.message_id)
 

@@ -35,6 +35,9 @@ class Planned:
     live: _Running | None
     """The connected parts, from the start to the stop."""
 
+    messaging_system = "rabbitmq"
+    """The broker's ``messaging.system`` (OpenTelemetry's word), on every span of this runtime."""
+
     releases_on_arrival = False
     """Whether a copy that reaches its handler was released by the plugin's own mover (Redis),
     rather than by the broker (a RabbitMQ tier, reported only when ``x-death`` names one)."""
@@ -48,7 +51,7 @@ class Planned:
     ) -> None:
         """Prepare; nothing touches the network before the start."""
         self.config = config
-        self.reporter = reporter
+        self.reporter = reporter.on(self.messaging_system)
         self.broker = broker
         self._testing = testing
         self._plan: Plan | None = None

@@ -1,4 +1,4 @@
-"""The AsyncAPI document of an app with the plugin: each covered queue's ``.dlq``, and its headers.
+"""The AsyncAPI document of an app with the plugin: each covered queue's dead letters, and headers.
 
 ``faststream docs gen`` (and ``docs serve``, an ``AsgiFastStream``'s ``/asyncapi``) asks the
 app's specification factory (``FastStream(specification=...)``, kept as ``app.schema``)
@@ -10,9 +10,12 @@ carry headers either: ``Message.headers`` is a TODO upstream.
 ``RetryMiddleware.asyncapi()`` therefore wraps the app's factory (``SpecificationFactory``,
 the public protocol ``specification=`` takes): it writes the document as before, then, for
 each broker the middleware is on, adds per queue the plugin covers what FastStream itself
-writes for a publisher to ``<queue>.dlq`` (generated on a throwaway broker that never
-connects, in the document's own AsyncAPI version), on the work queue's servers, with the work
-queue's payload and the ``retry-*`` headers (``header_schema``). Covered means what the
+writes for a publisher to where its dead letters go (generated on a throwaway broker of the
+same kind that never connects, in the document's own AsyncAPI version), on the work queue's
+servers, with the work queue's payload and the ``retry-*`` headers (``header_schema``). Where
+they go is the broker's: RabbitMQ, the queue ``<queue>.dlq``; NATS, the subject
+``<prefix>.dlq.<stream>.<durable>`` in the stream ``<prefix>-dlq-<stream>``; Redis, the stream
+``{<stream>}.dlq`` (``XADD``). Covered means what the
 plugin plans at start: every subscriber of the broker whose handlers have retries on,
 router prefix included; one left out of the document (``include_in_schema=False``) has its
 ``.dlq`` left out too. The edit is made on the JSON form of the document (the AsyncAPI
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import copy
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from faststream.rabbit import RabbitBroker, RabbitQueue
 from faststream.specification import AsyncAPI
@@ -42,11 +46,13 @@ from faststream.specification.asyncapi.utils import clear_key
 from pydantic import BaseModel
 
 from faststream_retry.core.topology import plan
-from faststream_retry.middleware import _internals
+from faststream_retry.middleware import _internals, nats_subscribers, redis_subscribers
 from faststream_retry.middleware.header_schema import (
     HEADERS_SCHEMA_NAME,
     dead_letter_headers_schema,
 )
+from faststream_retry.nats import naming as nats_naming
+from faststream_retry.redis.keys import stream_keys
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -166,11 +172,12 @@ def with_dead_letters(
         return spec
     added = False
     for broker in brokers:
-        if not isinstance(broker, RabbitBroker) or not _is_on(broker, middleware):
+        if not _is_covered(broker) or not _is_on(broker, middleware):
             continue
-        routes = plan(_internals.routes_of(broker), config.default, config.topology).routes
+        routes = plan(_internals.routes_of(broker), config.default, config.topology).routes  # type: ignore[arg-type]
         for route in routes.values():
-            added = _add_dead_letter_channel(document, broker, route, version) or added
+            dead_letters = _publisher_document(broker, route, version, config.topology.prefix)
+            added = _add_dead_letter_channel(document, broker, route, dead_letters) or added
     if not added:
         return spec
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
@@ -178,7 +185,16 @@ def with_dead_letters(
     return type(spec).model_validate(document)
 
 
-def _is_on(broker: RabbitBroker, middleware: object) -> bool:
+def _is_covered(broker: object) -> bool:
+    """Whether ``broker`` is of a kind the plugin runs on (RabbitMQ, NATS, Redis)."""
+    return (
+        isinstance(broker, RabbitBroker)
+        or nats_subscribers.is_nats(broker)
+        or redis_subscribers.is_redis(broker)
+    )
+
+
+def _is_on(broker: Any, middleware: object) -> bool:  # noqa: ANN401 - a covered broker
     """Whether ``middleware`` runs on ``broker``: on it, or on a router of one of its subscribers.
 
     Either way the plugin covers every subscriber of the broker once it starts (it adds
@@ -190,14 +206,19 @@ def _is_on(broker: RabbitBroker, middleware: object) -> bool:
 
 
 def _add_dead_letter_channel(
-    document: dict[str, Any], broker: RabbitBroker, route: Route, version: str
+    document: dict[str, Any],
+    broker: Any,  # noqa: ANN401 - a covered broker
+    route: Route,
+    dead_letters: dict[str, Any],
 ) -> bool:
-    """Add ``route``'s ``.dlq`` channel to ``document``; ``False`` if its queue is not in it."""
+    """Add ``route``'s dead-letter channel to ``document``; ``False`` if its queue is not in it.
+
+    ``dead_letters`` is FastStream's document of the dead letters' publisher, alone.
+    """
     channels: dict[str, Any] = document.setdefault("channels", {})
     work = _work_channel(channels, broker, route.queue)
     if work is None:
         return False
-    dead_letters = _publisher_document(route, version)
     message = _message_of(document, work)
     payload = copy.deepcopy(message.get("payload", {})) if message is not None else {}
     for key, channel in dead_letters.get("channels", {}).items():
@@ -219,7 +240,7 @@ def _add_dead_letter_channel(
     return True
 
 
-def _work_channel(channels: dict[str, Any], broker: RabbitBroker, queue: str) -> Any:  # noqa: ANN401 - a channel of the JSON document
+def _work_channel(channels: dict[str, Any], broker: Any, queue: str) -> Any:  # noqa: ANN401 - a channel of the JSON document
     """Return the document's channel of a subscriber of ``queue``; ``None`` if none is shown."""
     for sub in broker.subscribers:
         if _internals.queue_of(sub) != queue or not sub.specification.include_in_schema:
@@ -231,24 +252,53 @@ def _work_channel(channels: dict[str, Any], broker: RabbitBroker, queue: str) ->
     return None
 
 
-def _publisher_document(route: Route, version: str) -> dict[str, Any]:
-    """Return the document FastStream writes for a publisher to ``route.dlq``, alone.
+_WHY = (
+    "faststream-retry publishes here each message whose failure was permanent or whose "
+    "retries ran out, with its body and headers and the retry-* headers that say why."
+)
 
-    On a broker of its own that never connects, so the app's broker gets no publisher:
-    see the module's docstring. Persistent and mandatory, as the plugin publishes.
+
+def _publisher_document(
+    app_broker: object, route: Route, version: str, prefix: str
+) -> dict[str, Any]:
+    """Return the document FastStream writes for a publisher of ``route``'s dead letters, alone.
+
+    On a broker of its own, of ``app_broker``'s kind, that never connects, so the app's
+    broker gets no publisher: see the module's docstring. As the plugin publishes them:
+    RabbitMQ, persistent and mandatory to ``<queue>.dlq``; NATS, to the subscriber's
+    dead-letter subject; Redis, ``XADD`` to the stream's ``.dlq``.
     """
-    broker = RabbitBroker()
-    broker.publisher(
-        RabbitQueue(route.dlq, durable=True),
-        title=f"{route.dlq}:_:DeadLetter",
-        description=(
-            f"Dead letters of {route.queue}: faststream-retry publishes here each message "
-            "whose failure was permanent or whose retries ran out, with its body and "
-            "headers and the retry-* headers that say why."
-        ),
-        persist=True,
-        mandatory=True,
-    )
+    broker: Any
+    if nats_subscribers.is_nats(app_broker):
+        from faststream.nats import NatsBroker  # noqa: PLC0415 - nats-py, with a NatsBroker only
+
+        subject = nats_naming.dlq_subject(prefix, route.queue)
+        stream = nats_naming.dlq_stream(prefix, nats_naming.key_stream(route.queue))
+        broker = NatsBroker()
+        broker.publisher(
+            subject,
+            title=f"{subject}:_:DeadLetter",
+            description=f"Dead letters of {route.queue}, kept in the stream {stream}: {_WHY}",
+        )
+    elif redis_subscribers.is_redis(app_broker):
+        from faststream.redis import RedisBroker  # noqa: PLC0415 - redis-py, with a RedisBroker only
+
+        dlq = stream_keys(route.queue).dlq
+        broker = RedisBroker()
+        broker.publisher(
+            stream=dlq,
+            title=f"{dlq}:_:DeadLetter",
+            description=f"Dead letters of the stream {route.queue}: {_WHY}",
+        )
+    else:
+        broker = RabbitBroker()
+        broker.publisher(
+            RabbitQueue(route.dlq, durable=True),
+            title=f"{route.dlq}:_:DeadLetter",
+            description=f"Dead letters of {route.queue}: {_WHY}",
+            persist=True,
+            mandatory=True,
+        )
     document: dict[str, Any] = (
         AsyncAPI(broker, schema_version=version).to_specification().to_jsonable()
     )
@@ -281,7 +331,8 @@ def _message_of(document: dict[str, Any], channel: dict[str, Any]) -> dict[str, 
     messages = document.get("components", {}).get("messages", {})
     for ref in _refs(channel):
         if ref.startswith(_MESSAGES_REF):
-            name = ref.removeprefix(_MESSAGES_REF).replace("~1", "/").replace("~0", "~")
+            # A URI fragment: FastStream percent-encodes a Redis hash tag's braces there.
+            name = unquote(ref.removeprefix(_MESSAGES_REF)).replace("~1", "/").replace("~0", "~")
             message = messages.get(name)
             if isinstance(message, dict):
                 return message

@@ -1,8 +1,9 @@
 """The NATS transport's running parts for one broker: streams, publisher, re-checks, hand-overs.
 
 ``open`` makes the delay stream and the dead-letter stream of every covered stream;
-``start_consumers`` starts a re-check consumer per tier and a hand-over per covered
-subscriber; ``stop_consumers`` stops them (the hand-overs first: they feed handlers);
+``start_consumers`` starts a re-check consumer per tier, a hand-over per covered
+subscriber and the dead-letter gauge's sampling; ``stop_consumers`` stops them (the
+hand-overs first: they feed handlers);
 ``close`` forgets the connection, which the broker owns.
 """
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from faststream_retry.nats import naming
 from faststream_retry.nats.dead_letters import declare_dead_letter_stream
+from faststream_retry.nats.dlq_depths import NatsDeadLetterDepths
 from faststream_retry.nats.publisher import Publisher
 from faststream_retry.nats.ready import Ready
 from faststream_retry.nats.recheck import Recheck
@@ -65,6 +67,10 @@ class NatsLive:
         self._reporter = reporter
         self._rechecks: list[Recheck] = []
         self._readies: list[Ready] = []
+        self.dlq_depths = NatsDeadLetterDepths(
+            js, self.prefix, reporter.telemetry, lambda: self.plan
+        )
+        """Samples each covered subscriber's dead letters when the metrics are read."""
 
     async def open(self, streams: Mapping[str, object]) -> None:
         """Make the delay stream and the dead-letter stream of each of ``streams``."""
@@ -87,12 +93,14 @@ class NatsLive:
         ]
         await asyncio.gather(*(r.start() for r in self._rechecks))
         await asyncio.gather(*(r.start() for r in self._readies))
+        self.dlq_depths.start()
 
     async def stop_consumers(self) -> None:
-        """Stop the hand-overs (they feed handlers), then the re-checks."""
+        """Stop the hand-overs (they feed handlers), then the re-checks and the sampling."""
         await asyncio.gather(*(r.stop() for r in self._readies))
         await asyncio.gather(*(r.stop() for r in self._rechecks))
         self._readies, self._rechecks = [], []
+        await self.dlq_depths.stop()
 
     def close(self) -> None:
         """Stop publishing: a handler still running keeps its message (not confirmed)."""

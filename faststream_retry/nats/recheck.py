@@ -166,7 +166,7 @@ class Recheck:
 
         tier = step.event.delay_ms if step.event.kind is EventKind.HOP else None
         if await self._reporter.publish(
-            step.event, step.copy, send, incoming=incoming, tier_ms=tier
+            step.event, step.copy, send, incoming=incoming, tier_ms=tier, destination=subject
         ):
             await msg.ack()
         else:

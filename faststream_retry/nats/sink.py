@@ -156,7 +156,13 @@ class NatsSink:
             return confirmed(outcome)
 
         if not await self._reporter.publish(
-            step.event, step.copy, send, incoming=incoming, exception=exc, tier_ms=step.tier_ms
+            step.event,
+            step.copy,
+            send,
+            incoming=incoming,
+            exception=exc,
+            tier_ms=step.tier_ms,
+            destination=subject,
         ):
             return False
         if dead:

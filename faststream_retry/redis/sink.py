@@ -30,6 +30,7 @@ from faststream_retry.core.decision import Action
 from faststream_retry.core.events import EventKind
 from faststream_retry.redis import steps as redis_steps
 from faststream_retry.redis.envelope import EnvelopeTooLarge
+from faststream_retry.redis.keys import stream_keys
 from faststream_retry.redis.steps import StreamEntry
 
 if TYPE_CHECKING:
@@ -162,4 +163,12 @@ class RedisSink:
                 )
             return done
 
-        await self._reporter.publish(step.event, step.copy, send, incoming=incoming, exception=exc)
+        keys = stream_keys(entry.stream)
+        await self._reporter.publish(
+            step.event,
+            step.copy,
+            send,
+            incoming=incoming,
+            exception=exc,
+            destination=keys.dlq if dead else keys.schedule,
+        )

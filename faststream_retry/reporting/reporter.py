@@ -27,7 +27,7 @@ from faststream_retry.core import steps
 from faststream_retry.core.events import EventKind, RetryEvent, RetryHook
 from faststream_retry.reporting import lines, metrics, spans
 from faststream_retry.reporting.log import log
-from faststream_retry.reporting.telemetry import ATTR
+from faststream_retry.reporting.telemetry import ATTR, RABBITMQ
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -50,16 +50,35 @@ class Reporter:
         hooks: Sequence[RetryHook],
         *,
         log_retry_traceback: str = "first",
+        system: str = RABBITMQ,
     ) -> None:
         """Report to ``telemetry`` and ``hooks`` (a live sequence: hooks may come and go).
 
         ``log_retry_traceback`` says which retry lines carry the traceback (see
-        ``RetryMiddleware``); a dead letter's line always does.
+        ``RetryMiddleware``); a dead letter's line always does. ``system`` is the
+        ``messaging.system`` of the spans (``on``).
         """
         self.telemetry = telemetry
         self.hooks = hooks
         self.log_retry_traceback = log_retry_traceback
+        self.system = system
         self._warned: set[object] = set()
+
+    def on(self, system: str) -> Reporter:
+        """Return this reporter for the runtime of one broker: its spans say ``system``.
+
+        The same telemetry, hooks and once-only warnings: one middleware on a
+        ``RabbitBroker`` and a ``NatsBroker`` reports through one set of instruments,
+        and each runtime says which broker its spans are about (``rabbitmq``, ``nats``,
+        ``redis``: data the runtime passes, never a broker import here).
+        """
+        if system == self.system:
+            return self
+        other = Reporter(
+            self.telemetry, self.hooks, log_retry_traceback=self.log_retry_traceback, system=system
+        )
+        other._warned = self._warned  # one middleware warns once, whichever broker
+        return other
 
     async def publish(
         self,
@@ -70,6 +89,7 @@ class Reporter:
         incoming: Mapping[str, Any] | None,
         exception: BaseException | None = None,
         tier_ms: int | None = None,
+        destination: str | None = None,
     ) -> bool:
         """Send ``copy`` inside the step's span; report the step once it is confirmed.
 
@@ -77,11 +97,15 @@ class Reporter:
         FastStream's process span when there is one; a re-check step continues the
         trace the message carries. Returns whether the copy was confirmed. Only
         ``send`` decides that: the span and the report cannot fail the step.
+        ``destination``: where ``send`` publishes on this broker (a NATS subject, a
+        Redis key); ``None``: RabbitMQ's, ``copy``'s exchange or queue.
         """
         if not self.telemetry.tracing:
             ok = await send(copy)
         else:
-            attributes = spans.step_attributes(event, copy, tier_ms)
+            attributes = spans.step_attributes(
+                event, copy, tier_ms, system=self.system, destination=destination
+            )
             with self._step(event, incoming, copy.headers, attributes) as span:
                 if span is not None and exception is not None:
                     _record_exception(span, exception, event)
@@ -118,7 +142,7 @@ class Reporter:
         """
         # With tracing off there is no span to make (one release per retry under a burst).
         if (event.immediate or event.kind is EventKind.RELEASED) and self.telemetry.tracing:
-            attributes = spans.step_attributes(event, None, None)
+            attributes = spans.step_attributes(event, None, None, system=self.system)
             carrier = onward if onward is not None else {}
             with self._step(event, incoming, carrier, attributes) as span:
                 if span is not None and exception is not None:
@@ -189,7 +213,7 @@ class Reporter:
         """
         if event.kind is EventKind.OUTAGE_STARTED:
             try:
-                span = spans.start_outage(self.telemetry, event, after)
+                span = spans.start_outage(self.telemetry, event, after, system=self.system)
             except Exception as problem:  # a broken tracer: no span, same outage
                 _log_broken("start the span of", event, problem)
         elif span is not None:

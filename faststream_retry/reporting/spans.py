@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from faststream_retry.core import headers as h
 from faststream_retry.core.events import EventKind, RetryEvent
 from faststream_retry.reporting.log import traceback_of
-from faststream_retry.reporting.telemetry import ATTR
+from faststream_retry.reporting.telemetry import ATTR, RABBITMQ
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -109,12 +109,23 @@ SPANS: Mapping[EventKind, SpanRow] = {
 """Every kind's span; a kind without a row here fails ``tests/unit/test_reporting.py``."""
 
 
-def step_attributes(event: RetryEvent, copy: Copy | None, tier_ms: int | None) -> dict[str, Any]:
+def step_attributes(
+    event: RetryEvent,
+    copy: Copy | None,
+    tier_ms: int | None,
+    *,
+    system: str = RABBITMQ,
+    destination: str | None = None,
+) -> dict[str, Any]:
     """Return the attributes of ``event``'s step span: ``copy`` is what it publishes, if any.
 
-    ``tier_ms`` is the tier a scheduled copy goes round.
+    ``tier_ms`` is the tier a scheduled copy goes round. ``system`` is the broker's
+    ``messaging.system``; ``destination`` where the copy is published on it (a NATS
+    subject, a Redis key), or ``None``: on RabbitMQ, the copy's exchange, or its queue
+    by the default exchange, with the routing key beside it.
     """
     attributes: dict[str, Any] = {
+        ATTR.SYSTEM: system,
         ATTR.QUEUE: event.queue,
         ATTR.MESSAGE_ID: event.message_id or "",
         ATTR.ATTEMPT: event.attempt,
@@ -132,8 +143,11 @@ def step_attributes(event: RetryEvent, copy: Copy | None, tier_ms: int | None) -
     own = SPANS[event.kind].attributes
     if own is not None:
         own(attributes, event, copy, tier_ms)
-    if copy is not None:
+    if destination is not None:
+        attributes[ATTR.DESTINATION] = destination
+    elif copy is not None:
         attributes[ATTR.DESTINATION] = copy.exchange or copy.routing_key
+    if copy is not None and system == RABBITMQ:
         attributes[ATTR.ROUTING_KEY] = copy.routing_key
     return attributes
 
@@ -185,15 +199,18 @@ def record_exception(span: Span, exception: BaseException) -> None:
     )
 
 
-def start_outage(telemetry: Telemetry, event: RetryEvent, after: int) -> Span | None:
+def start_outage(
+    telemetry: Telemetry, event: RetryEvent, after: int, *, system: str = RABBITMQ
+) -> Span | None:
     """Start the span of the outage ``event`` (``OUTAGE_STARTED``) begins; ``None`` untraced.
 
-    ``after`` is the ``outage_after`` option. The failure that switched the queue is
-    recorded on it as an exception event.
+    ``after`` is the ``outage_after`` option, ``system`` the broker's ``messaging.system``.
+    The failure that switched the queue is recorded on it as an exception event.
     """
     span = telemetry.start_outage(
         f"{event.queue} {SPANS[event.kind].operation}",
         {
+            ATTR.SYSTEM: system,
             ATTR.QUEUE: event.queue,
             ATTR.OUTAGE_AFTER: after,
             ATTR.OUTAGE_PROBE_MS: event.delay_ms or 0,

@@ -27,9 +27,13 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
 
-__all__ = ["ATTR", "METRICS", "Telemetry", "duration_buckets"]
+__all__ = ["ATTR", "METRICS", "RABBITMQ", "Telemetry", "duration_buckets"]
 
 TRACER_NAME = "faststream_retry"
+
+RABBITMQ = "rabbitmq"
+"""``messaging.system`` of a span whose attributes name none (the worker's, RabbitMQ's):
+each runtime passes its broker's word as data (``Reporter.on``), the reporting imports none."""
 
 _LOOK_AGAIN_S = 1.0
 
@@ -58,10 +62,14 @@ class ATTR:
     """Span and metric attribute names (semantic conventions where they apply)."""
 
     SYSTEM = "messaging.system"
+    """``rabbitmq``, ``nats`` or ``redis``: the broker of the runtime that made the span."""
     DESTINATION = "messaging.destination.name"
+    """Where a step's copy is published: RabbitMQ's exchange (or, by the default exchange,
+    its queue), NATS's subject, Redis's key (the schedule, or the ``.dlq`` stream)."""
     OPERATION = "messaging.operation.type"
     MESSAGE_ID = "messaging.message.id"
     ROUTING_KEY = "messaging.rabbitmq.destination.routing_key"
+    """RabbitMQ only."""
     QUEUE = "faststream_retry.queue"
     ATTEMPT = "faststream_retry.attempt"
     MAX_ATTEMPTS = "faststream_retry.max_attempts"
@@ -112,7 +120,10 @@ class METRICS:
     OUTAGE_DURATION = "faststream_retry.outage.duration"
     """Histogram, seconds: how long each outage mode lasted."""
     DLQ_MESSAGES = "faststream_retry.dlq.messages"
-    """Gauge: the ready messages of the queue's ``.dlq``, sampled when metrics are read."""
+    """Gauge: the messages in the queue's dead-letter queue or stream, sampled when the
+    metrics are read: RabbitMQ, the ``.dlq``'s ready messages; NATS, the messages on the
+    subscriber's dead-letter subject in its stream's dead-letter stream; Redis, ``XLEN``
+    of the stream's ``.dlq``."""
 
 
 class _HeaderGetter(Getter[Mapping[str, Any]]):
@@ -192,14 +203,15 @@ class Telemetry:
             explicit_bucket_boundaries_advisory=duration_buckets(max(max_delay_s, _DAY_S)),
         )
         self.dlq_depths: dict[str, int] = {}
-        """Each covered queue's ``.dlq`` depth as last sampled (``rabbit.dlq_depths``)."""
+        """Each covered queue's dead letters as last sampled (``reporting.depths``: each
+        broker's sampler writes its runtime's queues here)."""
         self.on_read: list[Callable[[], None]] = []
         """Called each time the metrics are read: asks the samplers for fresh depths."""
         meter.create_observable_gauge(
             METRICS.DLQ_MESSAGES,
             callbacks=[self._observe_dlq_depths],
             unit="{message}",
-            description="Ready messages in the queue's dead-letter queue",
+            description="Messages in the queue's dead-letter queue or stream",
         )
 
     def _observe_dlq_depths(self, _: CallbackOptions) -> Iterator[Observation]:
@@ -255,7 +267,8 @@ class Telemetry:
 
         The span continues ``incoming``'s trace (or the current span, see
         ``parent``) and its context is injected into ``outgoing``, the copy's
-        headers. With tracing off it yields ``None`` and touches nothing.
+        headers. ``attributes`` name the broker (``ATTR.SYSTEM``; ``rabbitmq`` when
+        they do not). With tracing off it yields ``None`` and touches nothing.
         """
         if not self.tracing:
             yield None
@@ -265,7 +278,7 @@ class Telemetry:
             name,
             context=parent,
             kind=SpanKind.PRODUCER,
-            attributes={ATTR.SYSTEM: "rabbitmq", **attributes},
+            attributes={ATTR.SYSTEM: RABBITMQ, **attributes},
             record_exception=False,
             set_status_on_exception=False,
         )
@@ -290,7 +303,7 @@ class Telemetry:
             name,
             context=otel_context.Context(),
             kind=SpanKind.INTERNAL,
-            attributes={ATTR.SYSTEM: "rabbitmq", **attributes},
+            attributes={ATTR.SYSTEM: RABBITMQ, **attributes},
             links=[trace.Link(current)] if current.is_valid else None,
             record_exception=False,
             set_status_on_exception=False,

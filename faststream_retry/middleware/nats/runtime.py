@@ -44,6 +44,8 @@ __all__ = ["NatsRuntime"]
 class NatsRuntime(Planned):
     """Everything the plugin holds for one ``NatsBroker``."""
 
+    messaging_system = "nats"
+
     def __init__(
         self,
         config: RetryConfig,

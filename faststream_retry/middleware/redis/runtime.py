@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.middleware.checks import Middleware
     from faststream_retry.middleware.testing import Testing
+    from faststream_retry.redis.dlq_depths import RedisDeadLetterDepths
     from faststream_retry.redis.engine import RedisRetryEngine
     from faststream_retry.redis.sink import RedisSink
     from faststream_retry.reporting.reporter import Reporter
@@ -82,6 +83,8 @@ class RedisLive:
     plan: Plan
     engine: RedisRetryEngine
     close: Callable[[], Awaitable[None]]
+    dlq_depths: RedisDeadLetterDepths
+    """Samples each covered stream's ``.dlq`` length when the metrics are read."""
     running: bool = True
     outages: None = None
     """Outage mode is refused on Redis (``check``): no gates."""
@@ -89,6 +92,8 @@ class RedisLive:
 
 class RedisRuntime(Planned):
     """Everything the plugin holds for one ``RedisBroker``."""
+
+    messaging_system = "redis"
 
     releases_on_arrival = True
     """A copy that reaches its handler was moved back by the mover when due: a release."""
@@ -212,7 +217,10 @@ class RedisRuntime(Planned):
         except BaseException:
             await close()
             raise
-        self.live = RedisLive(topology, engine, close)
+        from faststream_retry.redis.dlq_depths import RedisDeadLetterDepths  # noqa: PLC0415
+
+        depths = RedisDeadLetterDepths(client, self.reporter.telemetry, lambda: topology)
+        self.live = RedisLive(topology, engine, close, depths)
         self.started = True
         log.info(
             "faststream-retry (Redis): delays held to the ms up to %s, claim after %s, "
@@ -265,13 +273,21 @@ class RedisRuntime(Planned):
         self.reporter.error_once(("bypass", id(self.broker)), "faststream-retry: %s", why)
 
     async def start_consumers(self) -> None:
-        """Start the mover and the claimer (once FastStream's subscribers made their groups)."""
+        """Start the mover, the claimer and the dead-letter gauge's sampling.
+
+        Once FastStream's subscribers made their groups.
+        """
         if self.live is not None:
             await self.live.engine.start()
+            self.live.dlq_depths.start()
 
     async def stop_consumers(self) -> None:
-        """Stop the mover and the claimer; failures of handlers still running are still settled."""
+        """Stop the sampling, the mover and the claimer.
+
+        Failures of handlers still running are still settled.
+        """
         if self.live is not None:
+            await self.live.dlq_depths.stop()
             await self.live.engine.stop()
 
     async def stop(self) -> None:
