@@ -172,11 +172,12 @@ def render(report: Report, broker: str = "") -> None:
         server = f"Redis {escape(str(report.server_version))}"
     else:
         server = f"queue_type {report.queue_type!r}, RabbitMQ {escape(str(report.server_version))}"
-    subject = (
-        f"{escape(report.app)}: prefix {escape(report.prefix)!r}, {server}"
-        if report.app
-        else f"the server alone (no app given), {server}"
-    )
+    if not report.app:
+        subject = f"the server alone (no app given), {server}"
+    elif report.system == "redis":  # no prefix on Redis: a stream's keys derive from its name
+        subject = f"{escape(report.app)}: {server}"
+    else:
+        subject = f"{escape(report.app)}: prefix {escape(report.prefix)!r}, {server}"
     out.print(f"[bold]faststream-retry doctor[/bold] {subject}")
     if broker:
         out.print(escape(broker), style="dim")
