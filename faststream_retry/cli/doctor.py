@@ -90,6 +90,12 @@ def doctor_command(
     except OperationError as exc:
         fail(str(exc))
     url, origin = broker_of(url, loaded)
+    if loaded.redis and loaded.url is None and origin == "the default":
+        fail(
+            f"{loaded.spec}'s broker is a Redis Cluster or Sentinel broker (or reaches Redis "
+            "by a socket), whose server doctor cannot tell: give one with --url "
+            "redis://host:6379 (doctor does not read a cluster's slots yet)"
+        )
     if loaded.redis or is_redis_url(url):
         report = _redis(url, loaded, management_url)
         shown = safe_redis_url(url)

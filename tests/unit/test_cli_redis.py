@@ -77,6 +77,23 @@ def test_doctor_says_an_unreachable_server_without_its_password(tmp_path: Path) 
     assert "Traceback" not in done.stderr
 
 
+CLUSTER = """
+from faststream.redis import RedisClusterBroker, StreamSub
+from faststream_retry import RetryMiddleware
+
+broker = RedisClusterBroker(middlewares=[RetryMiddleware()])
+"""
+
+
+def test_doctor_asks_for_the_server_of_a_cluster_app(tmp_path: Path) -> None:
+    """A cluster broker names no one server: doctor asks for --url, not localhost's."""
+    (tmp_path / "clusterapp.py").write_text(CLUSTER)
+    done = command(tmp_path, "doctor", "clusterapp:broker")
+    assert done.returncode == 3, done.stderr
+    assert "give one with --url redis://host:6379" in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
