@@ -215,6 +215,8 @@ ensure_chromium() {
 declare -A REDIS_SERIES_PORT=([7.0]=6401 [8.0]=6402 [valkey-9.1]=6403)
 declare -A REDIS_SERIES_RESTART_PORT=([7.0]=6404 [8.0]=6405 [valkey-9.1]=6406)
 declare -A REDIS_SERIES_CLUSTER_PORT=([7.0]=6407 [8.0]=6410 [valkey-9.1]=6413)
+# The server whose persistence tests/redis/test_doctor.py changes (CONFIG SET) and stops.
+declare -A REDIS_SERIES_DOCTOR_PORT=([7.0]=6416 [8.0]=6417 [valkey-9.1]=6418)
 
 # start_redis_series SERIES PORT: start Redis SERIES on PORT (AOF, appendfsync always) and
 # print its URL; one this call started is stopped by stop_started_redis, one that was

@@ -18,7 +18,12 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.text import Text
 
-from faststream_retry.ops.common import DEFAULT_NATS_URL, DEFAULT_URL, OperationError
+from faststream_retry.ops.common import (
+    DEFAULT_NATS_URL,
+    DEFAULT_REDIS_URL,
+    DEFAULT_URL,
+    OperationError,
+)
 from faststream_retry.ops.walk import PassStoppedError, stop_all
 from faststream_retry.rabbit.connection import safe_url
 
@@ -137,12 +142,14 @@ def broker_of(url: str | None, app: LoadedApp | None) -> tuple[str, str]:
     """
     from_env = url is not None and os.environ.get("RABBITMQ_URL") == url
     nats = app is not None and app.nats
-    # RABBITMQ_URL names a RabbitMQ: it says nothing of where a NATS app's server is.
-    if url and not (nats and from_env):
+    redis = app is not None and app.redis
+    # RABBITMQ_URL names a RabbitMQ: it says nothing of where a NATS or Redis app's server is.
+    if url and not ((nats or redis) and from_env):
         return url, "RABBITMQ_URL" if from_env else "--url"
     if app is not None and app.url:
         return app.url, f"the broker of {app.spec}"
-    return (DEFAULT_NATS_URL if nats else DEFAULT_URL), "the default"
+    default = DEFAULT_NATS_URL if nats else DEFAULT_REDIS_URL if redis else DEFAULT_URL
+    return default, "the default"
 
 
 def examined(url: str, origin: str) -> str:

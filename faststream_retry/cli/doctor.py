@@ -22,7 +22,12 @@ from faststream_retry.cli._common import (
 )
 from faststream_retry.cli.status import ManagementUrl  # noqa: TC001 - typer reads it
 from faststream_retry.ops import OperationError, connect, doctor, load_app
-from faststream_retry.ops.common import is_nats_url, safe_nats_url
+from faststream_retry.ops.common import (
+    is_nats_url,
+    is_redis_url,
+    safe_nats_url,
+    safe_redis_url,
+)
 from faststream_retry.ops.management import vhost_of
 from faststream_retry.rabbit.connection import safe_url
 
@@ -42,14 +47,18 @@ def register(app: typer.Typer) -> None:
 
 def doctor_command(
     app: Annotated[
-        str, typer.Argument(help="The app, as `faststream run` takes it: module:attribute.")
-    ],
+        str | None,
+        typer.Argument(
+            help="The app, as `faststream run` takes it: module:attribute. Optional on Redis "
+            "(--url redis://...): the server alone is checked."
+        ),
+    ] = None,
     url: AppUrl = None,
     management_url: ManagementUrl = None,
     json: Json = False,
     factory: Factory = False,
 ) -> None:
-    """Check an app's retry topology on the live broker (RabbitMQ or NATS), changing nothing.
+    """Check an app's retry topology on the live broker (RabbitMQ, NATS, Redis), changing nothing.
 
     Runs the plugin's startup checks (server version, the arguments of each
     queue and exchange it declares, permissions, quorum delivery limits) and
@@ -62,16 +71,36 @@ def doctor_command(
     On NATS (a NatsBroker app, or --url nats://...) it runs the NATS start checks:
     the wiring, each covered consumer as the server holds it (ack policy,
     max_deliver, ack_wait), and the plugin's streams (duplicate window, size).
+    On Redis (a RedisBroker app, or --url redis://...) it checks the server (version,
+    scripting, eviction policy, primary or replica), says what a crash can lose with
+    its persistence (appendonly, appendfsync, save), and, given an app, each covered
+    stream's group, pending entries, schedule and dead letters.
 
     Exit status 0: healthy, or warnings only; 1: something needs action;
     3: the check could not run.
     """
+    if app is None:
+        if url is None or not is_redis_url(url):
+            fail("give the app (module:attribute); only on Redis (--url redis://...) may it go")
+        report = _redis(url, None, management_url)
+        _show(report, safe_redis_url(url), f"broker {safe_redis_url(url)} (--url)", json=json)
+        return
     try:
-        loaded = load_app(app, cwd=Path.cwd(), factory=factory, nats=True)
+        loaded = load_app(app, cwd=Path.cwd(), factory=factory, nats=True, redis=True)
     except OperationError as exc:
         fail(str(exc))
     url, origin = broker_of(url, loaded)
-    if loaded.nats or is_nats_url(url):
+    if loaded.redis and loaded.url is None and origin == "the default":
+        fail(
+            f"{loaded.spec}'s broker is a Redis Cluster or Sentinel broker (or reaches Redis "
+            "by a socket), whose server doctor cannot tell: give one with --url "
+            "redis://host:6379 (doctor does not read a cluster's slots yet)"
+        )
+    if loaded.redis or is_redis_url(url):
+        report = _redis(url, loaded, management_url)
+        shown = safe_redis_url(url)
+        header = f"broker {shown} ({origin})"
+    elif loaded.nats or is_nats_url(url):
         report = _nats(url, loaded, management_url)
         shown = safe_nats_url(url)
         header = f"broker {shown} ({origin})"
@@ -85,12 +114,38 @@ def doctor_command(
 
         report = run(check())
         shown, header = safe_url(url), examined(url, origin)
+    _show(report, shown, header, json=json)
+
+
+def _show(report: Report, shown: str, header: str, *, json: bool) -> None:
+    """Print the report (as JSON with ``json``); exit 1 if something needs action."""
     if json:
         print_json({**report.as_dict(), "broker": shown})
     else:
         render(report, header)
     if report.status == "action":
         raise typer.Exit(EXIT_ACTION)
+
+
+def _redis(url: str, loaded: LoadedApp | None, management_url: str | None) -> Report:
+    """``doctor`` on Redis: the app's broker must be a ``RedisBroker`` and ``url`` a Redis one."""
+    if loaded is not None and not loaded.redis:
+        kind = "NatsBroker" if loaded.nats else "RabbitBroker"
+        fail(
+            f"{loaded.spec}'s broker is a {kind} and {safe_redis_url(url)} is a Redis "
+            "server: give the app's own URL (--url), or leave --url out"
+        )
+    if not is_redis_url(url):
+        fail(
+            f"{loaded.spec if loaded else 'the app'}'s broker is a RedisBroker and "
+            f"{safe_url(url)} is not a Redis URL: give the app's server "
+            "(--url redis://host:6379), or leave --url out"
+        )
+    if management_url is not None:
+        fail("--management-url is RabbitMQ's management API: leave it out on Redis")
+    from faststream_retry.ops.redis_doctor import doctor as redis_doctor  # noqa: PLC0415
+
+    return run(redis_doctor(url, loaded))
 
 
 def _nats(url: str, loaded: LoadedApp, management_url: str | None) -> Report:
@@ -119,12 +174,17 @@ def render(report: Report, broker: str = "") -> None:
     """
     if report.system == "nats":
         server = f"nats-server {escape(str(report.server_version))}"
+    elif report.system == "redis":
+        server = f"Redis {escape(str(report.server_version))}"
     else:
         server = f"queue_type {report.queue_type!r}, RabbitMQ {escape(str(report.server_version))}"
-    out.print(
-        f"[bold]faststream-retry doctor[/bold] {escape(report.app)}: prefix "
-        f"{escape(report.prefix)!r}, {server}"
-    )
+    if not report.app:
+        subject = f"the server alone (no app given), {server}"
+    elif report.system == "redis":  # no prefix on Redis: a stream's keys derive from its name
+        subject = f"{escape(report.app)}: {server}"
+    else:
+        subject = f"{escape(report.app)}: prefix {escape(report.prefix)!r}, {server}"
+    out.print(f"[bold]faststream-retry doctor[/bold] {subject}")
     if broker:
         out.print(escape(broker), style="dim")
     order = {"action": 0, "warning": 1, "ok": 2}

@@ -265,13 +265,15 @@ def is_rabbit(broker: object) -> bool:
     return isinstance(broker, RabbitBroker)
 
 
-def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - a RabbitBroker or a NatsBroker
-    """Return whether ``TestRabbitBroker`` or ``TestNatsBroker`` is active on ``broker``.
+def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - a covered broker
+    """Return whether ``TestRabbitBroker``, ``TestNatsBroker`` or ``TestRedisBroker`` is active.
 
     Each swaps the broker's producer for a fake one.
     """
     if nats_subscribers.is_nats(broker):  # before faststream.rabbit, which needs aio-pika
         return nats_subscribers.under_test_nats(broker)
+    if redis_subscribers.is_redis(broker):
+        return redis_subscribers.under_test_redis(broker)
     from faststream.rabbit.testing import FakeProducer  # noqa: PLC0415 - test-only module
 
     return isinstance(getattr(broker.config, "producer", None), FakeProducer)

@@ -1,8 +1,8 @@
 """What the plugin plans for a FastStream app: its broker, ``RetryMiddleware`` and routes.
 
 The FastStream half of ``ops.load_app``: given the object ``module:attribute`` names,
-find the broker (a ``RabbitBroker``, or a ``NatsBroker``) and its middleware and plan the
-topology, without connecting.
+find the broker (a ``RabbitBroker``, a ``NatsBroker`` or a ``RedisBroker``) and its
+middleware and plan the topology, without connecting.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, TypeGuard
 
 from faststream.rabbit import RabbitBroker
 
-from faststream_retry.middleware import _internals, nats_subscribers
+from faststream_retry.middleware import _internals, nats_subscribers, redis_subscribers
 from faststream_retry.middleware.middleware import RetryMiddleware
 
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker
+    from faststream.redis import RedisBroker
 
     from faststream_retry.core.config import RetryConfig
     from faststream_retry.core.topology import Plan, Route
@@ -29,7 +30,7 @@ class LoadedApp:
     """An application as the plugin sees it: what it would declare and for which queues."""
 
     spec: str
-    broker: RabbitBroker | NatsBroker
+    broker: RabbitBroker | NatsBroker | RedisBroker
     middleware: RetryMiddleware
     config: RetryConfig
     plan: Plan
@@ -47,8 +48,13 @@ class LoadedApp:
         """Whether the app's broker is a ``NatsBroker``."""
         return nats_subscribers.is_nats(self.broker)
 
+    @property
+    def redis(self) -> bool:
+        """Whether the app's broker is a ``RedisBroker``."""
+        return redis_subscribers.is_redis(self.broker)
 
-def planned(spec: str, broker: RabbitBroker | NatsBroker) -> LoadedApp | None:
+
+def planned(spec: str, broker: RabbitBroker | NatsBroker | RedisBroker) -> LoadedApp | None:
     """Return what the plugin plans for ``broker`` (``spec`` names it); ``None``: no middleware."""
     middleware = _middleware_of(broker)
     if middleware is None:
@@ -67,15 +73,20 @@ def planned(spec: str, broker: RabbitBroker | NatsBroker) -> LoadedApp | None:
         plan=runtime.replan(),
         routes=tuple(route for route, _ in subscribers),
         handler_names=tuple(names for _, names in subscribers),
-        url=(
-            nats_subscribers.broker_url(broker)
-            if nats_subscribers.is_nats(broker)
-            else _internals.broker_url(broker)
-        ),
+        url=_url_of(broker),
     )
 
 
-def broker_of(found: object) -> RabbitBroker | NatsBroker | None:
+def _url_of(broker: RabbitBroker | NatsBroker | RedisBroker) -> str | None:
+    """The URL the broker connects to, as it was built; ``None``: not known."""
+    if nats_subscribers.is_nats(broker):
+        return nats_subscribers.broker_url(broker)
+    if redis_subscribers.is_redis(broker):
+        return redis_subscribers.broker_url(broker)
+    return _internals.broker_url(broker)
+
+
+def broker_of(found: object) -> RabbitBroker | NatsBroker | RedisBroker | None:
     """Return the broker of an app: its ``broker``, or the first of its brokers.
 
     A ``FastStream`` app has ``broker``; faststream-fastapi's ``FastStreamAPI`` keeps
@@ -93,12 +104,16 @@ def broker_of(found: object) -> RabbitBroker | NatsBroker | None:
     return None
 
 
-def _covered(broker: object) -> TypeGuard[RabbitBroker | NatsBroker]:
-    """Whether ``broker`` is one the plugin covers: a ``RabbitBroker`` or a ``NatsBroker``."""
-    return isinstance(broker, RabbitBroker) or nats_subscribers.is_nats(broker)
+def _covered(broker: object) -> TypeGuard[RabbitBroker | NatsBroker | RedisBroker]:
+    """Whether ``broker`` is one the plugin covers: a Rabbit, NATS or Redis broker."""
+    return (
+        isinstance(broker, RabbitBroker)
+        or nats_subscribers.is_nats(broker)
+        or redis_subscribers.is_redis(broker)
+    )
 
 
-def _middleware_of(broker: RabbitBroker | NatsBroker) -> RetryMiddleware | None:
+def _middleware_of(broker: RabbitBroker | NatsBroker | RedisBroker) -> RetryMiddleware | None:
     """Return the broker's ``RetryMiddleware``: installed, passed in, or on a router."""
     candidates = [*broker.middlewares]
     for sub in broker.subscribers:

@@ -58,19 +58,15 @@ def unsupported(broker: object) -> str | None:
 
     It runs on a ``RabbitBroker``, a ``NatsBroker`` (JetStream subscribers) and a
     ``RedisBroker`` (stream subscribers in a consumer group), and in test mode under
-    ``TestRabbitBroker`` and ``TestNatsBroker``, not yet under ``TestRedisBroker``.
+    each one's test broker.
     """
-    if nats_subscribers.is_nats(broker) or _internals.is_rabbit(broker):
+    if (
+        nats_subscribers.is_nats(broker)
+        or redis_subscribers.is_redis(broker)
+        or _internals.is_rabbit(broker)
+    ):
         return None
     kind = type(broker)
-    if redis_subscribers.is_redis(broker):
-        if not redis_subscribers.under_test_redis(broker):
-            return None
-        return (
-            "test mode under TestRedisBroker is not built yet: RetryMiddleware leaves this "
-            f"{kind.__qualname__}'s messages to FastStream, untouched (retry.testing() "
-            "records nothing). Test the retries against a real Redis server"
-        )
     return (
         f"RetryMiddleware works with FastStream's RabbitBroker (faststream.rabbit), "
         f"NatsBroker (faststream.nats, JetStream subscribers) and RedisBroker "

@@ -4,8 +4,9 @@
 builds a ``_RetryScope``. The scope does nothing on success. When the handler raises, it
 resolves the message (``delivery``), decides (``core.decision.decide``) and hands the
 decision to its broker's sink (``sink``: a copy published with a broker confirm, the
-original acked only then; ``test_mode`` under ``TestRabbitBroker`` and
-``nats.test_mode`` under ``TestNatsBroker``, inside a ``testing()`` block: outside one
+original acked only then; ``test_mode`` under ``TestRabbitBroker``,
+``nats.test_mode`` under ``TestNatsBroker`` and ``redis.test_mode`` under
+``TestRedisBroker``, inside a ``testing()`` block: outside one
 the scope leaves a test broker's messages alone; ``nats.sink`` on a ``NatsBroker``;
 ``redis.sink`` on a ``RedisBroker``, one script that acknowledges the entry and writes
 its copy), and re-raises so FastStream never publishes the failed call's "result".
@@ -77,9 +78,8 @@ class RetryMiddleware:
     ``{<stream>}.dlq`` (``faststream_retry.redis``; a first slice:
     docs/explanation/redis-design.md). A pub/sub channel, a list, or a stream read
     without a group, with retries on, is refused at start with the fix. Under
-    ``TestNatsBroker`` and ``TestRedisBroker`` it leaves the messages to FastStream,
-    untouched (test mode is RabbitMQ's only so far). It picks its transport from the
-    broker.
+    ``TestRabbitBroker``, ``TestNatsBroker`` and ``TestRedisBroker`` it runs in test mode
+    inside ``testing()``. It picks its transport from the broker.
 
     Pass it in ``RabbitBroker(middlewares=[retry])``: the plugin starts at the first
     message the broker consumes (it plans, checks and declares its topology, then
@@ -270,7 +270,8 @@ class RetryMiddleware:
     def testing(self, *, raise_on_dead_letter: bool = False) -> Iterator[RetryRecorder]:
         """Run the plugin's test mode under a test broker for the block, and record it.
 
-        Under ``TestRabbitBroker`` or ``TestNatsBroker`` (no real broker, no TTL) the
+        Under ``TestRabbitBroker``, ``TestNatsBroker`` or ``TestRedisBroker`` (no real
+        broker, no TTL) the
         plugin stays out of the way outside such a block: a test sees what it would see
         without the plugin, the handler called once and its exception raised from
         ``publish()``. Inside
@@ -278,11 +279,12 @@ class RetryMiddleware:
         delays are computed but not waited for (the handler is called again at once),
         and a dead letter settles the message and goes to the app's ``<queue>.dlq``
         subscriber if it has one (on NATS: to the subscribers of ``<prefix>.dlq.<key>``,
-        its ``retry-*`` headers as JSON text, as the dead-letter stream holds them). On
-        NATS the broker's subscribers are first checked as at a real start: a wiring the
-        plugin would refuse (a core-NATS subscriber with retries on) raises its
-        ``RetryConfigError`` from ``publish()``. The recorder it yields sees those
-        decisions::
+        its ``retry-*`` headers as JSON text, as the dead-letter stream holds them; on
+        Redis: to the subscribers of the stream's ``{<stream>}.dlq``, its headers as text).
+        On NATS and Redis the broker's subscribers are first checked as at a real start:
+        a wiring the plugin would refuse (a core-NATS subscriber, a Redis channel or list,
+        with retries on) raises its ``RetryConfigError`` from ``publish()``. The recorder
+        it yields sees those decisions::
 
             async with TestRabbitBroker(broker) as br:
                 with retry.testing() as recorder:
@@ -407,8 +409,7 @@ class _RetryScope(BaseMiddleware):
 
         A broker other than a ``RabbitBroker``, a ``NatsBroker`` or a ``RedisBroker``
         (Kafka, MQTT, ...): the plugin would run a topology check on a client it does not
-        know, and hold its messages. A ``RedisBroker`` under ``TestRedisBroker``: test mode
-        is not built there yet.
+        know, and hold its messages.
         """
         text = checks.unsupported(broker)
         if text is None:

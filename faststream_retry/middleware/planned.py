@@ -12,12 +12,14 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 from faststream_retry.core.topology import plan
+from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals
 
 if TYPE_CHECKING:
     from faststream_retry.core.config import RetryConfig
     from faststream_retry.core.topology import Plan, Route
-    from faststream_retry.errors import RetryConfigError, RetryTopologyError
+    from faststream_retry.errors import RetryTopologyError
+    from faststream_retry.middleware.checks import Middleware
     from faststream_retry.middleware.testing import Testing
     from faststream_retry.reporting.reporter import Reporter
 
@@ -64,6 +66,37 @@ class Planned:
         does not cover, a connection that is not its client's); ``None``: it does not."""
         self.starting = asyncio.Lock()
         """Held by a late start: the messages that arrive meanwhile wait for it."""
+        self._checked_in_test = False
+
+    def check(self, middleware: Middleware) -> Plan:
+        """Plan and check the broker's subscribers as a real start does (NATS, Redis).
+
+        Raises:
+            RetryConfigError: the app is wired so that the plugin would refuse to start.
+        """
+        del middleware
+        return self.replan()
+
+    def check_in_test(self, middleware: Middleware) -> None:
+        """Test mode's start: the checks a real start makes, once; a refusal raises every time.
+
+        A test of an app the plugin would refuse to start with (a core-NATS subscriber,
+        a Redis channel or list, with retries on) fails with the same error, rather than
+        retrying in memory what production would not.
+
+        Raises:
+            RetryConfigError: as ``check``.
+        """
+        if self.refused is not None:
+            raise self.refused
+        if self._checked_in_test:
+            return
+        try:
+            self.check(middleware)
+        except RetryConfigError as refused:
+            self.refused = refused
+            raise
+        self._checked_in_test = True
 
     @property
     def plan(self) -> Plan:

@@ -83,14 +83,15 @@ class Plugin:
     def start_test(self, broker: Any) -> None:  # noqa: ANN401 - a broker under a test broker
         """Test mode's start, at each message in a ``testing()`` block.
 
-        Nothing is started. A ``NatsBroker``'s subscribers are checked as at a real start
-        (``NatsRuntime.check_in_test``); ``TestRabbitBroker``'s test mode checks nothing.
+        Nothing is started. A ``NatsBroker``'s and a ``RedisBroker``'s subscribers are
+        checked as at a real start (``Planned.check_in_test``); ``TestRabbitBroker``'s test
+        mode checks nothing.
 
         Raises:
             RetryConfigError: the app is wired so that the plugin would refuse to start.
         """
         runtime = self.runtime(broker)
-        if isinstance(runtime, NatsRuntime) and self.middleware is not None:
+        if isinstance(runtime, (NatsRuntime, RedisRuntime)) and self.middleware is not None:
             runtime.check_in_test(self.middleware)
 
     def install(self, broker: Any, middleware: Middleware) -> None:  # noqa: ANN401 - a broker

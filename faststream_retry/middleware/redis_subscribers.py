@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Described",
+    "broker_url",
     "consumer_of",
     "describe",
     "group_of",
@@ -118,6 +119,28 @@ def describe(sub: Any) -> Described | None:  # noqa: ANN401 - any subscriber
         if found is not None:
             return Described(kind, str(getattr(found, "name", None) or "?"))
     return Described("subscriber", "?")
+
+
+def broker_url(broker: Any) -> str | None:  # noqa: ANN401 - a RedisBroker
+    """The URL a plain ``RedisBroker`` connects to (its password kept); ``None``: not known.
+
+    Read from the connection settings ``RedisBroker(url, ...)`` made (``host``, ``port``,
+    ``db``, ``username``, ``password``, TLS by its connection class); a cluster or
+    sentinel broker, or one reached by a Unix socket, has none.
+    """
+    config = getattr(getattr(broker, "config", None), "broker_config", None)
+    options = getattr(getattr(config, "connection", None), "_options", None)
+    if not isinstance(options, dict) or not isinstance(options.get("host"), str):
+        return None
+    from urllib.parse import quote  # noqa: PLC0415 - only for the operator's commands
+
+    user, password = options.get("username"), options.get("password")
+    auth = ""
+    if user or password:
+        auth = f"{quote(str(user or ''), safe='')}:{quote(str(password or ''), safe='')}@"
+    tls = options.get("ssl") or "SSL" in getattr(options.get("connection_class"), "__name__", "")
+    scheme = "rediss" if tls else "redis"
+    return f"{scheme}://{auth}{options['host']}:{options.get('port', 6379)}/{options.get('db', 0)}"
 
 
 async def own_client(

@@ -7,9 +7,10 @@ and there is no broker to hold a copy. Inside a ``testing()`` block the scope go
 failures here. Decisions
 are made exactly as in production; a retry is made at once instead of waiting, and a
 dead letter is settled without a broker to hold it, handed to the app's ``<queue>.dlq``
-subscriber if it has one. ``nats.test_mode`` is the same under ``TestNatsBroker``: it
-changes only how the message and its dead letter are read and written
-(``_incoming``, ``_mirror_attempt``, ``_settle``, ``_hand_over``).
+subscriber if it has one. ``nats.test_mode`` is the same under ``TestNatsBroker``, and
+``redis.test_mode`` under ``TestRedisBroker``: each changes only how the message and its
+dead letter are read and written (``_incoming``, ``_mirror_attempt``, ``_settle``,
+``_hand_over``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class TestSink:
 
     def __init__(
         self,
-        broker: Any,  # noqa: ANN401 - a RabbitBroker (a NatsBroker in nats.test_mode)
+        broker: Any,  # noqa: ANN401 - a RabbitBroker (NATS's and Redis' in their test_mode)
         topology: Plan,
         reporter: Reporter,
         testing: Testing,

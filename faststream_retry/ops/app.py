@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.ops.common import OperationError, not_on_nats
+from faststream_retry.ops.common import OperationError, not_on_nats, not_on_redis
 
 if TYPE_CHECKING:
     from faststream_retry.middleware.app import LoadedApp
@@ -22,14 +22,19 @@ __all__ = ["load_app"]
 
 
 def load_app(
-    spec: str, *, cwd: Path | None = None, factory: bool = False, nats: bool = False
+    spec: str,
+    *,
+    cwd: Path | None = None,
+    factory: bool = False,
+    nats: bool = False,
+    redis: bool = False,
 ) -> LoadedApp:
     """Import ``spec`` (``module:attribute``) and return what the plugin plans for it.
 
     ``factory``: the attribute is a function that builds the app (``faststream run
     --factory``); it is called with no arguments. ``nats``: the caller works on an app
     whose broker is a ``NatsBroker`` too (``doctor`` does; the other operations do not
-    yet).
+    yet); ``redis``: a ``RedisBroker`` too (``doctor``).
 
     Raises:
         OperationError: ``spec`` is malformed, cannot be imported, names no Rabbit
@@ -81,11 +86,11 @@ def load_app(
             f"{spec} is a {type(found).__name__}, not a FastStream app, a RabbitBroker or "
             f"anything with a RabbitBroker in its `broker` attribute{hint}"
         )
-    return _planned(spec, broker, nats=nats)
+    return _planned(spec, broker, nats=nats, redis=redis)
 
 
-def _planned(spec: str, broker: Any, *, nats: bool) -> LoadedApp:  # noqa: ANN401 - a broker
-    """What the plugin plans for ``broker``; a NATS one only if the caller works on NATS."""
+def _planned(spec: str, broker: Any, *, nats: bool, redis: bool) -> LoadedApp:  # noqa: ANN401
+    """What the plugin plans for ``broker``; a NATS or Redis one only if the caller works there."""
     from faststream_retry.middleware.app import planned  # noqa: PLC0415 - FastStream's
 
     loaded = planned(spec, broker)
@@ -96,6 +101,8 @@ def _planned(spec: str, broker: Any, *, nats: bool) -> LoadedApp:  # noqa: ANN40
         )
     if loaded.nats and not nats:
         raise OperationError(not_on_nats(f"{spec}'s broker is a NatsBroker, and this command"))
+    if loaded.redis and not redis:
+        raise OperationError(not_on_redis(f"{spec}'s broker is a RedisBroker, and this command"))
     return loaded
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_NATS_URL",
+    "DEFAULT_REDIS_URL",
     "DEFAULT_URL",
     "OperationError",
     "amqp_of",
@@ -28,9 +29,12 @@ __all__ = [
     "connect",
     "exclusive",
     "is_nats_url",
+    "is_redis_url",
     "name_problem",
     "not_on_nats",
+    "not_on_redis",
     "safe_nats_url",
+    "safe_redis_url",
     "shown_name",
 ]
 
@@ -39,6 +43,10 @@ DEFAULT_NATS_URL = "nats://localhost:4222"
 """nats-py's default server, and ``NatsBroker()``'s."""
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 """The URL schemes of a NATS server (nats-py's)."""
+DEFAULT_REDIS_URL = "redis://localhost:6379"
+"""``RedisBroker()``'s server."""
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+"""The URL schemes of a Redis server (redis-py's ``from_url``)."""
 _NOT_IN_A_NAME = re.compile(r"[^a-zA-Z0-9\-_.:@#,/+ ]")
 """A character pamqp refuses in a queue's name (``pamqp.constants.DOMAIN_REGEX``)."""
 CONNECT_TIMEOUT_S = 10.0
@@ -52,6 +60,16 @@ class OperationError(FastStreamRetryError):
 def is_nats_url(url: str) -> bool:
     """Whether ``url`` (or the first of a comma-separated list) names a NATS server."""
     return url.strip().lower().startswith(NATS_SCHEMES)
+
+
+def is_redis_url(url: str) -> bool:
+    """Whether ``url`` names a Redis server."""
+    return url.strip().lower().startswith(REDIS_SCHEMES)
+
+
+def safe_redis_url(url: str) -> str:
+    """Return a Redis URL without its credentials (``redis://***@host:6379/0``)."""
+    return safe_nats_url(url)
 
 
 def safe_nats_url(url: str) -> str:
@@ -73,6 +91,15 @@ def not_on_nats(what: str) -> str:
         f"{what} does not work on NATS yet (issue 39: the NATS JetStream transport); of "
         "the faststream-retry commands only `doctor` does so far. Read the NATS streams "
         "with the nats CLI meanwhile (nats stream ls; nats stream view <prefix>-dlq-<stream>)"
+    )
+
+
+def not_on_redis(what: str) -> str:
+    """Say that ``what`` is not on Redis yet, and what is."""
+    return (
+        f"{what} does not work on Redis yet (issue 40: the Redis Streams transport); of "
+        "the faststream-retry commands only `doctor` does so far. Read the dead letters "
+        "with redis-cli meanwhile (XLEN '{<stream>}.dlq'; XRANGE '{<stream>}.dlq' - + COUNT 10)"
     )
 
 

@@ -22,6 +22,10 @@ from examples.docs import outage, publishers, service
 # fix of a `body: bytes` parameter, which pydantic refused for a JSON dead letter: the
 # alert never ran.
 from examples.docs.test_dead_letters import test_a_dead_letter_reaches_the_alert  # noqa: F401
+from examples.docs.test_redis_orders import (  # noqa: F401
+    test_a_warehouse_outage_is_retried,
+    test_an_order_without_a_sku_reaches_the_dead_letter_stream,
+)
 from examples.docs.test_service import (  # noqa: F401
     test_bad_address_is_dead_lettered,
     test_bad_address_is_dead_lettered_and_raises,

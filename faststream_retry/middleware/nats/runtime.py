@@ -9,7 +9,7 @@ dead-letter stream per covered stream (``nats.streams``, ``nats.dead_letters``),
 FastStream start its subscribers, then starts a re-check consumer per tier and a
 hand-over per covered subscriber (``nats.live``). Under ``TestNatsBroker`` nothing
 starts: inside ``retry.testing()`` failures go to test mode's sink (``nats.test_mode``),
-once the subscribers passed the same checks (``check_in_test``). Not yet on NATS: outage
+once the subscribers passed the same checks (``Planned.check_in_test``). Not yet on NATS: outage
 mode (refused), and subscribers that join a running broker (left to FastStream).
 """
 
@@ -56,7 +56,6 @@ class NatsRuntime(Planned):
         """Prepare; nothing touches the network before ``open``."""
         super().__init__(config, reporter, broker, testing)
         self.live: NatsLive | None = None
-        self._checked_in_test = False
 
     def sink(self) -> NatsSink | NatsTestSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running.
@@ -71,27 +70,6 @@ class NatsRuntime(Planned):
         from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
 
         return NatsSink(live, self.reporter, self.config.pause_s)
-
-    def check_in_test(self, middleware: Middleware) -> None:
-        """Test mode's start: the checks a real start makes, once; a refusal raises every time.
-
-        A test of an app the plugin would refuse to start with (a core-NATS subscriber
-        with retries on, say) fails with the same error, rather than retrying in memory
-        what production would not.
-
-        Raises:
-            RetryConfigError: as ``check``.
-        """
-        if self.refused is not None:
-            raise self.refused
-        if self._checked_in_test:
-            return
-        try:
-            self.check(middleware)
-        except RetryConfigError as refused:
-            self.refused = refused
-            raise
-        self._checked_in_test = True
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
         """A subscriber that joined the running broker: not covered on NATS yet (FastStream's)."""

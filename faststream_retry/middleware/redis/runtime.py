@@ -8,15 +8,17 @@ channel, a list, a stream read without a group, with ``no_ack`` or in batches, w
 retries on, are refused with the fix), builds one ``redis.engine.RedisRetryEngine`` for
 the covered streams on a client of its own (the broker's settings, ``redis_subscribers``)
 and checks the server with it, lets FastStream start its subscribers, then starts the
-engine's mover and claimer. A failure is carried out by ``redis.sink.RedisSink``.
+engine's mover and claimer. A failure is carried out by ``redis.sink.RedisSink``. Under
+``TestRedisBroker`` nothing starts: inside ``retry.testing()`` failures go to test mode's
+sink (``redis.test_mode``), once the subscribers passed the same checks
+(``Planned.check_in_test``).
 
 Redis has no tiers: a copy waits in a sorted set scored by its due time, exact to the
 millisecond, so the plan's ladder is built on a 1 ms tick (``exact_plan``): the core's
 decision rounds nothing and ``max_delay`` still bounds every delay. ``tick`` is not used.
 
-Not yet on Redis: test mode under ``TestRedisBroker`` (the plugin leaves the messages to
-FastStream, said once), outage mode (refused), and subscribers that join a running
-broker (left to FastStream).
+Not yet on Redis: outage mode (refused), and subscribers that join a running broker (left
+to FastStream).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from faststream_retry.core.topology import Handler, Plan, Route, merge_routes
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals, checks, redis_subscribers
 from faststream_retry.middleware.planned import Planned
+from faststream_retry.middleware.redis.test_mode import RedisTestSink
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -115,13 +118,18 @@ class RedisRuntime(Planned):
         self._plan = exact_plan(_internals.routes_of(self.broker), self.config.default, self.config)
         return self._plan
 
-    def sink(self) -> RedisSink | None:
-        """Where this broker's failures go now; ``None``: the plugin is not running."""
-        from faststream_retry.redis.sink import RedisSink  # noqa: PLC0415 - redis-py, on Redis only
+    def sink(self) -> RedisSink | RedisTestSink | None:
+        """Where this broker's failures go now; ``None``: the plugin is not running.
 
+        The live sink from the start to the stop; test mode's under ``TestRedisBroker``.
+        """
         live = self.live
+        if live is None and redis_subscribers.under_test_redis(self.broker):
+            return RedisTestSink(self.broker, self.plan, self.reporter, self._testing)
         if live is None or not live.running:
             return None
+        from faststream_retry.redis.sink import RedisSink  # noqa: PLC0415 - redis-py, on Redis only
+
         return RedisSink(live.engine, live.plan, self.reporter, _acked_by_step)
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
@@ -195,11 +203,7 @@ class RedisRuntime(Planned):
         """
         topology = self.check(middleware)
         if redis_subscribers.under_test_redis(self.broker):
-            self._leave_to_faststream(
-                "test mode under TestRedisBroker is not built yet: the plugin leaves this "
-                f"{type(self.broker).__qualname__}'s messages to FastStream, untouched"
-            )
-            return
+            return  # nothing to open: test mode's sink takes the failures (``sink``)
         made = await redis_subscribers.own_client(self.broker)
         if made is None or not type(made[0]).__module__.startswith("redis"):
             self._leave_to_faststream(
