@@ -32,7 +32,9 @@ from faststream_retry.core import headers as h
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import dlq_of, looks_like_intake
 from faststream_retry.ops import dlq as ops
+from faststream_retry.ops import dlq_store as stores
 from faststream_retry.ops.common import OperationError, connect
+from faststream_retry.ops.dlq_open import is_store_url, open_store
 from faststream_retry.ops.records import (
     DeadLetter,
     Decoder,
@@ -75,6 +77,13 @@ Until = Annotated[
     str | None, typer.Option("--until", help="Last failure at or before: ISO 8601 or an age.")
 ]
 Limit = Annotated[int | None, typer.Option("--limit", min=1, help="At most this many.")]
+StorePrefix = Annotated[
+    str,
+    typer.Option(
+        "--prefix",
+        help="NATS: the prefix given to RetryMiddleware (its dead-letter streams' names).",
+    ),
+]
 DecoderOption = Annotated[
     str | None,
     typer.Option(
@@ -259,6 +268,7 @@ def list_(
     decoder: DecoderOption = None,
     as_json: Json = False,
     url: Url = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """One row per dead letter, head first. Removes nothing and spends no delivery count.
 
@@ -272,6 +282,11 @@ def list_(
     decode = _decoder(decoder)
 
     async def go() -> ops.Outcome:
+        if is_store_url(url):
+            async with open_store(url, queue, prefix=prefix) as store:
+                return await stores.list_dead_letters(
+                    store, selection=chosen, limit=limit, decoder=decode
+                )
         async with connect(url) as connection:
             with _progress("reading") as progress:
                 return await ops.list_dead_letters(
@@ -312,6 +327,7 @@ def show(
     decoder: DecoderOption = None,
     as_json: Json = False,
     url: Url = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Everything about one dead letter: properties, headers, history, traceback, body.
 
@@ -320,12 +336,16 @@ def show(
     decode = _decoder(decoder)
 
     async def go() -> DeadLetter | None:
+        if is_store_url(url):
+            async with open_store(url, queue, prefix=prefix) as store:
+                return await stores.show_dead_letter(store, message_id, decoder=decode)
         async with connect(url) as connection:
             return await ops.show_dead_letter(connection, queue, message_id, decoder=decode)
 
     letter = run(go())
     if letter is None:
-        fail(f"no dead letter {message_id!r} in {dlq_of(queue)}")
+        where = queue if is_store_url(url) else dlq_of(queue)
+        fail(f"no dead letter {message_id!r} in {where}")
     if as_json:
         print_json(letter.details())
         return
@@ -426,6 +446,7 @@ def replay(
     ] = None,
     as_json: Json = False,
     url: Url = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Send dead letters back to their work queue with a fresh attempt count.
 
@@ -433,7 +454,7 @@ def replay(
     kept in a retry-replayed header. Dead letters that do not match stay, in order.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
-    if to is None and looks_like_intake(queue):
+    if to is None and not is_store_url(url) and looks_like_intake(queue):
         # The retry worker's intake takes only dead-lettered messages: a replay into it
         # would be refused again, straight back here.
         fail(
@@ -443,6 +464,21 @@ def replay(
         )
 
     async def go() -> ops.Outcome:
+        if is_store_url(url):
+            if rate is not None:
+                raise OperationError(
+                    "--rate is for RabbitMQ queues; leave it out on NATS and Redis"
+                )
+            async with open_store(url, queue, prefix=prefix) as store:
+                with _progress("replaying", show=not dry_run) as progress:
+                    return await stores.replay_dead_letters(
+                        store,
+                        selection=chosen,
+                        to=to,
+                        limit=limit,
+                        dry_run=dry_run,
+                        progress=progress,
+                    )
         async with connect(url) as connection:
             with _progress("replaying", show=not dry_run) as progress:
                 return await ops.replay_dead_letters(
@@ -509,6 +545,7 @@ def purge(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     as_json: Json = False,
     url: Url = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Remove dead letters for good; those that do not match stay, in order.
 
@@ -528,6 +565,16 @@ def purge(
         _confirm_purge(queue, what, yes=yes)
 
     async def go() -> ops.Outcome:
+        if is_store_url(url):
+            async with open_store(url, queue, prefix=prefix) as store:
+                with _progress("removing") as progress:
+                    if from_export is not None:
+                        return await stores.purge_exported(
+                            store, from_export, source=from_export.name, progress=progress
+                        )
+                    return await stores.purge_dead_letters(
+                        store, selection=chosen, limit=limit, progress=progress
+                    )
         async with connect(url) as connection:
             with _progress("removing") as progress:
                 if from_export is not None:
@@ -573,6 +620,7 @@ def export(
     ] = False,
     as_json: Json = False,
     url: Url = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
 
@@ -592,6 +640,16 @@ def export(
 
     async def go() -> ops.Outcome:
         with written(file, force=force) as stream:
+            if is_store_url(url):
+                async with open_store(url, queue, prefix=prefix) as store:
+                    with _progress("exporting") as progress:
+                        return await stores.export_dead_letters(
+                            store,
+                            stream.write,
+                            selection=chosen,
+                            limit=limit,
+                            progress=progress,
+                        )
             async with connect(url) as connection:
                 with _progress("exporting") as progress:
                     return await ops.export_dead_letters(
@@ -637,10 +695,16 @@ def import_(
     ] = None,
     as_json: Json = False,
     url: Url = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Publish exported messages back, each confirmed by the broker."""
 
     async def go(stream: TextIO) -> ops.Imported:
+        if is_store_url(url):
+            lines = list(stream)
+            queue = stores.queue_of(lines, file.name, to=to)
+            async with open_store(url, queue, prefix=prefix) as store:
+                return await stores.import_messages(store, lines, source=file.name, to=to)
         async with connect(url) as connection:
             return await ops.import_messages(connection, stream, source=file.name, to=to)
 
