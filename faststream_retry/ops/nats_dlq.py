@@ -23,6 +23,8 @@ Imported by the commands only for a ``nats://`` URL: it needs nats-py.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +47,22 @@ if TYPE_CHECKING:
 __all__ = ["NatsStore", "connect", "open_store"]
 
 PUBLISH_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 10.0
+
+
+def _headers(block: bytes) -> dict[str, str]:
+    """NATS headers as sent: ``NATS/1.0`` then ``Name: value`` lines, case and bytes kept.
+
+    Not UTF-8 (another client's bytes): replaced, never raised on. A name given twice
+    keeps its last value, as nats-py's own reading does.
+    """
+    lines = block.decode(errors="replace").split("\r\n")
+    found: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep and name:
+            found[name] = value.strip()
+    return found
 
 
 async def _quiet(error: Exception) -> None:
@@ -158,33 +176,53 @@ class NatsStore:
         seq = max(int(info.state.first_seq), 1)
         position = 0
         while seq <= last and info.state.messages:
-            try:
-                msg = await self._js.get_msg(self.stream, seq, subject=self.filter, next=True)
-            except NotFoundError:
-                return
-            if msg.seq is None or msg.seq > last:
+            found = await self._get(seq)
+            if found is None or found[0] > last:
                 return
             position += 1
-            yield self._stored(position, msg)
-            seq = msg.seq + 1
+            yield self._stored(position, *found)
+            seq = found[0] + 1
 
-    def _stored(self, position: int, msg: Any) -> Stored:  # noqa: ANN401 - RawStreamMsg
-        raw = {str(k): str(v) for k, v in (msg.headers or {}).items()}
+    async def _get(self, seq: int) -> tuple[int, str, dict[str, str], bytes] | None:
+        """The first message at or after ``seq`` on the filter: sequence, subject, headers, body.
+
+        The stream API's message get, asked directly: nats-py's ``get_msg`` reads the
+        headers with an e-mail parser, which turns a value that is not ASCII into an
+        object of its own and loses what it said.
+        """
+        request = json.dumps({"seq": seq, "next_by_subj": self.filter}).encode()
+        api = getattr(self._js, "_prefix", "$JS.API")
+        reply = await self._js._nc.request(  # noqa: SLF001 - the client the context has
+            f"{api}.STREAM.MSG.GET.{self.stream}", request, timeout=REQUEST_TIMEOUT_S
+        )
+        answer = json.loads(reply.data)
+        error = answer.get("error")
+        if error:
+            if error.get("code") == 404:
+                return None
+            raise OperationError(f"the NATS server refused to read {self.stream!r}: {error}")
+        message = answer["message"]
+        headers = _headers(base64.b64decode(message.get("hdrs") or ""))
+        body = base64.b64decode(message.get("data") or "")
+        return int(message["seq"]), str(message["subject"]), headers, body
+
+    def _stored(
+        self, position: int, seq: int, subject: str, raw: dict[str, str], body: bytes
+    ) -> Stored:
         decoded = wire.decode(raw)
-        subject = str(msg.subject or "")
         origin = subject[len(self._dlq_head) :] if subject.startswith(self._dlq_head) else ""
         message_id = decoded.get(wire.MESSAGE_ID)
         return Stored(
             position=position,
-            ref=str(msg.seq),
-            body=bytes(msg.data or b""),
+            ref=str(seq),
+            body=body,
             headers=raw,
             decoded=decoded,
             properties={
                 "message_id": message_id if isinstance(message_id, str) else None,
                 "content_type": raw.get("content-type"),
                 "subject": subject,
-                "sequence": msg.seq,
+                "sequence": seq,
             },
             origin=origin or h.read_text(decoded, h.ORIGIN_QUEUE, h.QUEUE_LIMIT),
             subject=subject,

@@ -8,6 +8,7 @@ its own subscriber once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -58,7 +59,7 @@ class App:
                 self.subject,
                 stream=self.stream,
                 timeout=BULK,
-                headers={"message_id": f"m{i}", "x-app": f"v{i}"},
+                headers={"message_id": f"m{i}", "x-app": f"v{i}", "x-name": "café: ünï"},
             )
 
 
@@ -110,13 +111,14 @@ async def test_list_reads_without_consuming_and_says_when_it_is_not_whole(
     shown = await cli(nats_url, names, "dlq", "show", app.stream, "m7")
     assert json.loads(json.dumps(shown["body"])) == {"id": 7}
     assert shown["headers"]["x-app"] == "v7"
+    assert shown["headers"]["x-name"] == "café: ünï", "a header that is not ASCII, as it was"
     assert shown["reason"] == "permanent"
 
 
 async def test_replay_hands_each_dead_letter_to_its_subscriber_once(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:
-    """300 replayed: the stream empties, and the app handles every id exactly once."""
+    """300 replayed by two commands at once: the stream empties, every id is handled once."""
     app = App(nats_url, names)
     async with running(app.broker):
         await app.send(300)
@@ -125,10 +127,14 @@ async def test_replay_hands_each_dead_letter_to_its_subscriber_once(
         dry = await cli(nats_url, names, "dlq", "replay", app.stream, "--dry-run")
         assert len(dry["selected"]) == 300
         assert await stream_count(js, app.dlq) == 300, "a dry run moves nothing"
-        done = await cli(nats_url, names, "dlq", "replay", app.stream)
-        assert done["to"] == app.key
-        assert done["moved"] == 300
-        assert len(done["selected"]) == 300
+        # Two operators at once: both publish each copy, with the same Nats-Msg-Id, and the
+        # server keeps one; only one of them deletes each dead letter.
+        one, two = await asyncio.gather(
+            cli(nats_url, names, "dlq", "replay", app.stream),
+            cli(nats_url, names, "dlq", "replay", app.stream),
+        )
+        assert one["to"] == two["to"] == app.key
+        assert one["moved"] + two["moved"] == 300
 
         async def handled() -> bool:
             return sum(app.done.values()) >= 300

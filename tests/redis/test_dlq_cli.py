@@ -8,6 +8,7 @@ back in its stream, removed in the same script, and the app handles every id onc
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,9 @@ class App:
     async def send(self, n: int) -> None:
         for i in range(n):
             await self.broker.publish(
-                {"id": i}, stream=self.stream, headers={"x-app": f"v{i}", "message_id": f"m{i}"}
+                {"id": i},
+                stream=self.stream,
+                headers={"x-app": f"v{i}", "message_id": f"m{i}"},
             )
 
 
@@ -107,16 +110,19 @@ async def test_list_reads_without_consuming_and_says_when_it_is_not_whole(
 
 
 async def test_replay_puts_each_back_once(redis_url: str, client: Redis, app: App) -> None:
-    """300 replayed: the dead-letter stream empties, the app handles every id exactly once."""
+    """300 replayed by two commands at once: the stream empties, every id is handled once."""
     await app.send(300)
     await dead(client, app, 300)
     app.broken = False
     dry = await cli(redis_url, "dlq", "replay", app.stream, "--dry-run")
     assert len(dry["selected"]) == 300
     assert int(await client.xlen(app.dlq)) == 300, "a dry run moves nothing"
-    done = await cli(redis_url, "dlq", "replay", app.stream)
-    assert done["to"] == app.stream
-    assert done["moved"] == 300
+    # Two operators at once: each dead letter goes back once (one script removes and adds).
+    one, two = await asyncio.gather(
+        cli(redis_url, "dlq", "replay", app.stream), cli(redis_url, "dlq", "replay", app.stream)
+    )
+    assert one["to"] == two["to"] == app.stream
+    assert one["moved"] + two["moved"] == 300
 
     async def handled() -> bool:
         return sum(app.done.values()) >= 300
