@@ -26,7 +26,7 @@ import asyncio
 import base64
 import json
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import nats
 from nats.errors import Error as NatsError
@@ -48,6 +48,17 @@ __all__ = ["NatsStore", "connect", "open_store"]
 
 PUBLISH_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 10.0
+
+
+class _Raw(NamedTuple):
+    """One message as the stream API's get gives it."""
+
+    seq: int
+    subject: str
+    headers: dict[str, str]
+    body: bytes
+    stored: str
+    """When the server stored it (its text: RFC 3339)."""
 
 
 def _headers(block: bytes) -> dict[str, str]:
@@ -177,14 +188,14 @@ class NatsStore:
         position = 0
         while seq <= last and info.state.messages:
             found = await self._get(seq)
-            if found is None or found[0] > last:
+            if found is None or found.seq > last:
                 return
             position += 1
-            yield self._stored(position, *found)
-            seq = found[0] + 1
+            yield self._stored(position, found)
+            seq = found.seq + 1
 
-    async def _get(self, seq: int) -> tuple[int, str, dict[str, str], bytes] | None:
-        """The first message at or after ``seq`` on the filter: sequence, subject, headers, body.
+    async def _get(self, seq: int) -> _Raw | None:
+        """The first message at or after ``seq`` on the filter; ``None``: there is none.
 
         The stream API's message get, asked directly: nats-py's ``get_msg`` reads the
         headers with an e-mail parser, which turns a value that is not ASCII into an
@@ -204,11 +215,11 @@ class NatsStore:
         message = answer["message"]
         headers = _headers(base64.b64decode(message.get("hdrs") or ""))
         body = base64.b64decode(message.get("data") or "")
-        return int(message["seq"]), str(message["subject"]), headers, body
+        stored = str(message.get("time") or "")
+        return _Raw(int(message["seq"]), str(message["subject"]), headers, body, stored)
 
-    def _stored(
-        self, position: int, seq: int, subject: str, raw: dict[str, str], body: bytes
-    ) -> Stored:
+    def _stored(self, position: int, found: _Raw) -> Stored:
+        seq, subject, raw, body, stored = found
         decoded = wire.decode(raw)
         origin = subject[len(self._dlq_head) :] if subject.startswith(self._dlq_head) else ""
         message_id = decoded.get(wire.MESSAGE_ID)
@@ -223,6 +234,7 @@ class NatsStore:
                 "content_type": raw.get("content-type"),
                 "subject": subject,
                 "sequence": seq,
+                "stored": stored,
             },
             origin=origin or h.read_text(decoded, h.ORIGIN_QUEUE, h.QUEUE_LIMIT),
             subject=subject,
@@ -258,7 +270,9 @@ class NatsStore:
     async def replay(self, letter: Stored, headers: dict[str, Any], target: str | None) -> bool:
         """Publish to the key's ready subject, confirmed; then delete the dead letter."""
         key = target or letter.origin
-        msg_id = f"{self.stream}:{letter.ref}:{letter.headers.get(wire.MSG_ID, '')}:replay"
+        # The dead letter's place and stored time: a stream deleted and made again numbers
+        # from 1 again, and a copy taken for a duplicate of another would be lost.
+        msg_id = f"{self.stream}:{letter.ref}:{letter.properties.get('stored', '')}:replay"
         try:
             await self._js.publish(
                 naming.ready_subject(self._prefix, key),

@@ -17,8 +17,12 @@ import pytest
 from faststream.nats import JStream, NatsBroker, NatsMessage
 
 from faststream_retry import PermanentError
+from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.dlq_open import open_store
+from faststream_retry.ops.dlq_store import Stored, replay_dead_letters
+from faststream_retry.ops.nats_dlq import NatsStore
 from tests.cli import run_cli
-from tests.nats.helpers import running, stream_count, stream_messages
+from tests.nats.helpers import drained, running, stream_count, stream_messages
 from tests.nats.test_retries import BULK, middleware
 from tests.rabbit import eventually_async as until
 
@@ -233,3 +237,46 @@ async def test_a_failed_export_leaves_the_old_file(
     assert done.status == 3, done.stderr
     assert file.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["old.jsonl"]
+
+
+async def test_a_replay_killed_between_a_puback_and_its_delete_duplicates_nothing(
+    nats_url: str, names: Names, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 10th delete fails after its copy was confirmed; run again, each id is handled once.
+
+    The copy's Nats-Msg-Id is made of the dead letter's place and stored time: the second
+    run's copy of the 10th is dropped by the server as a duplicate, then the letter deleted.
+    """
+    app = App(nats_url, names)
+    async with running(app.broker):
+        await app.send(50)
+        await dead(js, app, 50)
+        app.broken = False
+        real = NatsStore.remove
+        calls = 0
+
+        async def dies_at_the_tenth(self: NatsStore, letter: Stored) -> bool:
+            nonlocal calls
+            calls += 1
+            if calls == 10:
+                raise OperationError("killed between the PubAck and the delete")
+            return await real(self, letter)
+
+        monkeypatch.setattr(NatsStore, "remove", dies_at_the_tenth)
+        async with open_store(nats_url, app.stream, prefix=names.prefix) as store:
+            with pytest.raises(OperationError, match="9 replayed before it"):
+                await replay_dead_letters(store)
+        assert await stream_count(js, app.dlq) == 41, "the 10th stays, its copy is out"
+        monkeypatch.setattr(NatsStore, "remove", real)
+        async with open_store(nats_url, app.stream, prefix=names.prefix) as store:
+            again = await replay_dead_letters(store)
+        assert again.done is not None
+        assert again.done.moved == 41
+
+        async def handled() -> bool:
+            return sum(app.done.values()) >= 50
+
+        await until(handled, 60, "50 replayed messages handled")
+        await drained(js, names.prefix)  # a second copy of the 10th would be there
+    assert app.done == dict.fromkeys(range(50), 1), "the 10th once, not twice"
+    assert await stream_count(js, app.dlq) == 0
