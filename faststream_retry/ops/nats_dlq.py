@@ -22,13 +22,11 @@ Imported by the commands only for a ``nats://`` URL: it needs nats-py.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import nats
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JetStreamError
 from nats.js.errors import NotFoundError
@@ -37,6 +35,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.nats import naming, wire
 from faststream_retry.ops.common import CONNECT_TIMEOUT_S, OperationError, safe_nats_url, shown_name
 from faststream_retry.ops.dlq_store import ExportRecord, Stored
+from faststream_retry.ops.nats_client import connect_client
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -76,10 +75,6 @@ def _headers(block: bytes) -> dict[str, str]:
     return found
 
 
-async def _quiet(error: Exception) -> None:
-    """nats-py's error callback: the failure is the command's to say, once."""
-
-
 @asynccontextmanager
 async def connect(url: str, timeout: float = CONNECT_TIMEOUT_S) -> AsyncIterator[Client]:
     """A connection to the NATS server(s) at ``url`` that fails at once, never reconnects.
@@ -87,25 +82,7 @@ async def connect(url: str, timeout: float = CONNECT_TIMEOUT_S) -> AsyncIterator
     Raises:
         OperationError: no server can be reached.
     """
-    servers = [one.strip() for one in url.split(",") if one.strip()]
-    try:
-        # Once per server, quietly: nats-py otherwise retries for ever (its
-        # max_reconnect_attempts=0 means no limit) and prints each failure's traceback.
-        client = await asyncio.wait_for(
-            nats.connect(
-                servers=servers,
-                connect_timeout=timeout,
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0.1,
-                error_cb=_quiet,
-            ),
-            timeout * (len(servers) + 1),
-        )
-    except Exception as exc:  # any failure to connect is the same answer to an operator
-        raise OperationError(
-            f"cannot reach the NATS server at {safe_nats_url(url)}: {exc!r}"
-        ) from exc
+    client = await connect_client(url, timeout)
     try:
         yield client
     except (NatsError, JetStreamError, TimeoutError) as exc:
