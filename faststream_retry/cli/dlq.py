@@ -20,7 +20,6 @@ from faststream_retry.cli._common import (
     EXIT_ACTION,
     EXIT_ERROR,
     Json,
-    Url,
     err,
     fail,
     out,
@@ -57,7 +56,27 @@ dlq = typer.Typer(
     no_args_is_help=True,
 )
 
-Queue = Annotated[str, typer.Argument(help="The work queue (or its .dlq).", show_default=False)]
+Queue = Annotated[
+    str,
+    typer.Argument(
+        help=(
+            "The work queue (or its .dlq). NATS: the covered stream, a subscriber's key "
+            "(STREAM.DURABLE) or the dead-letter stream; Redis: the stream (or its .dlq key)."
+        ),
+        show_default=False,
+    ),
+]
+DlqUrl = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="RABBITMQ_URL",
+        help=(
+            "The broker: amqp://..., nats://... or redis://... (or the RABBITMQ_URL "
+            "environment variable, for RabbitMQ)."
+        ),
+    ),
+]
 Ids = Annotated[
     list[str] | None, typer.Option("--id", help="A message id (or #position); repeatable.")
 ]
@@ -267,7 +286,7 @@ def list_(
     until: Until = None,
     decoder: DecoderOption = None,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
     prefix: StorePrefix = "retry",
 ) -> None:
     """One row per dead letter, head first. Removes nothing and spends no delivery count.
@@ -276,7 +295,8 @@ def list_(
     message to its tail, in order, whatever --limit says: a requeue would spend its
     delivery count. Messages that arrive meanwhile land among them. Ctrl-C or SIGTERM
     stops it cleanly; a kill -9 can leave the copies in flight (up to 200) twice and
-    the queue rotated (what it went through behind the rest).
+    the queue rotated (what it went through behind the rest). On NATS and Redis the
+    dead-letter stream is read by sequence (NATS) or XRANGE (Redis): nothing moves.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
     decode = _decoder(decoder)
@@ -326,7 +346,7 @@ def show(
     ],
     decoder: DecoderOption = None,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Everything about one dead letter: properties, headers, history, traceback, body.
@@ -445,7 +465,7 @@ def replay(
         str | None, typer.Option("--to", help="Send them to this queue instead of the work queue.")
     ] = None,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Send dead letters back to their work queue with a fresh attempt count.
@@ -544,7 +564,7 @@ def purge(
     limit: Limit = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Remove dead letters for good; those that do not match stay, in order.
@@ -619,7 +639,7 @@ def export(
         typer.Option("--force", help="Replace FILE if it exists (once the export is complete)."),
     ] = False,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
@@ -694,7 +714,7 @@ def import_(
         typer.Option("--to", help="Publish to this queue instead of the one each came from."),
     ] = None,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Publish exported messages back, each confirmed by the broker."""
