@@ -20,7 +20,6 @@ from faststream_retry.cli._common import (
     EXIT_ACTION,
     EXIT_ERROR,
     Json,
-    Url,
     err,
     fail,
     out,
@@ -32,7 +31,9 @@ from faststream_retry.core import headers as h
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import dlq_of, looks_like_intake
 from faststream_retry.ops import dlq as ops
+from faststream_retry.ops import dlq_store as stores
 from faststream_retry.ops.common import OperationError, connect
+from faststream_retry.ops.dlq_open import is_store_url, open_store
 from faststream_retry.ops.records import (
     DeadLetter,
     Decoder,
@@ -55,7 +56,27 @@ dlq = typer.Typer(
     no_args_is_help=True,
 )
 
-Queue = Annotated[str, typer.Argument(help="The work queue (or its .dlq).", show_default=False)]
+Queue = Annotated[
+    str,
+    typer.Argument(
+        help=(
+            "The work queue (or its .dlq). NATS: the covered stream, a subscriber's key "
+            "(STREAM.DURABLE) or the dead-letter stream; Redis: the stream (or its .dlq key)."
+        ),
+        show_default=False,
+    ),
+]
+DlqUrl = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="RABBITMQ_URL",
+        help=(
+            "The broker: amqp://..., nats://... or redis://... (or the RABBITMQ_URL "
+            "environment variable, for RabbitMQ)."
+        ),
+    ),
+]
 Ids = Annotated[
     list[str] | None, typer.Option("--id", help="A message id (or #position); repeatable.")
 ]
@@ -75,6 +96,13 @@ Until = Annotated[
     str | None, typer.Option("--until", help="Last failure at or before: ISO 8601 or an age.")
 ]
 Limit = Annotated[int | None, typer.Option("--limit", min=1, help="At most this many.")]
+StorePrefix = Annotated[
+    str,
+    typer.Option(
+        "--prefix",
+        help="NATS: the prefix given to RetryMiddleware (its dead-letter streams' names).",
+    ),
+]
 DecoderOption = Annotated[
     str | None,
     typer.Option(
@@ -258,7 +286,8 @@ def list_(
     until: Until = None,
     decoder: DecoderOption = None,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """One row per dead letter, head first. Removes nothing and spends no delivery count.
 
@@ -266,12 +295,18 @@ def list_(
     message to its tail, in order, whatever --limit says: a requeue would spend its
     delivery count. Messages that arrive meanwhile land among them. Ctrl-C or SIGTERM
     stops it cleanly; a kill -9 can leave the copies in flight (up to 200) twice and
-    the queue rotated (what it went through behind the rest).
+    the queue rotated (what it went through behind the rest). On NATS and Redis the
+    dead-letter stream is read by sequence (NATS) or XRANGE (Redis): nothing moves.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
     decode = _decoder(decoder)
 
     async def go() -> ops.Outcome:
+        if is_store_url(url):
+            async with open_store(url, queue, prefix=prefix) as store:
+                return await stores.list_dead_letters(
+                    store, selection=chosen, limit=limit, decoder=decode
+                )
         async with connect(url) as connection:
             with _progress("reading") as progress:
                 return await ops.list_dead_letters(
@@ -311,7 +346,8 @@ def show(
     ],
     decoder: DecoderOption = None,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Everything about one dead letter: properties, headers, history, traceback, body.
 
@@ -320,12 +356,16 @@ def show(
     decode = _decoder(decoder)
 
     async def go() -> DeadLetter | None:
+        if is_store_url(url):
+            async with open_store(url, queue, prefix=prefix) as store:
+                return await stores.show_dead_letter(store, message_id, decoder=decode)
         async with connect(url) as connection:
             return await ops.show_dead_letter(connection, queue, message_id, decoder=decode)
 
     letter = run(go())
     if letter is None:
-        fail(f"no dead letter {message_id!r} in {dlq_of(queue)}")
+        where = queue if is_store_url(url) else dlq_of(queue)
+        fail(f"no dead letter {message_id!r} in {where}")
     if as_json:
         print_json(letter.details())
         return
@@ -425,7 +465,8 @@ def replay(
         str | None, typer.Option("--to", help="Send them to this queue instead of the work queue.")
     ] = None,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Send dead letters back to their work queue with a fresh attempt count.
 
@@ -433,7 +474,7 @@ def replay(
     kept in a retry-replayed header. Dead letters that do not match stay, in order.
     """
     chosen = _select(ids, reasons, exceptions, since, until)
-    if to is None and looks_like_intake(queue):
+    if to is None and not is_store_url(url) and looks_like_intake(queue):
         # The retry worker's intake takes only dead-lettered messages: a replay into it
         # would be refused again, straight back here.
         fail(
@@ -443,6 +484,21 @@ def replay(
         )
 
     async def go() -> ops.Outcome:
+        if is_store_url(url):
+            if rate is not None:
+                raise OperationError(
+                    "--rate is for RabbitMQ queues; leave it out on NATS and Redis"
+                )
+            async with open_store(url, queue, prefix=prefix) as store:
+                with _progress("replaying", show=not dry_run) as progress:
+                    return await stores.replay_dead_letters(
+                        store,
+                        selection=chosen,
+                        to=to,
+                        limit=limit,
+                        dry_run=dry_run,
+                        progress=progress,
+                    )
         async with connect(url) as connection:
             with _progress("replaying", show=not dry_run) as progress:
                 return await ops.replay_dead_letters(
@@ -508,7 +564,8 @@ def purge(
     limit: Limit = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Remove dead letters for good; those that do not match stay, in order.
 
@@ -528,6 +585,16 @@ def purge(
         _confirm_purge(queue, what, yes=yes)
 
     async def go() -> ops.Outcome:
+        if is_store_url(url):
+            async with open_store(url, queue, prefix=prefix) as store:
+                with _progress("removing") as progress:
+                    if from_export is not None:
+                        return await stores.purge_exported(
+                            store, from_export, source=from_export.name, progress=progress
+                        )
+                    return await stores.purge_dead_letters(
+                        store, selection=chosen, limit=limit, progress=progress
+                    )
         async with connect(url) as connection:
             with _progress("removing") as progress:
                 if from_export is not None:
@@ -572,7 +639,8 @@ def export(
         typer.Option("--force", help="Replace FILE if it exists (once the export is complete)."),
     ] = False,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
 
@@ -592,6 +660,16 @@ def export(
 
     async def go() -> ops.Outcome:
         with written(file, force=force) as stream:
+            if is_store_url(url):
+                async with open_store(url, queue, prefix=prefix) as store:
+                    with _progress("exporting") as progress:
+                        return await stores.export_dead_letters(
+                            store,
+                            stream.write,
+                            selection=chosen,
+                            limit=limit,
+                            progress=progress,
+                        )
             async with connect(url) as connection:
                 with _progress("exporting") as progress:
                     return await ops.export_dead_letters(
@@ -636,11 +714,17 @@ def import_(
         typer.Option("--to", help="Publish to this queue instead of the one each came from."),
     ] = None,
     as_json: Json = False,
-    url: Url = DEFAULT_URL,
+    url: DlqUrl = DEFAULT_URL,
+    prefix: StorePrefix = "retry",
 ) -> None:
     """Publish exported messages back, each confirmed by the broker."""
 
     async def go(stream: TextIO) -> ops.Imported:
+        if is_store_url(url):
+            lines = list(stream)
+            queue = stores.queue_of(lines, file.name, to=to)
+            async with open_store(url, queue, prefix=prefix) as store:
+                return await stores.import_messages(store, lines, source=file.name, to=to)
         async with connect(url) as connection:
             return await ops.import_messages(connection, stream, source=file.name, to=to)
 

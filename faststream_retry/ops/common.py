@@ -89,8 +89,8 @@ def not_on_nats(what: str) -> str:
     """Say that ``what`` is not on NATS yet, and what is."""
     return (
         f"{what} does not work on NATS yet (issue 39: the NATS JetStream transport); of "
-        "the faststream-retry commands only `doctor` does so far. Read the NATS streams "
-        "with the nats CLI meanwhile (nats stream ls; nats stream view <prefix>-dlq-<stream>)"
+        "the faststream-retry commands only `doctor` and `dlq` do so far. Read the NATS "
+        "streams with the nats CLI meanwhile (nats stream ls; nats stream info <stream>)"
     )
 
 

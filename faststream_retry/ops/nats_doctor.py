@@ -10,10 +10,8 @@ own. Imported by the command only for a NATS app: it needs nats-py.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
-import nats
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JetStreamError
 
@@ -21,6 +19,7 @@ from faststream_retry.middleware.nats.runtime import NatsRuntime
 from faststream_retry.nats import checks, survey
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import CONNECT_TIMEOUT_S, OperationError, safe_nats_url
+from faststream_retry.ops.nats_client import connect_client
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -41,25 +40,7 @@ async def doctor(url: str, app: LoadedApp, timeout: float = CONNECT_TIMEOUT_S) -
     """
     if not app.nats:
         raise OperationError(f"{app.spec}'s broker is not a NatsBroker")
-    servers = [one.strip() for one in url.split(",") if one.strip()]
-    try:
-        # Once per server, quietly: nats-py otherwise retries for ever (its
-        # max_reconnect_attempts=0 means no limit) and prints each failure's traceback.
-        client = await asyncio.wait_for(
-            nats.connect(
-                servers=servers,
-                connect_timeout=timeout,
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0.1,
-                error_cb=_quiet,
-            ),
-            timeout * (len(servers) + 1),
-        )
-    except Exception as exc:  # any failure to connect is the same answer to an operator
-        raise OperationError(
-            f"cannot reach the NATS server at {safe_nats_url(url)}: {exc!r}"
-        ) from exc
+    client = await connect_client(url, timeout)
     try:
         version = _version(client)
         found = await _findings(client, app)
@@ -78,10 +59,6 @@ async def doctor(url: str, app: LoadedApp, timeout: float = CONNECT_TIMEOUT_S) -
         findings=tuple(found),
         system="nats",
     )
-
-
-async def _quiet(error: Exception) -> None:
-    """nats-py's error callback: the failure is the command's to say, once."""
 
 
 def _version(client: Client) -> str | None:

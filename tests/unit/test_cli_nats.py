@@ -48,8 +48,6 @@ def command(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     "args",
     [
         ("status", "--url", "nats://user:secret@127.0.0.1:1", "orders"),
-        ("dlq", "list", "orders", "--url", "nats://127.0.0.1:1"),
-        ("dlq", "purge", "orders", "--url", "nats://127.0.0.1:1", "--yes"),
         ("migrate", "orders", "--queue-type", "classic", "--url", "tls://127.0.0.1:1", "--yes"),
         ("web", "--url", "nats://127.0.0.1:1"),
         ("status", "--app", "natsapp:broker"),
@@ -64,6 +62,27 @@ def test_a_command_not_on_nats_yet_says_so(tmp_path: Path, args: tuple[str, ...]
     done = command(tmp_path, *args)
     assert done.returncode == 3, done.stderr
     assert "does not work on NATS yet (issue 39" in done.stderr
-    assert "only `doctor` does" in done.stderr
+    assert "only `doctor` and `dlq` do" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "secret" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("dlq", "list", "orders", "--url", "nats://user:secret@127.0.0.1:1"),
+        ("dlq", "purge", "orders", "--url", "nats://user:secret@127.0.0.1:1", "--yes"),
+        ("dlq", "list", "orders", "--url", "redis://user:secret@127.0.0.1:1"),
+        ("dlq", "replay", "orders", "--url", "redis://:secret@127.0.0.1:1"),
+    ],
+    ids=lambda args: " ".join((args[1], args[4].split(":", 1)[0])),
+)
+def test_dlq_on_a_server_not_there_says_so_in_one_line(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """dlq works on NATS and Redis: a server that is not there is exit 3, one line, no password."""
+    done = command(tmp_path, *args)
+    assert done.returncode == 3, done.stderr
+    assert "cannot reach" in done.stderr
     assert "Traceback" not in done.stderr
     assert "secret" not in done.stderr

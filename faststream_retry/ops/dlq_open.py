@@ -1,0 +1,46 @@
+"""Which dead-letter store a URL names: NATS or Redis (``ops.dlq_store``), else RabbitMQ.
+
+Each store's module is imported only for its own scheme: a command on NATS needs no
+redis-py, and one on Redis no nats-py.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from faststream_retry.ops.common import is_nats_url
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from faststream_retry.ops.dlq_store import Store
+
+__all__ = ["REDIS_SCHEMES", "is_store_url", "open_store"]
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+"""The URL schemes redis-py's ``from_url`` takes."""
+
+
+def is_store_url(url: str) -> bool:
+    """Whether ``url`` names a NATS or Redis server (a ``Store``), not RabbitMQ."""
+    return is_nats_url(url) or url.strip().lower().startswith(REDIS_SCHEMES)
+
+
+@asynccontextmanager
+async def open_store(url: str, queue: str, *, prefix: str) -> AsyncIterator[Store]:
+    """Open the dead letters of ``queue`` on the NATS or Redis server at ``url``.
+
+    ``prefix``: the ``RetryMiddleware(prefix=...)`` whose dead-letter streams to read
+    (NATS; Redis keys have none).
+    """
+    if is_nats_url(url):
+        from faststream_retry.ops import nats_dlq  # noqa: PLC0415 - needs nats-py
+
+        async with nats_dlq.open_store(url, queue, prefix=prefix) as store:
+            yield store
+        return
+    from faststream_retry.ops import redis_dlq  # noqa: PLC0415 - needs redis-py
+
+    async with redis_dlq.open_store(url, queue) as store:
+        yield store

@@ -1,0 +1,207 @@
+"""Dead letters on Redis: the ``dlq`` commands' ``Store`` of a ``P.dlq`` stream.
+
+The plugin keeps the dead letters of a covered stream ``S`` in the stream ``P.dlq``
+(``redis.keys``: ``{S}.dlq``, or ``S.dlq`` when ``S`` has a hash tag), each entry one
+field ``__data__`` in FastStream's binary format (``redis.envelope``). A command names
+them by the covered stream or by the ``.dlq`` key itself.
+
+- Reading is ``XRANGE``, a page at a time, up to the last entry there when it began: no
+  group, nothing acknowledged or claimed.
+- A replay is one script: ``XDEL`` the dead letter and, only if that removed it, ``XADD``
+  the copy to its stream (``retry-origin-queue``, or ``--to``). Both or neither: never
+  lost, never twice, however many replays run at once.
+
+Imported by the commands only for a ``redis://`` URL: it needs redis-py.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from faststream_retry.core import headers as h
+from faststream_retry.errors import RetryConfigError
+from faststream_retry.ops.common import CONNECT_TIMEOUT_S, OperationError, shown_name
+from faststream_retry.ops.dlq_store import ExportRecord, Stored
+from faststream_retry.redis import envelope
+from faststream_retry.redis.keys import DLQ_SUFFIX, stream_keys
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = ["REPLAY", "RedisStore", "open_store"]
+
+PAGE = 200
+
+REPLAY = """
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('XADD', KEYS[2], '*', '__data__', ARGV[2])
+return 1
+"""
+"""KEYS dlq, target stream; ARGV entry id, copy. The copy only if the dead letter was there."""
+
+
+def _safe(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    _, at, host = rest.rpartition("@")
+    return f"{scheme}://***@{host}" if sep and at else url
+
+
+@asynccontextmanager
+async def open_store(url: str, queue: str) -> AsyncIterator[RedisStore]:
+    """The dead letters ``queue`` names on the server at ``url`` (see the module docstring).
+
+    Raises:
+        OperationError: the server cannot be reached, or refused a command.
+    """
+    try:
+        client = Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30.0)
+    except ValueError as exc:
+        raise OperationError(f"not a Redis URL: {_safe(url)} ({exc})") from exc
+    try:
+        try:
+            await client.ping()
+        except (RedisError, OSError) as exc:
+            raise OperationError(f"cannot reach Redis at {_safe(url)}: {exc!r}") from exc
+        store = RedisStore(client, queue)
+        await store.open()
+        try:
+            yield store
+        except (RedisError, OSError) as exc:
+            raise OperationError(
+                f"Redis at {_safe(url)} stopped answering or refused ({exc!r}): a dead letter "
+                "is removed only in the step that writes its copy, so none was lost; run the "
+                "command again"
+            ) from exc
+    finally:
+        await client.aclose()
+
+
+class RedisStore:
+    """The dead-letter stream of one covered stream."""
+
+    system = "redis"
+
+    def __init__(self, client: Redis, queue: str) -> None:
+        """Name the ``.dlq`` key ``queue`` means; nothing is asked yet.
+
+        Raises:
+            OperationError: no key of the plugin's can follow from ``queue``.
+        """
+        self._client = client
+        if queue.endswith(DLQ_SUFFIX):
+            self.name = queue
+        else:
+            try:
+                self.name = stream_keys(queue).dlq
+            except RetryConfigError as exc:
+                raise OperationError(str(exc)) from None
+        self._replay = client.register_script(REPLAY)
+
+    async def open(self) -> None:
+        """Check that the key is a stream (or absent: no dead letter yet).
+
+        Raises:
+            OperationError: it holds something else.
+        """
+        kind = await self._client.type(self.name)
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        if kind not in {"stream", "none"}:
+            raise OperationError(
+                f"{shown_name(self.name)} is a {kind}, not the plugin's dead-letter stream"
+            )
+
+    async def total(self) -> int:
+        """``XLEN``."""
+        return int(await self._client.xlen(self.name))
+
+    async def read(self) -> AsyncIterator[Stored]:
+        """Each entry by id, oldest first, up to the last one there at the start."""
+        client: Any = self._client  # redis-py's stubs type replies loosely
+        last = await client.xrevrange(self.name, count=1)
+        if not last:
+            return
+        end: bytes = last[0][0]
+        start: bytes = b"-"
+        position = 0
+        while True:
+            page: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(
+                self.name, min=start, max=end, count=PAGE
+            )
+            for entry_id, fields in page:
+                position += 1
+                yield self._stored(position, entry_id, fields)
+            if len(page) < PAGE:
+                return
+            start = b"(" + page[-1][0]
+
+    def _stored(self, position: int, entry_id: bytes, fields: dict[bytes, bytes]) -> Stored:
+        parsed = envelope.parse(fields)
+        raw = {str(k): str(v) for k, v in parsed.headers.items()}
+        decoded = envelope.from_wire(raw)
+        message_id = raw.get("message_id")
+        return Stored(
+            position=position,
+            ref=entry_id.decode(),
+            body=parsed.body,
+            headers=raw,
+            decoded=decoded,
+            properties={
+                "message_id": message_id or None,
+                "content_type": raw.get("content-type"),
+                "entry_id": entry_id.decode(),
+            },
+            origin=h.read_text(decoded, h.ORIGIN_QUEUE, h.QUEUE_LIMIT),
+        )
+
+    async def check_target(self, target: str | None, letters: list[Stored]) -> None:
+        """Each target must be a stream that exists (a typo would make a new one).
+
+        Raises:
+            OperationError: one is missing, or not a stream.
+        """
+        names = {target} if target else {letter.origin for letter in letters}
+        for name in sorted(names):
+            if not name:
+                raise OperationError(
+                    "a dead letter names no stream it came from (no retry-origin-queue): "
+                    "give --to STREAM; nothing was replayed"
+                )
+            kind = await self._client.type(name)
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if kind != "stream":
+                why = "it does not exist" if kind == "none" else f"it is a {kind}"
+                raise OperationError(
+                    f"cannot replay to stream {shown_name(name)}: {why} (start the app that "
+                    "reads it, or name another with --to); nothing was replayed"
+                )
+
+    async def replay(self, letter: Stored, headers: dict[str, Any], target: str | None) -> bool:
+        """One script: remove the dead letter and add its copy to the stream, or neither."""
+        try:
+            copy = envelope.build(letter.body, envelope.to_wire(headers))
+        except envelope.EnvelopeTooLarge as exc:
+            raise OperationError(f"dead letter {letter.ref} cannot be replayed: {exc}") from exc
+        done = await self._replay(
+            keys=[self.name, target or letter.origin], args=[letter.ref, copy]
+        )
+        return bool(done)
+
+    async def remove(self, letter: Stored) -> bool:
+        """``XDEL``; ``False`` if it was gone."""
+        return bool(await self._client.xdel(self.name, letter.ref))
+
+    def line(self, letter: Stored) -> dict[str, Any]:  # noqa: ARG002 - the Store's signature
+        """Nothing of Redis' own: the entry id is made anew on import."""
+        return {}
+
+    async def put(self, record: ExportRecord, to: str | None) -> None:
+        """``XADD`` the exported dead letter to this dead-letter stream (or ``to``)."""
+        try:
+            data = envelope.build(record.body, record.headers)
+        except envelope.EnvelopeTooLarge as exc:
+            raise OperationError(f"cannot import it: {exc}") from exc
+        await self._client.xadd(to or self.name, {envelope.DATA_FIELD: data})

@@ -1,0 +1,195 @@
+"""``faststream-retry dlq ... --url redis://`` on a real server, counted by id.
+
+The app dead-letters its messages (PermanentError while ``broken``); the commands list,
+show, replay, purge, export and import them. Listing changes nothing (the same entries
+before and after, no group on the dead-letter stream); a replay puts each dead letter
+back in its stream, removed in the same script, and the app handles every id once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from faststream.redis import RedisBroker, StreamSub
+
+from faststream_retry import PermanentError, RetryMiddleware
+from faststream_retry.redis.keys import stream_keys
+from tests.cli import run_cli
+from tests.redis.support import until
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+    from redis.asyncio import Redis
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
+
+
+class App:
+    """A Redis app whose handler dead-letters every message while ``broken``."""
+
+    def __init__(self, url: str, stream: str) -> None:
+        self.stream = stream
+        self.dlq = stream_keys(stream).dlq
+        self.broken = True
+        self.done: Counter[int] = Counter()
+        self.broker = RedisBroker(url, middlewares=[RetryMiddleware()], logger=None)  # type: ignore[arg-type]
+
+        @self.broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"))
+        async def handle(body: dict[str, Any]) -> None:
+            if self.broken:
+                raise PermanentError(f"message {body['id']}")
+            self.done[int(body["id"])] += 1
+
+    async def send(self, n: int) -> None:
+        for i in range(n):
+            await self.broker.publish(
+                {"id": i},
+                stream=self.stream,
+                headers={"x-app": f"v{i}", "message_id": f"m{i}"},
+            )
+
+
+@pytest.fixture
+async def app(redis_url: str, stream: str) -> AsyncIterator[App]:
+    made = App(redis_url, stream)
+    await made.broker.start()
+    try:
+        yield made
+    finally:
+        await made.broker.stop()
+
+
+async def dead(client: Redis, app: App, n: int) -> None:
+    async def enough() -> bool:
+        return int(await client.xlen(app.dlq)) >= n
+
+    await until(enough, 60, f"{n} dead letters in {app.dlq}")
+
+
+async def cli(redis_url: str, *args: str) -> Any:
+    done = await run_cli(*args, "--url", redis_url, "--json", url=None)
+    assert done.status == 0, (done.stdout, done.stderr)
+    return done.json()
+
+
+async def entries(client: Redis, key: str) -> list[dict[bytes, bytes]]:
+    """The fields of every entry of ``key``, oldest first (their ids left out)."""
+    found: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(key)  # type: ignore[assignment]
+    return [fields for _, fields in found]
+
+
+def ids(rows: list[dict[str, Any]]) -> list[str]:
+    return [row["message_id"] for row in rows]
+
+
+async def test_list_reads_without_consuming_and_says_when_it_is_not_whole(
+    redis_url: str, client: Redis, app: App
+) -> None:
+    """250 dead letters: complete false at 100, true at 300; the entries unchanged."""
+    await app.send(250)
+    await dead(client, app, 250)
+    before = await client.xrange(app.dlq)
+    first = await cli(redis_url, "dlq", "list", app.stream)
+    assert first["format"] == 1
+    assert first["queue"] == app.dlq
+    assert first["complete"] is False
+    assert first["limit"] == 100
+    assert ids(first["dead_letters"]) == [f"m{i}" for i in range(100)]
+    assert first["in_queue_before"] == 250
+    assert first["dead_letters"][0]["reason"] == "permanent"
+    assert first["dead_letters"][0]["origin_queue"] == app.stream
+    whole = await cli(redis_url, "dlq", "list", app.dlq, "--limit", "300")
+    assert whole["complete"] is True
+    assert ids(whole["dead_letters"]) == [f"m{i}" for i in range(250)]
+    exact = await cli(redis_url, "dlq", "list", app.stream, "--limit", "250")
+    assert exact["complete"] is True
+    assert await client.xrange(app.dlq) == before, "nothing moved, nothing removed"
+    assert await client.xinfo_groups(app.dlq) == [], "no group reads the dead letters"
+    shown = await cli(redis_url, "dlq", "show", app.stream, "m7")
+    assert shown["body"] == {"id": 7}
+    assert shown["headers"]["x-app"] == "v7"
+
+
+async def test_replay_puts_each_back_once(redis_url: str, client: Redis, app: App) -> None:
+    """300 replayed by two commands at once: the stream empties, every id is handled once."""
+    await app.send(300)
+    await dead(client, app, 300)
+    app.broken = False
+    dry = await cli(redis_url, "dlq", "replay", app.stream, "--dry-run")
+    assert len(dry["selected"]) == 300
+    assert int(await client.xlen(app.dlq)) == 300, "a dry run moves nothing"
+    # Two operators at once: each dead letter goes back once (one script removes and adds).
+    one, two = await asyncio.gather(
+        cli(redis_url, "dlq", "replay", app.stream), cli(redis_url, "dlq", "replay", app.stream)
+    )
+    assert one["to"] == two["to"] == app.stream
+    assert one["moved"] + two["moved"] == 300
+
+    async def handled() -> bool:
+        return sum(app.done.values()) >= 300
+
+    await until(handled, 60, "300 replayed messages handled")
+    assert int(await client.xlen(app.dlq)) == 0
+    assert app.done == dict.fromkeys(range(300), 1), "each id once, none twice"
+
+
+async def test_replay_to_a_stream_that_does_not_exist_is_refused(
+    redis_url: str, client: Redis, app: App
+) -> None:
+    """--to a missing stream: exit 3, nothing replayed, no stream made."""
+    await app.send(3)
+    await dead(client, app, 3)
+    done = await run_cli(
+        "dlq", "replay", app.stream, "--to", f"{app.stream}-typo", "--url", redis_url, url=None
+    )
+    assert done.status == 3
+    assert "nothing was replayed" in done.stderr
+    assert int(await client.xlen(app.dlq)) == 3
+    assert not await client.exists(f"{app.stream}-typo")
+
+
+async def test_purge_and_export_import_round_trip(
+    redis_url: str, client: Redis, app: App, tmp_path: Path
+) -> None:
+    """Export, purge from the export, import: byte-identical entries back."""
+    await app.send(20)
+    await dead(client, app, 20)
+    before = await entries(client, app.dlq)
+    file = tmp_path / "dead.jsonl"
+    exported = await cli(redis_url, "dlq", "export", app.stream, str(file))
+    assert len(exported["exported"]) == 20
+    purged = await run_cli(
+        "dlq", "purge", app.stream, "--from-export", str(file), "--yes", "--json",
+        "--url", redis_url, url=None,
+    )  # fmt: skip
+    assert purged.status == 0, purged.stderr
+    assert purged.json()["not_found"] == 0
+    assert int(await client.xlen(app.dlq)) == 0
+    imported = await cli(redis_url, "dlq", "import", str(file))
+    assert imported["published"] == 20
+    after = await entries(client, app.dlq)
+    assert after == before, "byte-identical entries, in order"
+    some = await cli(redis_url, "dlq", "purge", app.stream, "--id", "m3", "--yes")
+    assert some["removed"] == 1
+    assert int(await client.xlen(app.dlq)) == 19
+
+
+async def test_a_failed_export_leaves_the_old_file(
+    redis_url: str, client: Redis, stream: str, tmp_path: Path
+) -> None:
+    """An export that fails (the key holds no stream) never touches FILE."""
+    await client.set(stream_keys(stream).dlq, "not a stream")
+    file = tmp_path / "old.jsonl"
+    file.write_text("old\n")
+    done = await run_cli(
+        "dlq", "export", stream, str(file), "--force", "--url", redis_url, url=None
+    )
+    assert done.status == 3, done.stderr
+    assert file.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["old.jsonl"]
+    await client.delete(stream_keys(stream).dlq)
