@@ -193,6 +193,8 @@ class DeadLetters:
     def __init__(self, js: JetStreamContext, stream: str, into: list[str]) -> None:
         self.js, self.stream, self.into = js, stream, into
         self.next_seq = 1
+        self.why: dict[str, str] = {}
+        """Id -> its dead letter's ``retry-reason``."""
 
     async def refresh(self) -> None:
         try:
@@ -209,7 +211,10 @@ class DeadLetters:
                 continue
             except Exception:
                 return
-            self.into.append((msg.headers or {}).get("message_id", "?"))
+            headers = msg.headers or {}
+            identity = headers.get("message_id", "?")
+            self.into.append(identity)
+            self.why[identity] = headers.get("retry-reason", "?")
             self.next_seq += 1
 
 

@@ -93,6 +93,9 @@ class Scenario:
         await self.app.stop()
         await count_late(self.tally, self.client.jetstream(), self.stream, self.prefix)
         await self.letters.refresh()  # a dead letter confirmed since the last look
+        unexpected = sorted(set(self.tally.dead) - self.workload.expected_dead())
+        why = [(i, self.letters.why.get(i)) for i in unexpected]
+        assert not unexpected, f"dead-lettered, but meant to succeed: {why[:10]}"
         check_outcomes(self.workload, self.tally)
         print(  # noqa: T201 - shown when a test fails
             f"processed twice: {len(self.tally.processed) - len(set(self.tally.processed))}, "
