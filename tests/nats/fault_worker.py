@@ -28,10 +28,10 @@ MAX_DELAY_S = 10
 BATCH = 20
 """The work consumer's pull batch: what the app has in hand from it at most."""
 MAX_ACK_PENDING = 40
-ACK_WAIT_S = 10.0
-"""Shorter than JetStream's 30 s default, so a delivery lost with a killed app or a cut
-connection comes back within the test; longer than ``PUBLISH_TIMEOUT_S``."""
-PUBLISH_TIMEOUT_S = 5.0
+ACK_WAIT_S = 6.0
+"""Shorter than JetStream's 30 s default, so that a delivery lost with a killed app or a
+cut connection comes back soon (the suite's time); longer than ``PUBLISH_TIMEOUT_S``."""
+PUBLISH_TIMEOUT_S = 3.0
 DURABLE = "work"
 
 

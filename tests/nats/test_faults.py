@@ -51,7 +51,7 @@ pytestmark = [pytest.mark.nats, pytest.mark.fault, pytest.mark.timeout(300)]
 class Scenario:
     """One scenario's names, app, tally and dead-letter reader."""
 
-    def __init__(self, servers: str, tmp: Path, n: int = 1000, replicas: int = 1) -> None:
+    def __init__(self, servers: str, tmp: Path, n: int = 600, replicas: int = 1) -> None:
         tag = uuid.uuid4().hex[:8]
         self.servers = servers
         self.stream, self.subject, self.prefix = f"F_{tag}", f"f{tag}.work", f"f{tag}"
@@ -143,7 +143,7 @@ async def test_server_restarts_with_copies_waiting_lose_nothing(
     scenario_factory: list[Scenario],
     fault_rows: list[dict[str, object]],
 ) -> None:
-    """1,000 messages; the server stops (SIGTERM) and starts again on its store while copies
+    """600 messages; the server stops (SIGTERM) and starts again on its store while copies
     wait in the delay stream, then is SIGKILLed while the re-checks release them. Every id
     is processed or dead-lettered once the server is back; none lost."""
     s = Scenario(restart_server.url, tmp_path)
@@ -151,14 +151,14 @@ async def test_server_restarts_with_copies_waiting_lose_nothing(
     await s.app.start()
     await s.open()
     await s.publish()
-    await eventually(lambda: s.app.count("scheduled") >= 200, 60, "retries scheduled")
+    await eventually(lambda: s.app.count("scheduled") >= 120, 60, "retries scheduled")
     waiting_term = await s.waiting()
     assert waiting_term > 0, "copies wait in the delay stream when the server stops"
     await asyncio.to_thread(restart_server.stop)
     await asyncio.to_thread(restart_server.start, fresh=False)
     released = s.app.count("released", "hop")
     await eventually(
-        lambda: s.app.count("released", "hop") >= released + 100, 60, "the re-checks busy again"
+        lambda: s.app.count("released", "hop") >= released + 60, 60, "the re-checks busy again"
     )
     waiting_kill = await s.waiting()
     await asyncio.to_thread(restart_server.stop, kill=True)
@@ -182,7 +182,7 @@ async def test_the_app_killed_three_times_mid_burst_loses_nothing(
     scenario_factory: list[Scenario],
     fault_rows: list[dict[str, object]],
 ) -> None:
-    """1,000 messages; the app is SIGKILLed three times and started again each time: during
+    """600 messages; the app is SIGKILLed three times and started again each time: during
     first deliveries, during the re-checks' hops and releases, and once more with both
     mixed. What it held comes back (the work consumer's ack_wait, the re-check's 30 s)."""
     s = Scenario(nats_url, tmp_path)
@@ -220,7 +220,7 @@ async def test_cut_connections_lose_nothing(
     scenario_factory: list[Scenario],
     fault_rows: list[dict[str, object]],
 ) -> None:
-    """1,000 messages; the app's connection goes through a proxy that cuts it five times:
+    """600 messages; the app's connection goes through a proxy that cuts it five times:
     twice just before a copy's publish to the delay stream, twice just before an ack,
     once everything at once. nats-py connects again by itself; none lost."""
     proxy = cutting.CuttingProxy(int(nats_url.rsplit(":", 1)[-1]))
@@ -291,7 +291,7 @@ async def test_a_node_killed_in_an_r3_cluster_loses_nothing(
     fault_rows: list[dict[str, object]],
 ) -> None:
     """A three-node cluster, the work stream R3: the plugin's delay and dead-letter streams
-    are made R3 too (the dead-letter stream before FastStream made the work stream). 1,000
+    are made R3 too (the dead-letter stream before FastStream made the work stream). 600
     messages; the node leading the delay stream is SIGKILLed mid-burst and stays down;
     none lost."""
     servers = ",".join(cluster_urls)
@@ -304,7 +304,7 @@ async def test_a_node_killed_in_an_r3_cluster_loses_nothing(
     for name in (s.stream, f"{s.prefix}-delay", f"{s.prefix}-dlq-{s.stream}"):
         assert (await js.stream_info(name)).config.num_replicas == 3, name
     publishing = asyncio.create_task(s.publish())
-    await eventually(lambda: s.app.count("scheduled") >= 200, 90, "retries scheduled")
+    await eventually(lambda: s.app.count("scheduled") >= 120, 90, "retries scheduled")
     placed = (await js.stream_info(f"{s.prefix}-delay")).cluster
     leader = (placed.leader if placed is not None else None) or ""
     node = next(
