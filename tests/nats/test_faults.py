@@ -223,7 +223,7 @@ async def test_cut_connections_lose_nothing(
     """600 messages; the app's connection goes through a proxy that cuts it five times:
     twice just before a copy's publish to the delay stream, twice just before an ack,
     once everything at once. nats-py connects again by itself; none lost."""
-    proxy = cutting.CuttingProxy(int(nats_url.rsplit(":", 1)[-1]))
+    proxy = cutting.NatsCuttingProxy(int(nats_url.rsplit(":", 1)[-1]))
     await proxy.start()
     s = Scenario(f"nats://127.0.0.1:{proxy.port}", tmp_path)
     s.servers = nats_url  # the test's own client and publisher go straight to the server
@@ -247,7 +247,7 @@ async def test_cut_connections_lose_nothing(
         copy = cutting.publish_to(f"{s.prefix}.delay.")
         for match in (copy, cutting.an_ack(), copy, cutting.an_ack()):
             connections = proxy.accepted
-            fired = proxy.arm(match)
+            fired = proxy.arm_on(match)
             await asyncio.wait_for(fired.wait(), 60)
             print(f"cut {proxy.cuts} at {time.monotonic() - s.started:.1f} s")  # noqa: T201
             await recovered(connections)
