@@ -21,6 +21,7 @@ __all__ = [
     "is_nats_subscriber",
     "key_of",
     "max_msg_size_of",
+    "replicas_of",
     "stream_of",
     "subject_of",
     "under_test_nats",
@@ -97,6 +98,12 @@ def max_msg_size_of(sub: Any) -> int | None:  # noqa: ANN401 - a NATS subscriber
     """The ``max_msg_size`` of the subscriber's stream as its ``JStream`` declares it."""
     size = getattr(getattr(getattr(sub, "stream", None), "config", None), "max_msg_size", None)
     return size if isinstance(size, int) else None
+
+
+def replicas_of(sub: Any) -> int | None:  # noqa: ANN401 - a NATS subscriber
+    """The ``num_replicas`` of the subscriber's stream as its ``JStream`` declares it."""
+    replicas = getattr(getattr(getattr(sub, "stream", None), "config", None), "num_replicas", None)
+    return replicas if isinstance(replicas, int) and replicas > 0 else None
 
 
 def broker_url(broker: Any) -> str | None:  # noqa: ANN401 - a NatsBroker

@@ -33,6 +33,7 @@ __all__ = [
     "core_subscriber",
     "longest_wait_s",
     "outage_refused",
+    "replicas_finding",
     "size_finding",
     "stream_findings",
     "window_finding",
@@ -54,7 +55,7 @@ class Finding:
     refuse: bool
     check: str
     """Which check found it: ack-policy, max-deliver, ack-wait, duplicate-window, max-msg-size,
-    core-nats, wiring."""
+    replicas, core-nats, wiring."""
     subject: str
     """The consumer (its key) or the stream it is about."""
     what: str
@@ -84,6 +85,9 @@ class Covered:
     declared_max_msg_size: int | None = None
     """Its stream's ``max_msg_size`` as its ``JStream`` declares it (used if the stream
     does not exist yet)."""
+    declared_replicas: int | None = None
+    """Its stream's ``num_replicas`` as its ``JStream`` declares it (used if the stream
+    does not exist yet: FastStream makes it after the plugin's streams)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +320,30 @@ def size_finding(
     )
 
 
+def replicas_finding(
+    stream: str, replicas: int | None, covered: str, needed: int
+) -> Finding | None:
+    """A plugin stream with fewer replicas than the covered stream ``covered`` it serves.
+
+    ``replicas``: the plugin stream's, as the server returns it. ``needed``: the covered
+    stream's (the server's, else as its ``JStream`` declares it).
+    """
+    have = replicas if isinstance(replicas, int) and replicas > 0 else 1
+    if have >= needed:
+        return None
+    return Finding(
+        refuse=False,
+        check="replicas",
+        subject=stream,
+        what=f"the stream {stream!r} has {have} replica{'s' * (have != 1)}",
+        why=(
+            f"{covered!r} has {needed}: a node's loss that {covered!r} survives takes the "
+            "copies waiting there with it, or stops retries and dead letters until it is back"
+        ),
+        fix=f"Give it {needed} (nats stream edit {stream} --replicas {needed})",
+    )
+
+
 def stream_findings(
     prefix: str, covered: Iterable[Covered], found: Streams, max_payload: int
 ) -> list[Finding]:
@@ -323,15 +351,21 @@ def stream_findings(
 
     Their duplicate windows against the longest a repeated publish can come after the
     first (a redelivery after a consumer's ``ack_wait`` or ``backoff``, a re-check's
-    ``ack_wait``), and their ``max_msg_size`` against the largest message a covered
-    stream takes (``max_payload``: the server's, which bounds every message).
+    ``ack_wait``), their ``max_msg_size`` against the largest message a covered
+    stream takes (``max_payload``: the server's, which bounds every message), and their
+    replicas against the covered streams'.
     """
     subs = list(covered)
     waits: dict[str, float] = {}
     largest: dict[str, int] = {}
+    replicas: dict[str, int] = {}
     for sub in subs:
         waits[sub.stream] = max(waits.get(sub.stream, 0.0), longest_wait_s(sub.consumer))
         own = found.covered.get(sub.stream)
+        count = own.num_replicas if own is not None else sub.declared_replicas
+        replicas[sub.stream] = max(
+            replicas.get(sub.stream, 1), count if isinstance(count, int) and count > 0 else 1
+        )
         limit = own.max_msg_size if own is not None else sub.declared_max_msg_size
         largest[sub.stream] = (
             limit if isinstance(limit, int) and 0 < limit < max_payload else max_payload
@@ -349,6 +383,9 @@ def stream_findings(
             size_finding(
                 delay, found.delay.max_msg_size, _largest_of(largest), max(largest.values())
             ),
+            replicas_finding(
+                delay, found.delay.num_replicas, _largest_of(replicas), max(replicas.values())
+            ),
         ]
     for stream, wait in sorted(waits.items()):
         ours = found.dead_letters.get(stream)
@@ -363,6 +400,7 @@ def stream_findings(
                 f"a dead letter repeated after a redelivery from {stream!r}",
             ),
             size_finding(name, ours.max_msg_size, stream, largest[stream]),
+            replicas_finding(name, ours.num_replicas, stream, replicas[stream]),
         ]
     return [f for f in results if f is not None]
 

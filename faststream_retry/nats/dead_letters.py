@@ -7,7 +7,6 @@ operator replays or purges it. ``allow_direct``: listing them reads without cons
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
@@ -36,17 +35,17 @@ def dead_letter_config(prefix: str, stream: str, replicas: int = 1) -> StreamCon
     )
 
 
-async def declare_dead_letter_stream(js: JetStreamContext, prefix: str, stream: str) -> str:
-    """Create the dead-letter stream of ``stream`` (its replicas), or check the one there.
+async def declare_dead_letter_stream(
+    js: JetStreamContext, prefix: str, stream: str, replicas: int = 1
+) -> str:
+    """Create the dead-letter stream of ``stream`` with ``replicas``, or check the one there.
 
-    Returns its name.
+    ``replicas``: the covered stream's (``streams.covered_replicas``: the server's, or its
+    ``JStream``'s before FastStream made it). Returns its name.
 
     Raises:
         RetryTopologyError: a stream of that name takes other subjects.
     """
-    replicas = 1  # unless the stream is there: FastStream makes it next, as its JStream says
-    with contextlib.suppress(NotFoundError):
-        replicas = (await js.stream_info(stream)).config.num_replicas or 1
     wanted = dead_letter_config(prefix, stream, replicas)
     name = str(wanted.name)
     try:

@@ -18,7 +18,7 @@ from faststream_retry.nats.dlq_depths import NatsDeadLetterDepths
 from faststream_retry.nats.publisher import Publisher
 from faststream_retry.nats.ready import Ready
 from faststream_retry.nats.recheck import Recheck
-from faststream_retry.nats.streams import declare_delay_stream
+from faststream_retry.nats.streams import covered_replicas, declare_delay_stream
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -72,11 +72,20 @@ class NatsLive:
         )
         """Samples each covered subscriber's dead letters when the metrics are read."""
 
-    async def open(self, streams: Mapping[str, object]) -> None:
-        """Make the delay stream and the dead-letter stream of each of ``streams``."""
-        await declare_delay_stream(self._js, self.prefix)
+    async def open(self, streams: Mapping[str, int]) -> None:
+        """Make the delay stream and the dead-letter stream of each of ``streams``.
+
+        ``streams``: each covered stream and the replicas its ``JStream`` declares. A
+        dead-letter stream gets its covered stream's replicas (the server's if it exists),
+        the delay stream the most of any.
+        """
+        replicas = await covered_replicas(self._js, streams)
+        await declare_delay_stream(self._js, self.prefix, max(replicas.values(), default=1))
         await asyncio.gather(
-            *(declare_dead_letter_stream(self._js, self.prefix, s) for s in sorted(streams))
+            *(
+                declare_dead_letter_stream(self._js, self.prefix, s, replicas[s])
+                for s in sorted(replicas)
+            )
         )
         self.running = True
 

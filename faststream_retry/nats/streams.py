@@ -8,6 +8,7 @@ re-check's ``ack_wait``, so that a release repeated after a re-check died is dro
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
@@ -18,9 +19,17 @@ from faststream_retry.nats import naming
 from faststream_retry.nats.checks import RECHECK_ACK_WAIT_S
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from nats.js import JetStreamContext
 
-__all__ = ["DUPLICATE_WINDOW_S", "RECHECK_ACK_WAIT_S", "declare_delay_stream", "delay_config"]
+__all__ = [
+    "DUPLICATE_WINDOW_S",
+    "RECHECK_ACK_WAIT_S",
+    "covered_replicas",
+    "declare_delay_stream",
+    "delay_config",
+]
 
 
 DUPLICATE_WINDOW_S = 120.0
@@ -40,14 +49,37 @@ def delay_config(prefix: str, replicas: int = 1) -> StreamConfig:
     )
 
 
-async def declare_delay_stream(js: JetStreamContext, prefix: str) -> None:
+async def covered_replicas(js: JetStreamContext, declared: Mapping[str, int]) -> dict[str, int]:
+    """The replicas of each covered stream: the server's where it exists, else ``declared``.
+
+    On an app's first start FastStream makes its streams after the plugin's, as their
+    ``JStream`` declares them; a stream that exists is taken as the server holds it.
+    """
+    names = sorted(declared)
+    infos = await asyncio.gather(*(js.stream_info(n) for n in names), return_exceptions=True)
+    found: dict[str, int] = {}
+    for name, info in zip(names, infos, strict=True):
+        if isinstance(info, NotFoundError):
+            found[name] = max(declared[name], 1)
+        elif isinstance(info, BaseException):
+            raise info
+        else:
+            found[name] = info.config.num_replicas or 1
+    return found
+
+
+async def declare_delay_stream(js: JetStreamContext, prefix: str, replicas: int = 1) -> None:
     """Create the delay stream, or check the one there: its subjects and retention.
+
+    ``replicas``: the most any covered stream has, so that a retry waits as safely as the
+    message it came from (a cluster's R3 stream keeps its retries through a node's loss).
+    A delay stream that exists keeps its replicas (the start warns if they are fewer).
 
     Raises:
         RetryTopologyError: a stream of that name exists with other subjects or
             retention (made by hand, or by another tool).
     """
-    wanted = delay_config(prefix)
+    wanted = delay_config(prefix, replicas)
     name = str(wanted.name)
     try:
         info = await js.stream_info(name)

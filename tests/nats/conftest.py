@@ -94,3 +94,25 @@ async def names(js: JetStreamContext) -> AsyncIterator[Names]:
     for stream in [*made.streams, *made.plugin_streams()]:
         with contextlib.suppress(Exception):  # never made, or gone already
             await js.delete_stream(stream)
+
+
+FAULT_ROWS: list[dict[str, object]] = []
+"""The fault suite's rows (``tests.nats.faults.row``), printed at the end of the run."""
+
+
+@pytest.fixture
+def fault_rows() -> list[dict[str, object]]:
+    """Where a fault test adds its row of figures."""
+    return FAULT_ROWS
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault suite's table: scenario x server, sent / processed / dead / lost / duplicates."""
+    if not FAULT_ROWS:
+        return
+    columns = list(FAULT_ROWS[0])
+    terminalreporter.section("NATS fault suite figures")
+    terminalreporter.write_line("| " + " | ".join(columns) + " |")
+    terminalreporter.write_line("|" + "---|" * len(columns))
+    for row in FAULT_ROWS:
+        terminalreporter.write_line("| " + " | ".join(str(row[c]) for c in columns) + " |")

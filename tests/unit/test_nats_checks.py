@@ -12,7 +12,9 @@ def consumer(**fields: object) -> SimpleNamespace:
 
 
 def stream(**fields: object) -> SimpleNamespace:
-    return SimpleNamespace(**{"duplicate_window": 0, "max_msg_size": -1, **fields})
+    return SimpleNamespace(
+        **{"duplicate_window": 0, "max_msg_size": -1, "num_replicas": 1, **fields}
+    )
 
 
 def test_an_ack_wait_the_pubacks_wait_can_outlast_is_warned_of() -> None:
@@ -90,3 +92,29 @@ def test_stream_findings_weigh_every_covered_subscriber() -> None:
     assert "above 30 s" in by["duplicate-window", "p-dlq-B"].fix
     assert found.missing("p") == []
     assert checks.Streams(None, {"A": None}, {}).missing("p") == ["p-delay", "p-dlq-A"]
+
+
+def test_a_plugin_stream_with_fewer_replicas_than_its_covered_stream_is_warned_of() -> None:
+    """The delay stream against the most replicas of any covered stream (the server's, else
+    as its JStream declares them); each dead-letter stream against its own stream's."""
+    covered = [
+        checks.Covered("A.d", "A", "d", consumer(), None, declared_replicas=3),
+        checks.Covered("B.d", "B", "d", consumer(), None, declared_replicas=5),
+    ]
+    found = checks.Streams(
+        delay=stream(),
+        dead_letters={"A": stream(num_replicas=3), "B": stream(num_replicas=2)},
+        covered={"A": None, "B": stream(num_replicas=1)},  # B as the server holds it
+    )
+    by = {(f.check, f.subject): f for f in checks.stream_findings("p", covered, found, 1 << 20)}
+    assert set(by) == {("replicas", "p-delay")}
+    assert by["replicas", "p-delay"].text == (
+        "the stream 'p-delay' has 1 replica: 'A' has 3: a node's loss that 'A' survives "
+        "takes the copies waiting there with it, or stops retries and dead letters until it "
+        "is back. Give it 3 (nats stream edit p-delay --replicas 3)"
+    )
+    assert checks.replicas_finding("D", None, "W", 1) is None
+    assert checks.replicas_finding("D", 3, "W", 3) is None
+    found_b = checks.replicas_finding("D", 2, "W", 3)
+    assert found_b is not None
+    assert found_b.what == "the stream 'D' has 2 replicas"

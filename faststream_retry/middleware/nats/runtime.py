@@ -147,6 +147,7 @@ class NatsRuntime(Planned):
                 durable,
                 nats_subscribers.consumer_config(sub) if on_server is None else on_server,
                 nats_subscribers.max_msg_size_of(sub),
+                nats_subscribers.replicas_of(sub),
             )
         return list(found.values())
 
@@ -185,8 +186,11 @@ class NatsRuntime(Planned):
                 ]
             )
         live = NatsLive(topology, js, self.config, self.reporter)
-        streams = {c.stream: None for c in self.covered(topology, consumers)}
-        await live.open(streams)
+        declared: dict[str, int] = {}
+        for c in self.covered(topology, consumers):
+            declared[c.stream] = max(declared.get(c.stream, 1), c.declared_replicas or 1)
+        await live.open(declared)
+        streams = dict.fromkeys(declared)
         self.live = live
         self.started = True
         found = await survey.streams(js, live.prefix, streams)
