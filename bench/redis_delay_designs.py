@@ -332,7 +332,7 @@ class Design:
     def keys(self) -> list[str]:
         return [self.stream, self.schedule_key, self.data_key]
 
-    def subscribers(self) -> list[StreamSub[Any]]:
+    def subscribers(self) -> list[StreamSub[Any]]:  # type: ignore[type-arg,unused-ignore]
         return [StreamSub(self.stream, group=GROUP, consumer="c1")]
 
     async def fail(self, entry_id: bytes, copy_id: str, payload: bytes) -> None:
@@ -548,7 +548,7 @@ class PelClaim(Design):
     name = "pel-claim"
     schedules = False
 
-    def subscribers(self) -> list[StreamSub[Any]]:
+    def subscribers(self) -> list[StreamSub[Any]]:  # type: ignore[type-arg,unused-ignore]
         return [
             StreamSub(self.stream, group=GROUP, consumer="c1"),
             StreamSub(self.stream, group=GROUP, consumer="claimer", min_idle_time=self.delay_ms),

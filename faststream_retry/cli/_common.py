@@ -19,7 +19,7 @@ from rich.rule import Rule
 from rich.text import Text
 
 from faststream_retry.amqp.connection import safe_url
-from faststream_retry.ops.common import DEFAULT_URL, OperationError
+from faststream_retry.ops.common import DEFAULT_NATS_URL, DEFAULT_URL, OperationError
 from faststream_retry.ops.walk import PassStoppedError, stop_all
 
 if TYPE_CHECKING:
@@ -95,7 +95,8 @@ AppUrl = Annotated[
         show_default=False,
         help=(
             "The broker's AMQP URL (or the RABBITMQ_URL environment variable); default: "
-            "the app's broker, else amqp://guest:guest@localhost:5672/."
+            "the app's broker, else amqp://guest:guest@localhost:5672/. doctor takes a "
+            "nats:// URL too."
         ),
     ),
 ]
@@ -129,15 +130,19 @@ Json = Annotated[
 def broker_of(url: str | None, app: LoadedApp | None) -> tuple[str, str]:
     """Return the broker a command examines, and where that choice came from.
 
-    ``--url`` (or ``RABBITMQ_URL``) when given; else the app's broker, as its
-    ``RabbitBroker(...)`` was built; else the default, ``localhost:5672``. A check of
+    ``--url`` (or ``RABBITMQ_URL``, but not for an app on NATS) when given; else the
+    app's broker, as its ``RabbitBroker(...)`` or ``NatsBroker(...)`` was built; else the
+    default, ``localhost:5672`` (``localhost:4222`` for an app on NATS). A check of
     another broker than the app's could pass an app that will fail.
     """
-    if url:
-        return url, "RABBITMQ_URL" if os.environ.get("RABBITMQ_URL") == url else "--url"
+    from_env = url is not None and os.environ.get("RABBITMQ_URL") == url
+    nats = app is not None and app.nats
+    # RABBITMQ_URL names a RabbitMQ: it says nothing of where a NATS app's server is.
+    if url and not (nats and from_env):
+        return url, "RABBITMQ_URL" if from_env else "--url"
     if app is not None and app.url:
         return app.url, f"the broker of {app.spec}"
-    return DEFAULT_URL, "the default"
+    return (DEFAULT_NATS_URL if nats else DEFAULT_URL), "the default"
 
 
 def examined(url: str, origin: str) -> str:

@@ -23,9 +23,11 @@ from faststream_retry.cli._common import (
 )
 from faststream_retry.cli.status import ManagementUrl  # noqa: TC001 - typer reads it
 from faststream_retry.ops import OperationError, connect, doctor, load_app
+from faststream_retry.ops.common import is_nats_url, safe_nats_url
 from faststream_retry.ops.management import vhost_of
 
 if TYPE_CHECKING:
+    from faststream_retry.middleware.app import LoadedApp
     from faststream_retry.ops.diagnosis import Report
 
 __all__ = ["register"]
@@ -47,7 +49,7 @@ def doctor_command(
     json: Json = False,
     factory: Factory = False,
 ) -> None:
-    """Check an app's retry topology on the live broker, changing nothing.
+    """Check an app's retry topology on the live broker (RabbitMQ or NATS), changing nothing.
 
     Runs the plugin's startup checks (server version, the arguments of each
     queue and exchange it declares, permissions, quorum delivery limits) and
@@ -57,29 +59,57 @@ def doctor_command(
     that their queue would not take (AMQP cannot count them).
 
     The app's own broker is examined unless --url (or RABBITMQ_URL) says otherwise.
+    On NATS (a NatsBroker app, or --url nats://...) it runs the NATS start checks:
+    the wiring, each covered consumer as the server holds it (ack policy,
+    max_deliver, ack_wait), and the plugin's streams (duplicate window, size).
 
     Exit status 0: healthy, or warnings only; 1: something needs action;
     3: the check could not run.
     """
     try:
-        loaded = load_app(app, cwd=Path.cwd(), factory=factory)
+        loaded = load_app(app, cwd=Path.cwd(), factory=factory, nats=True)
     except OperationError as exc:
         fail(str(exc))
     url, origin = broker_of(url, loaded)
-
-    async def check() -> Report:
-        async with connect(url) as connection:
-            return await doctor(
-                connection, loaded, management_url=management_url, vhost=vhost_of(url)
-            )
-
-    report = run(check())
-    if json:
-        print_json({**report.as_dict(), "broker": safe_url(url)})
+    if loaded.nats or is_nats_url(url):
+        report = _nats(url, loaded, management_url)
+        shown = safe_nats_url(url)
+        header = f"broker {shown} ({origin})"
     else:
-        render(report, examined(url, origin))
+
+        async def check() -> Report:
+            async with connect(url) as connection:
+                return await doctor(
+                    connection, loaded, management_url=management_url, vhost=vhost_of(url)
+                )
+
+        report = run(check())
+        shown, header = safe_url(url), examined(url, origin)
+    if json:
+        print_json({**report.as_dict(), "broker": shown})
+    else:
+        render(report, header)
     if report.status == "action":
         raise typer.Exit(EXIT_ACTION)
+
+
+def _nats(url: str, loaded: LoadedApp, management_url: str | None) -> Report:
+    """``doctor`` on NATS: the app's broker must be a ``NatsBroker`` and ``url`` a NATS one."""
+    if not loaded.nats:
+        fail(
+            f"{loaded.spec}'s broker is a RabbitBroker and {safe_nats_url(url)} is a NATS "
+            "server: give the app's AMQP URL (--url amqp://...)"
+        )
+    if not is_nats_url(url):
+        fail(
+            f"{loaded.spec}'s broker is a NatsBroker and {safe_url(url)} is not a NATS URL: "
+            "give the app's server (--url nats://host:4222), or leave --url out"
+        )
+    if management_url is not None:
+        fail("--management-url is RabbitMQ's management API: leave it out on NATS")
+    from faststream_retry.ops.nats_doctor import doctor as nats_doctor  # noqa: PLC0415 - nats-py
+
+    return run(nats_doctor(url, loaded))
 
 
 def render(report: Report, broker: str = "") -> None:
@@ -87,10 +117,13 @@ def render(report: Report, broker: str = "") -> None:
 
     ``broker`` says which broker was examined.
     """
+    if report.system == "nats":
+        server = f"nats-server {escape(str(report.server_version))}"
+    else:
+        server = f"queue_type {report.queue_type!r}, RabbitMQ {escape(str(report.server_version))}"
     out.print(
         f"[bold]faststream-retry doctor[/bold] {escape(report.app)}: prefix "
-        f"{escape(report.prefix)!r}, queue_type {report.queue_type!r}, "
-        f"RabbitMQ {escape(str(report.server_version))}"
+        f"{escape(report.prefix)!r}, {server}"
     )
     if broker:
         out.print(escape(broker), style="dim")

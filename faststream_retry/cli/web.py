@@ -16,7 +16,7 @@ from faststream_retry.cli.status import (  # noqa: TC001 - typer reads them at r
 )
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.ops.app import load_app
-from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.common import OperationError, is_nats_url, not_on_nats, safe_nats_url
 
 __all__ = ["register"]
 
@@ -91,6 +91,8 @@ def web(
         except OperationError as exc:
             fail(str(exc))
     url, origin = broker_of(url, loaded)
+    if is_nats_url(url):
+        fail(not_on_nats(f"the dead-letter page, given {safe_nats_url(url)},"))
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
         err.print(f"a token for this page (not on loopback): {token}")

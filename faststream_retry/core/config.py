@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from faststream_retry.core.defaults import MIN_PUBLISH_TIMEOUT_MS, QUEUE_TYPES, is_queue_type
+from faststream_retry.core.defaults import (
+    CLAIM_IDLE,
+    MIN_CLAIM_IDLE_MS,
+    MIN_PUBLISH_TIMEOUT_MS,
+    QUEUE_TYPES,
+    is_queue_type,
+)
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.outage import OutageOptions
 from faststream_retry.core.policy import RetryPolicy, to_ms
@@ -34,6 +40,8 @@ class RetryConfig:
     log_retry_traceback: str
     outage: OutageOptions | None = None
     """Outage mode's options; ``None``: off."""
+    claim_idle_ms: int = int(CLAIM_IDLE.total_seconds() * 1000)
+    """Redis: how long an entry no replica keeps alive stays pending before it is claimed."""
 
     @classmethod
     def build(  # one argument per option; their defaults are core/defaults.py's
@@ -52,6 +60,7 @@ class RetryConfig:
         outage_after: int | None,
         outage_probe: timedelta | float | None,
         outage_hold: timedelta | float,
+        claim_idle: timedelta | float = CLAIM_IDLE,
     ) -> RetryConfig:
         """Validate every option (see ``RetryMiddleware``), naming the one that is wrong."""
         if default is None:
@@ -87,6 +96,14 @@ class RetryConfig:
             raise RetryConfigError(
                 f"publish_timeout {problem}", option="publish_timeout", problem=problem
             )
+        claim_idle_ms = to_ms(claim_idle, "claim_idle")
+        if claim_idle_ms < MIN_CLAIM_IDLE_MS:
+            problem = (
+                f"must be at least {format_ms(MIN_CLAIM_IDLE_MS)}, got {format_ms(claim_idle_ms)}: "
+                "a replica keeps its pending entries alive every quarter of it, and a shorter "
+                "one would have live replicas claim each other's"
+            )
+            raise RetryConfigError(f"claim_idle {problem}", option="claim_idle", problem=problem)
         if tick_ms is not None:
             Tiers.build(checked_tick_ms(tick_ms), max_delay_ms)
         return cls(
@@ -103,6 +120,7 @@ class RetryConfig:
             publish_timeout_s=publish_timeout_ms / 1000,
             log_retry_traceback=log_retry_traceback,
             outage=OutageOptions.build(outage_after, outage_probe, outage_hold),
+            claim_idle_ms=claim_idle_ms,
         )
 
 

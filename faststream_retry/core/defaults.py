@@ -13,9 +13,11 @@ from datetime import timedelta
 from typing import Literal, TypeGuard, get_args
 
 __all__ = [
+    "CLAIM_IDLE",
     "DELIVERY_LIMIT",
     "LOG_RETRY_TRACEBACK",
     "MAX_DELAY",
+    "MIN_CLAIM_IDLE_MS",
     "MIN_PUBLISH_TIMEOUT_MS",
     "OUTAGE_HOLD",
     "PREFETCH",
@@ -61,3 +63,11 @@ message is requeued well before that, by itself.
 def is_queue_type(value: object) -> TypeGuard[QueueType]:
     """Return whether ``value`` is one of ``QUEUE_TYPES``."""
     return value in QUEUE_TYPES
+
+
+CLAIM_IDLE = timedelta(minutes=1)
+"""Redis: how long an entry stays pending, not kept alive by the replica that read it (one
+killed, frozen or cut off), before another replica claims it as a lost attempt."""
+MIN_CLAIM_IDLE_MS = 1000
+"""The shortest ``claim_idle``: the replicas keep their entries alive every quarter of it,
+and a shorter one would have them claim each other's over a pause of the event loop."""

@@ -105,15 +105,19 @@ def lean(headers: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def make_room(
-    headers: Mapping[str, Any], weigh: Callable[[Mapping[str, Any]], int], limit: int
+    headers: Mapping[str, Any],
+    weigh: Callable[[Mapping[str, Any]], int],
+    limit: int,
+    *,
+    where: str = "in a frame",
 ) -> tuple[dict[str, Any], list[tuple[str, int]]] | None:
     """Leave out the message's own largest headers until ``weigh(headers) <= limit``.
 
     For a dead letter whose own headers leave no room for the plugin's: those of the
     retry state (``headers.RETRY_STATE``) stay, every other one may go, the largest
     first, as few as it takes. Each one left out is named with its size at the start
-    of ``retry-error``. Returns the headers and what was left out (name, bytes), or
-    ``None`` when even the retry state alone does not fit.
+    of ``retry-error``, which says ``where`` the limit is. Returns the headers and what
+    was left out (name, bytes), or ``None`` when even the retry state alone does not fit.
     """
     kept = dict(headers)
     if weigh(kept) <= limit:
@@ -129,7 +133,7 @@ def make_room(
         del kept[key]
         dropped.append((key, size))
         names = ", ".join(f"{name!r} ({bytes_:,} bytes)" for name, bytes_ in dropped)
-        note = f"Left out to fit in a frame ({limit:,} bytes): {names}."
+        note = f"Left out to fit {where} ({limit:,} bytes): {names}."
         kept[h.ERROR] = h.truncate(f"{note} {error}".strip(), h.ERROR_LIMIT)
         if weigh(kept) <= limit:
             return kept, dropped

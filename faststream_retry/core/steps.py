@@ -450,17 +450,23 @@ def refused(
     )
 
 
-def too_large(step: Step, incoming: Mapping[str, Any] | None, *, now_ms: int) -> Step | None:
+def too_large(
+    step: Step,
+    incoming: Mapping[str, Any] | None,
+    *,
+    now_ms: int,
+    error: str = TOO_LARGE_ERROR,
+) -> Step | None:
     """The ``invalid`` dead letter a message takes when ``step``'s copy cannot fit in a frame.
 
     ``HeadersTooLarge``, to the step's ``dlq``, keeping what the step's event knew of the
     failure; the dead letter leaves out the message's largest headers to fit. ``None``
-    for a step that is a dead letter already: it makes room itself.
+    for a step that is a dead letter already: it makes room itself. ``error``: what
+    ``retry-error`` says of the limit (a transport's own, Redis' binary format's).
     """
     if step.dlq is None:
         return None
     event = step.event
-    error = TOO_LARGE_ERROR
     if event.exception:
         error += f"; it had failed with {event.exception}: {event.error or ''}"
     failure = h.FailureRecord(

@@ -35,8 +35,9 @@ in ``RealLoggerObject``)                                  follow (``--log-level 
                                                           operator's commands use for an
                                                           app (not checked at start: a
                                                           unit test pins it)
-``BrokerUsecase.config.producer``                         whether TestRabbitBroker is active
-``faststream.rabbit.testing.FakeProducer``                (test mode)
+``BrokerUsecase.config.producer``                         whether TestRabbitBroker (or
+``faststream.rabbit.testing.FakeProducer``                TestNatsBroker: ``nats_subscribers``)
+                                                          is active (test mode)
 context key ``"handler_"``                                the subscriber a message came to
 ========================================================  ===================================
 
@@ -59,7 +60,7 @@ from faststream.middlewares import AckPolicy
 from faststream_retry.core.policy import get_handler_policy
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.middleware import nats_subscribers
+from faststream_retry.middleware import nats_subscribers, redis_subscribers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -130,12 +131,14 @@ def queue_of(sub: Any) -> str | None:  # noqa: ANN401 - any subscriber
     """Return the full name of the queue a Rabbit subscriber consumes, router prefix included.
 
     For a JetStream subscriber, its key (``nats.naming``: ``<stream>.<durable>``), which
-    its route, events and dead letters name it by; ``None`` for a core-NATS one.
+    its route, events and dead letters name it by; ``None`` for a core-NATS one. For a
+    Redis stream subscriber in a consumer group, its stream; ``None`` for any other
+    Redis subscriber.
     """
     queue = getattr(sub, "queue", None)
     name = getattr(queue, "name", None)
     if not isinstance(name, str) or not name:
-        return nats_subscribers.key_of(sub)
+        return nats_subscribers.key_of(sub) or redis_subscribers.key_of(sub)
     outer = getattr(sub, "_outer_config", None)
     prefix = getattr(outer, "prefix", "") or ""
     return f"{prefix}{name}"
@@ -262,8 +265,13 @@ def is_rabbit(broker: object) -> bool:
     return isinstance(broker, RabbitBroker)
 
 
-def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - RabbitBroker
-    """Return whether ``TestRabbitBroker`` is active on ``broker`` (it swaps the producer)."""
+def under_test_broker(broker: Any) -> bool:  # noqa: ANN401 - a RabbitBroker or a NatsBroker
+    """Return whether ``TestRabbitBroker`` or ``TestNatsBroker`` is active on ``broker``.
+
+    Each swaps the broker's producer for a fake one.
+    """
+    if nats_subscribers.is_nats(broker):  # before faststream.rabbit, which needs aio-pika
+        return nats_subscribers.under_test_nats(broker)
     from faststream.rabbit.testing import FakeProducer  # noqa: PLC0415 - test-only module
 
     return isinstance(getattr(broker.config, "producer", None), FakeProducer)

@@ -1,20 +1,23 @@
-"""What the plugin plans for a FastStream app: its Rabbit broker, ``RetryMiddleware`` and routes.
+"""What the plugin plans for a FastStream app: its broker, ``RetryMiddleware`` and routes.
 
 The FastStream half of ``ops.load_app``: given the object ``module:attribute`` names,
-find the broker and its middleware and plan the topology, without connecting.
+find the broker (a ``RabbitBroker``, or a ``NatsBroker``) and its middleware and plan the
+topology, without connecting.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from faststream.rabbit import RabbitBroker
 
-from faststream_retry.middleware import _internals
+from faststream_retry.middleware import _internals, nats_subscribers
 from faststream_retry.middleware.middleware import RetryMiddleware
 
 if TYPE_CHECKING:
+    from faststream.nats import NatsBroker
+
     from faststream_retry.core.config import RetryConfig
     from faststream_retry.core.topology import Plan, Route
 
@@ -26,7 +29,7 @@ class LoadedApp:
     """An application as the plugin sees it: what it would declare and for which queues."""
 
     spec: str
-    broker: RabbitBroker
+    broker: RabbitBroker | NatsBroker
     middleware: RetryMiddleware
     config: RetryConfig
     plan: Plan
@@ -36,10 +39,16 @@ class LoadedApp:
     handler_names: tuple[tuple[str, ...], ...] = ()
     """The names of each route's handlers: ``handler_names[i]`` are ``routes[i]``'s."""
     url: str | None = None
-    """The URL the app's broker connects to (``None``: not known)."""
+    """The URL the app's broker connects to (``None``: not known); a ``NatsBroker``'s
+    servers, comma-separated."""
+
+    @property
+    def nats(self) -> bool:
+        """Whether the app's broker is a ``NatsBroker``."""
+        return nats_subscribers.is_nats(self.broker)
 
 
-def planned(spec: str, broker: RabbitBroker) -> LoadedApp | None:
+def planned(spec: str, broker: RabbitBroker | NatsBroker) -> LoadedApp | None:
     """Return what the plugin plans for ``broker`` (``spec`` names it); ``None``: no middleware."""
     middleware = _middleware_of(broker)
     if middleware is None:
@@ -58,29 +67,38 @@ def planned(spec: str, broker: RabbitBroker) -> LoadedApp | None:
         plan=runtime.replan(),
         routes=tuple(route for route, _ in subscribers),
         handler_names=tuple(names for _, names in subscribers),
-        url=_internals.broker_url(broker),
+        url=(
+            nats_subscribers.broker_url(broker)
+            if nats_subscribers.is_nats(broker)
+            else _internals.broker_url(broker)
+        ),
     )
 
 
-def broker_of(found: object) -> RabbitBroker | None:
-    """Return the Rabbit broker of an app: its ``broker``, or the first of its brokers.
+def broker_of(found: object) -> RabbitBroker | NatsBroker | None:
+    """Return the broker of an app: its ``broker``, or the first of its brokers.
 
     A ``FastStream`` app has ``broker``; faststream-fastapi's ``FastStreamAPI`` keeps
     its brokers in ``_brokers`` only.
     """
-    if isinstance(found, RabbitBroker):
+    if _covered(found):
         return found
     broker = getattr(found, "broker", None)
-    if isinstance(broker, RabbitBroker):
+    if _covered(broker):
         return broker
     for attribute in ("brokers", "_brokers"):
         brokers = getattr(found, attribute, None)
         if isinstance(brokers, (list, tuple)):
-            return next((b for b in brokers if isinstance(b, RabbitBroker)), None)
+            return next((b for b in brokers if _covered(b)), None)
     return None
 
 
-def _middleware_of(broker: RabbitBroker) -> RetryMiddleware | None:
+def _covered(broker: object) -> TypeGuard[RabbitBroker | NatsBroker]:
+    """Whether ``broker`` is one the plugin covers: a ``RabbitBroker`` or a ``NatsBroker``."""
+    return isinstance(broker, RabbitBroker) or nats_subscribers.is_nats(broker)
+
+
+def _middleware_of(broker: RabbitBroker | NatsBroker) -> RetryMiddleware | None:
     """Return the broker's ``RetryMiddleware``: installed, passed in, or on a router."""
     candidates = [*broker.middlewares]
     for sub in broker.subscribers:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from faststream_retry.core.topology import registry_name
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import _internals, nats_subscribers
+from faststream_retry.middleware import _internals, nats_subscribers, redis_subscribers
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -56,23 +56,25 @@ class Middleware(Protocol):
 def unsupported(broker: object) -> str | None:
     """Say why the plugin cannot run on ``broker``; ``None``: it can.
 
-    It runs on a ``RabbitBroker`` and on a ``NatsBroker`` (JetStream subscribers), but
-    not yet under ``TestNatsBroker`` (test mode is RabbitMQ's only).
+    It runs on a ``RabbitBroker``, a ``NatsBroker`` (JetStream subscribers) and a
+    ``RedisBroker`` (stream subscribers in a consumer group), and in test mode under
+    ``TestRabbitBroker`` and ``TestNatsBroker``, not yet under ``TestRedisBroker``.
     """
-    if _internals.is_rabbit(broker):
+    if nats_subscribers.is_nats(broker) or _internals.is_rabbit(broker):
         return None
     kind = type(broker)
-    if nats_subscribers.is_nats(broker):
-        if not nats_subscribers.under_test_nats(broker):
+    if redis_subscribers.is_redis(broker):
+        if not redis_subscribers.under_test_redis(broker):
             return None
         return (
-            f"test mode under TestNatsBroker is not built yet: RetryMiddleware leaves this "
+            "test mode under TestRedisBroker is not built yet: RetryMiddleware leaves this "
             f"{kind.__qualname__}'s messages to FastStream, untouched (retry.testing() "
-            "records nothing). Test the retries against a real nats-server"
+            "records nothing). Test the retries against a real Redis server"
         )
     return (
-        f"RetryMiddleware works with FastStream's RabbitBroker (faststream.rabbit) and "
-        f"NatsBroker (faststream.nats, JetStream subscribers) only, and this broker is a "
+        f"RetryMiddleware works with FastStream's RabbitBroker (faststream.rabbit), "
+        f"NatsBroker (faststream.nats, JetStream subscribers) and RedisBroker "
+        f"(faststream.redis, stream subscribers in a consumer group) only, and this broker is a "
         f"{kind.__module__}.{kind.__qualname__}: it leaves this broker's messages to "
         "FastStream, untouched. Take RetryMiddleware out of its middlewares= (and its "
         "routers'). Consumers of RabbitMQ in other languages: the retry worker "

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from faststream_retry.core.policy import HandlerPolicy
     from faststream_retry.core.topology import Route
     from faststream_retry.middleware.nats_runtime import NatsRuntime
+    from faststream_retry.middleware.redis_runtime import RedisRuntime
     from faststream_retry.middleware.runtime import Runtime
 
 __all__ = ["Delivery"]
@@ -22,7 +23,7 @@ __all__ = ["Delivery"]
 class Delivery(NamedTuple):
     """A message of a queue the plugin covers, as the plugin sees it."""
 
-    runtime: Runtime | NatsRuntime
+    runtime: Runtime | NatsRuntime | RedisRuntime
     """The plugin's runtime of the broker the message came from."""
     route: Route
     """The route of the queue the message came from."""
@@ -38,7 +39,10 @@ class Delivery(NamedTuple):
 
     @classmethod
     def of(
-        cls, runtime: Runtime | NatsRuntime, route: Route, handler: HandlerPolicy | None
+        cls,
+        runtime: Runtime | NatsRuntime | RedisRuntime,
+        route: Route,
+        handler: HandlerPolicy | None,
     ) -> Delivery:
         """Resolve a message of ``route``'s queue that ``handler`` took (``select_policy``)."""
         default = runtime.config.default

@@ -4,9 +4,11 @@
 builds a ``_RetryScope``. The scope does nothing on success. When the handler raises, it
 resolves the message (``delivery``), decides (``core.decision.decide``) and hands the
 decision to its broker's sink (``sink``: a copy published with a broker confirm, the
-original acked only then; ``test_mode`` under ``TestRabbitBroker``, inside a
-``testing()`` block: outside one the scope leaves a test broker's messages alone), and
-re-raises so FastStream never publishes the failed call's "result".
+original acked only then; ``test_mode`` under ``TestRabbitBroker`` and
+``nats_test_mode`` under ``TestNatsBroker``, inside a ``testing()`` block: outside one
+the scope leaves a test broker's messages alone; ``nats.sink`` on a ``NatsBroker``;
+``redis.sink`` on a ``RedisBroker``, one script that acknowledges the entry and writes
+its copy), and re-raises so FastStream never publishes the failed call's "result".
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from faststream.message import StreamMessage
     from faststream.nats import NatsBroker
     from faststream.rabbit import RabbitBroker
+    from faststream.redis import RedisBroker
     from faststream.specification.base import SpecificationFactory
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
     from faststream_retry.core.topology import Route
     from faststream_retry.engine.outages import Gate
     from faststream_retry.middleware.nats_runtime import NatsRuntime
+    from faststream_retry.middleware.redis_runtime import RedisRuntime
     from faststream_retry.middleware.runtime import Runtime
     from faststream_retry.middleware.sink import Sink
 
@@ -67,7 +71,15 @@ class RetryMiddleware:
 
     On a ``NatsBroker`` it covers the JetStream subscribers, their retries held by
     JetStream (``faststream_retry.nats``; a first slice: docs/explanation/nats-design.md
-    says what it does not do yet). It picks its transport from the broker.
+    says what it does not do yet). On a ``RedisBroker`` it covers the stream subscribers
+    read in a consumer group (``StreamSub(stream, group=..., consumer=...)``), their
+    retries held by Redis in a sorted set per stream and dead letters in
+    ``{<stream>}.dlq`` (``faststream_retry.redis``; a first slice:
+    docs/explanation/redis-design.md). A pub/sub channel, a list, or a stream read
+    without a group, with retries on, is refused at start with the fix. Under
+    ``TestNatsBroker`` and ``TestRedisBroker`` it leaves the messages to FastStream,
+    untouched (test mode is RabbitMQ's only so far). It picks its transport from the
+    broker.
 
     Pass it in ``RabbitBroker(middlewares=[retry])``: the plugin starts at the first
     message the broker consumes (it plans, checks and declares its topology, then
@@ -115,6 +127,11 @@ class RetryMiddleware:
         outage_hold: how long a message may wait in outage mode before it is
             requeued (a quorum work queue counts that as a delivery). Keep it below
             RabbitMQ's ``consumer_timeout`` (30 min by default).
+        claim_idle: Redis only: how long a stream entry stays pending without its replica
+            keeping it alive (the replica was killed, froze, or Redis refused its step)
+            before any replica claims it, counting the lost delivery as a failed attempt
+            (at least 1 s). A live replica keeps the entries it holds alive every quarter
+            of it, however long their handlers run.
         hooks: callables that receive every ``RetryEvent``, called synchronously
             (an ``async def`` hook is refused: it would never run).
         tracer_provider: OpenTelemetry tracer provider for the plugin's spans
@@ -138,6 +155,7 @@ class RetryMiddleware:
         outage_after: int | None = None,
         outage_probe: timedelta | float | None = None,
         outage_hold: timedelta | float = defaults.OUTAGE_HOLD,
+        claim_idle: timedelta | float = defaults.CLAIM_IDLE,
         hooks: Sequence[RetryHook] = (),
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -157,6 +175,7 @@ class RetryMiddleware:
             outage_after=outage_after,
             outage_probe=outage_probe,
             outage_hold=outage_hold,
+            claim_idle=claim_idle,
         )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")
@@ -228,7 +247,11 @@ class RetryMiddleware:
     def runtime(self, broker: RabbitBroker) -> Runtime: ...
     @overload
     def runtime(self, broker: NatsBroker) -> NatsRuntime: ...
-    def runtime(self, broker: RabbitBroker | NatsBroker) -> Runtime | NatsRuntime:
+    @overload
+    def runtime(self, broker: RedisBroker) -> RedisRuntime: ...
+    def runtime(
+        self, broker: RabbitBroker | NatsBroker | RedisBroker
+    ) -> Runtime | NatsRuntime | RedisRuntime:
         """Return this middleware's state for ``broker`` (plan, channels, consumers)."""
         return self._plugin.runtime(broker)
 
@@ -245,15 +268,21 @@ class RetryMiddleware:
 
     @contextlib.contextmanager
     def testing(self, *, raise_on_dead_letter: bool = False) -> Iterator[RetryRecorder]:
-        """Run the plugin's test mode under ``TestRabbitBroker`` for the block, and record it.
+        """Run the plugin's test mode under a test broker for the block, and record it.
 
-        Under ``TestRabbitBroker`` (no real broker, no TTL) the plugin stays out of the
-        way outside such a block: a test sees what it would see without the plugin,
-        the handler called once and its exception raised from ``publish()``. Inside
+        Under ``TestRabbitBroker`` or ``TestNatsBroker`` (no real broker, no TTL) the
+        plugin stays out of the way outside such a block: a test sees what it would see
+        without the plugin, the handler called once and its exception raised from
+        ``publish()``. Inside
         the block it runs in test mode: decisions are made exactly as in production,
         delays are computed but not waited for (the handler is called again at once),
         and a dead letter settles the message and goes to the app's ``<queue>.dlq``
-        subscriber if it has one. The recorder it yields sees those decisions::
+        subscriber if it has one (on NATS: to the subscribers of ``<prefix>.dlq.<key>``,
+        its ``retry-*`` headers as JSON text, as the dead-letter stream holds them). On
+        NATS the broker's subscribers are first checked as at a real start: a wiring the
+        plugin would refuse (a core-NATS subscriber with retries on) raises its
+        ``RetryConfigError`` from ``publish()``. The recorder it yields sees those
+        decisions::
 
             async with TestRabbitBroker(broker) as br:
                 with retry.testing() as recorder:
@@ -330,6 +359,7 @@ class _RetryScope(BaseMiddleware):
                     # without the plugin: the handler's exception out of publish().
                     return await call_next(msg)
                 settled.guard(broker)  # for the next messages (see settled): start is faked
+                self._plugin.start_test(broker)
             # A subscriber's message: get_one() and iterators are not the plugin's.
             elif _internals.current_subscriber(self.context) is not None:
                 await self._start_late(broker, msg)
@@ -366,12 +396,13 @@ class _RetryScope(BaseMiddleware):
                 self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc, delivery, gate)
 
-    def _covers(self, broker: Any, runtime: Runtime | NatsRuntime) -> bool:  # noqa: ANN401 - any broker
+    def _covers(self, broker: Any, runtime: Runtime | NatsRuntime | RedisRuntime) -> bool:  # noqa: ANN401 - any broker
         """Whether the plugin runs on ``broker``; if not, said once, and its messages pass.
 
-        A broker other than a ``RabbitBroker`` or a ``NatsBroker`` (Redis, Kafka, ...): the
-        plugin would run a topology check on a client it does not know, and hold its
-        messages. A ``NatsBroker`` under ``TestNatsBroker``: test mode is not on NATS yet.
+        A broker other than a ``RabbitBroker``, a ``NatsBroker`` or a ``RedisBroker``
+        (Kafka, MQTT, ...): the plugin would run a topology check on a client it does not
+        know, and hold its messages. A ``RedisBroker`` under ``TestRedisBroker``: test mode
+        is not built there yet.
         """
         text = checks.unsupported(broker)
         if text is None:
@@ -424,15 +455,21 @@ class _RetryScope(BaseMiddleware):
 
         Copies the re-check consumer released are reported there; these come back
         with RabbitMQ's ``x-death`` of a tier instead, and their lateness is what the
-        handler sees. A redelivery was reported on its first delivery. Never raises.
+        handler sees. A redelivery was reported on its first delivery. On Redis every
+        copy that arrives is one the mover put back when due. Never raises.
         """
         try:
             raw = msg.raw_message
             broker = _internals.current_broker(self.context)
-            live = None if broker is None else self._plugin.runtime(broker).live
-            if live is None or h.expired_from(msg.headers) not in live.plan.exchanges:
+            runtime = None if broker is None else self._plugin.runtime(broker)
+            live = None if runtime is None else runtime.live
+            if live is None or runtime is None:
                 return
-            if getattr(raw, "redelivered", True):  # a NATS message has none: never a tier's
+            # Redis: the mover put the copy back when due, and a stream never redelivers.
+            if not runtime.releases_on_arrival and (
+                h.expired_from(msg.headers) not in live.plan.exchanges
+                or getattr(raw, "redelivered", True)  # a NATS message has none: never a tier's
+            ):
                 return
             sub = _internals.current_subscriber(self.context)
             queue = _internals.queue_of(sub) if sub is not None else None
@@ -629,7 +666,11 @@ class _RetryScope(BaseMiddleware):
         return Delivery.of(runtime, route, await _internals.select_policy(route, msg)), sink
 
     async def _sink_of(
-        self, runtime: Runtime | NatsRuntime, queue: str, msg: StreamMessage[Any], exc: Failure
+        self,
+        runtime: Runtime | NatsRuntime | RedisRuntime,
+        queue: str,
+        msg: StreamMessage[Any],
+        exc: Failure,
     ) -> Sink | None:
         """Return where this failure goes; ``None``: not the plugin's to carry.
 
@@ -654,7 +695,7 @@ class _RetryScope(BaseMiddleware):
 
     async def _cover(
         self,
-        runtime: Runtime | NatsRuntime,
+        runtime: Runtime | NatsRuntime | RedisRuntime,
         sub: Any,  # noqa: ANN401 - a subscriber
         msg: StreamMessage[Any],
     ) -> Route | None:

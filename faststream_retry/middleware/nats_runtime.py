@@ -7,8 +7,9 @@ The NATS side of ``runtime``: the same ``Plugin`` makes a ``NatsRuntime`` for a
 subscriber with retries on is refused, with the fix), makes the delay stream and a
 dead-letter stream per covered stream (``nats.streams``, ``nats.dead_letters``), lets
 FastStream start its subscribers, then starts a re-check consumer per tier and a
-hand-over per covered subscriber (``nats.live``). Not yet on NATS: test mode under
-``TestNatsBroker`` (the plugin leaves the messages to FastStream, said once), outage
+hand-over per covered subscriber (``nats.live``). Under ``TestNatsBroker`` nothing
+starts: inside ``retry.testing()`` failures go to test mode's sink (``nats_test_mode``),
+once the subscribers passed the same checks (``check_in_test``). Not yet on NATS: outage
 mode (refused), and subscribers that join a running broker (left to FastStream).
 """
 
@@ -20,10 +21,15 @@ from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals, checks, nats_subscribers
+from faststream_retry.middleware.nats_test_mode import NatsTestSink
 from faststream_retry.middleware.planned import Planned
+from faststream_retry.nats import checks as nats_checks
+from faststream_retry.nats.checks import Finding
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from faststream_retry.core.config import RetryConfig
     from faststream_retry.core.topology import Plan
     from faststream_retry.middleware.checks import Middleware
@@ -48,72 +54,132 @@ class NatsRuntime(Planned):
         """Prepare; nothing touches the network before ``open``."""
         super().__init__(config, reporter, broker, testing)
         self.live: NatsLive | None = None
+        self._checked_in_test = False
 
-    def sink(self) -> NatsSink | None:
-        """Where this broker's failures go now; ``None``: the plugin is not running."""
-        from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
+    def sink(self) -> NatsSink | NatsTestSink | None:
+        """Where this broker's failures go now; ``None``: the plugin is not running.
 
+        The live sink from the start to the stop; test mode's under ``TestNatsBroker``.
+        """
         live = self.live
+        if live is None and nats_subscribers.under_test_nats(self.broker):
+            return NatsTestSink(self.broker, self.plan, self.reporter, self._testing)
         if live is None or not live.running:
             return None
+        from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
+
         return NatsSink(live, self.reporter, self.config.pause_s)
+
+    def check_in_test(self, middleware: Middleware) -> None:
+        """Test mode's start: the checks a real start makes, once; a refusal raises every time.
+
+        A test of an app the plugin would refuse to start with (a core-NATS subscriber
+        with retries on, say) fails with the same error, rather than retrying in memory
+        what production would not.
+
+        Raises:
+            RetryConfigError: as ``check``.
+        """
+        if self.refused is not None:
+            raise self.refused
+        if self._checked_in_test:
+            return
+        try:
+            self.check(middleware)
+        except RetryConfigError as refused:
+            self.refused = refused
+            raise
+        self._checked_in_test = True
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
         """A subscriber that joined the running broker: not covered on NATS yet (FastStream's)."""
         return None
 
     def check(self, middleware: Middleware) -> Plan:
-        """Plan and check the broker's subscribers; raise one error naming every fix.
+        """Plan and check the broker's subscribers as declared; raise one error naming every fix.
 
         Raises:
             RetryConfigError: a core-NATS subscriber with retries on, a consumer whose
                 ack policy cannot keep a failure, ``ACK_FIRST``, two middlewares, outage mode.
         """
-        topology = self.replan()
-        checks.refuse_ack_first(self.broker, topology)
-        checks.refuse_other_instances(self.broker, middleware)
-        from faststream_retry.nats import checks as nats_checks  # noqa: PLC0415
+        topology, found = self.findings(middleware)
+        _settle(found)
+        return topology
 
-        refusals: list[str] = []
+    def findings(
+        self,
+        middleware: Middleware,
+        consumers: Mapping[tuple[str, str], Any] | None = None,
+    ) -> tuple[Plan, list[Finding]]:
+        """Plan, and say what the subscribers and their consumers would break in the plan.
+
+        ``consumers``: the durable consumers that exist, ``(stream, name)`` to their config
+        as the server has it (``nats.survey.consumers``): FastStream binds to those as they
+        are, so they are checked instead of what the code declares. No network.
+        """
+        topology = self.replan()
+        found = [
+            refusal
+            for refuse in (
+                lambda: checks.refuse_ack_first(self.broker, topology),
+                lambda: checks.refuse_other_instances(self.broker, middleware),
+            )
+            if (refusal := _refusal_of(refuse)) is not None
+        ]
         if self.config.outage is not None:
-            refusals.append(nats_checks.outage_refused())
+            found.append(_wiring(nats_checks.outage_refused()))
         default = self.config.default
-        limit = self.config.topology.delivery_limit
         for sub in self.broker.subscribers:
-            key = nats_subscribers.key_of(sub)
-            if key is None:
+            if nats_subscribers.key_of(sub) is None:
                 handlers = tuple(
                     Handler(_internals.handler_policy(item)) for item in getattr(sub, "calls", ())
                 )
                 subject = nats_subscribers.subject_of(sub)
                 if Route(subject, handlers).enabled(default):
-                    refusals.append(nats_checks.core_subscriber(subject))
-                continue
-            if key not in topology.routes:
-                continue
-            for found in nats_checks.consumer_findings(
-                key, nats_subscribers.consumer_config(sub), limit
-            ):
-                if found.refuse:
-                    refusals.append(found.text)
-                else:
-                    log.warning("faststream-retry: %s", found.text)
-        if refusals:
-            raise RetryConfigError(
-                "faststream-retry cannot run on this NatsBroker:\n"
-                + "\n".join(f"- {text}" for text in refusals)
+                    found.append(_wiring(nats_checks.core_subscriber(subject), "core-nats"))
+        options = self.config.topology
+        for covered in self.covered(topology, consumers or {}):
+            on_server = (consumers or {}).get((covered.stream, covered.durable or ""))
+            found += nats_checks.consumer_findings(
+                covered.key,
+                covered.consumer,
+                options.delivery_limit,
+                self.config.publish_timeout_s,
+                on_server=None if on_server is None else f"{covered.stream}/{covered.durable}",
             )
-        return topology
+        return topology, found
+
+    def covered(
+        self, topology: Plan, consumers: Mapping[tuple[str, str], Any]
+    ) -> list[nats_checks.Covered]:
+        """The subscribers ``topology`` covers, once each, their consumer as it will run."""
+        found: dict[str, nats_checks.Covered] = {}
+        for sub in self.broker.subscribers:
+            key = nats_subscribers.key_of(sub)
+            stream = nats_subscribers.stream_of(sub)
+            if key is None or stream is None or key not in topology.routes or key in found:
+                continue
+            durable = nats_subscribers.durable_of(sub)
+            on_server = consumers.get((stream, durable)) if durable else None
+            found[key] = nats_checks.Covered(
+                key,
+                stream,
+                durable,
+                nats_subscribers.consumer_config(sub) if on_server is None else on_server,
+                nats_subscribers.max_msg_size_of(sub),
+            )
+        return list(found.values())
 
     async def open(self, middleware: Middleware) -> None:
-        """Check the subscribers, then make the plugin's streams on the broker's connection."""
+        """Check the subscribers, then make the plugin's streams on the broker's connection.
+
+        The subscribers are checked as declared first, with no network; then the durable
+        consumers that exist, as the server has them (FastStream binds to them as they
+        are); then, once made, the plugin's streams (their duplicate windows and sizes).
+        """
         topology = self.check(middleware)
         if nats_subscribers.under_test_nats(self.broker):
-            self._leave_to_faststream(
-                "test mode under TestNatsBroker is not built yet: the plugin leaves this "
-                f"{type(self.broker).__qualname__}'s messages to FastStream, untouched"
-            )
-            return
+            return  # nothing to open: test mode's sink takes the failures (``sink``)
         connection = await self.broker.connect()
         jetstream = getattr(connection, "jetstream", None)
         if not callable(jetstream) or not type(connection).__module__.startswith("nats"):
@@ -123,18 +189,35 @@ class NatsRuntime(Planned):
                 "broker's messages to FastStream"
             )
             return
-        from faststream_retry.nats.live import NatsLive  # noqa: PLC0415 - nats-py, on NATS only
+        from faststream_retry.nats import survey  # noqa: PLC0415 - nats-py, on NATS only
+        from faststream_retry.nats.live import NatsLive  # noqa: PLC0415
 
-        live = NatsLive(topology, jetstream(), self.config, self.reporter)
-        streams = {
-            stream: None
-            for sub in self.broker.subscribers
-            if nats_subscribers.key_of(sub) in topology.routes
-            and (stream := nats_subscribers.stream_of(sub)) is not None
-        }
+        js = jetstream()
+        durables = [(c.stream, c.durable) for c in self.covered(topology, {}) if c.durable]
+        consumers = await survey.consumers(js, durables)
+        if consumers:
+            said = {(f.check, f.subject) for f in self.findings(middleware)[1]}
+            _settle(
+                [
+                    f
+                    for f in self.findings(middleware, consumers)[1]
+                    if (f.check, f.subject) not in said
+                ]
+            )
+        live = NatsLive(topology, js, self.config, self.reporter)
+        streams = {c.stream: None for c in self.covered(topology, consumers)}
         await live.open(streams)
         self.live = live
         self.started = True
+        found = await survey.streams(js, live.prefix, streams)
+        _settle(
+            nats_checks.stream_findings(
+                live.prefix,
+                self.covered(topology, consumers),
+                found,
+                survey.max_payload_of(connection),
+            )
+        )
         tiers = topology.tiers
         log.info(
             "faststream-retry (NATS): tick %s, %d tiers up to %s in stream %s, %d covered: %s",
@@ -177,3 +260,34 @@ class NatsRuntime(Planned):
         if self.live is not None:
             self.live.close()
         self.live = None
+
+
+def _wiring(text: str, check: str = "wiring") -> Finding:
+    """A refusal of how the app is wired, said as one text."""
+    return Finding(refuse=True, check=check, subject="", what=text, why="", fix="")
+
+
+def _refusal_of(refuse: Callable[[], None]) -> Finding | None:
+    """Run one of the shared wiring checks; what it refused, as a finding."""
+    try:
+        refuse()
+    except RetryConfigError as refused:
+        return _wiring(str(refused))
+    return None
+
+
+def _settle(found: list[Finding]) -> None:
+    """Log each warning; raise the refusals, together, in one error that names every fix.
+
+    Raises:
+        RetryConfigError: something in ``found`` refuses the start.
+    """
+    for finding in found:
+        if not finding.refuse:
+            log.warning("faststream-retry: %s", finding.text)
+    refusals = [finding.text for finding in found if finding.refuse]
+    if refusals:
+        raise RetryConfigError(
+            "faststream-retry cannot run on this NatsBroker:\n"
+            + "\n".join(f"- {text}" for text in refusals)
+        )

@@ -10,20 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 from faststream_retry.nats import naming
+from faststream_retry.nats.checks import DEFAULT_ACK_WAIT_S
 
 __all__ = [
     "ack_wait_s",
+    "broker_url",
     "consumer_config",
+    "durable_of",
     "is_nats",
     "is_nats_subscriber",
     "key_of",
+    "max_msg_size_of",
     "stream_of",
     "subject_of",
     "under_test_nats",
 ]
-
-DEFAULT_ACK_WAIT_S = 30.0
-"""JetStream's ``ack_wait`` when a consumer sets none."""
 
 
 def is_nats(broker: object) -> bool:
@@ -90,3 +91,20 @@ def ack_wait_s(sub: Any) -> float:  # noqa: ANN401 - a NATS subscriber
     """The ``ack_wait`` of the subscriber's consumer, in seconds."""
     wait = getattr(consumer_config(sub), "ack_wait", None)
     return float(wait) if isinstance(wait, (int, float)) and wait > 0 else DEFAULT_ACK_WAIT_S
+
+
+def max_msg_size_of(sub: Any) -> int | None:  # noqa: ANN401 - a NATS subscriber
+    """The ``max_msg_size`` of the subscriber's stream as its ``JStream`` declares it."""
+    size = getattr(getattr(getattr(sub, "stream", None), "config", None), "max_msg_size", None)
+    return size if isinstance(size, int) else None
+
+
+def broker_url(broker: Any) -> str | None:  # noqa: ANN401 - a NatsBroker
+    """The servers a ``NatsBroker`` connects to, comma-separated (``NatsBroker(servers)``)."""
+    kwargs = getattr(broker, "_connection_kwargs", None)
+    servers = kwargs.get("servers") if isinstance(kwargs, dict) else None
+    if isinstance(servers, str):
+        servers = [servers]
+    if not isinstance(servers, (list, tuple)) or not servers:
+        return None
+    return ",".join(str(server) for server in servers)

@@ -1,7 +1,8 @@
 """What a runtime of either transport holds before it runs: its broker, plan and state.
 
-``runtime.Runtime`` (RabbitMQ) and ``nats_runtime.NatsRuntime`` (NATS JetStream) build on
-it; the per-message scope reads both through these members.
+``runtime.Runtime`` (RabbitMQ), ``nats_runtime.NatsRuntime`` (NATS JetStream) and
+``redis_runtime.RedisRuntime`` (Redis Streams) build on it; the per-message scope reads
+each through these members.
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ class Planned:
     live: _Running | None
     """The connected parts, from the start to the stop."""
 
+    releases_on_arrival = False
+    """Whether a copy that reaches its handler was released by the plugin's own mover (Redis),
+    rather than by the broker (a RabbitMQ tier, reported only when ``x-death`` names one)."""
+
     def __init__(
         self,
         config: RetryConfig,
         reporter: Reporter,
-        broker: Any,  # noqa: ANN401 - a RabbitBroker or a NatsBroker
+        broker: Any,  # noqa: ANN401 - a RabbitBroker, NatsBroker or RedisBroker
         testing: Testing,
     ) -> None:
         """Prepare; nothing touches the network before the start."""

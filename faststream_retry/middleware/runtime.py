@@ -15,8 +15,9 @@ its first failure (``cover_failed``), before its copy is published.
 Each runtime also says where its broker's failures go (``Runtime.sink``): the live sink
 while the plugin runs, test mode's under ``TestRabbitBroker``.
 
-A ``NatsBroker`` gets a ``nats_runtime.NatsRuntime`` instead, with a start and stop of
-its own (``_install_nats``); the rest of the plugin reads either through the same members.
+A ``NatsBroker`` gets a ``nats_runtime.NatsRuntime`` instead, and a ``RedisBroker`` a
+``redis_runtime.RedisRuntime``, each with a start and stop of its own (``_install_own``);
+the rest of the plugin reads any of them through the same members.
 """
 
 from __future__ import annotations
@@ -34,9 +35,16 @@ from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Plan, Route, merge_routes, retry_queue_name
 from faststream_retry.engine.live import Live
 from faststream_retry.errors import RetryConfigError, RetryTopologyError
-from faststream_retry.middleware import _internals, checks, nats_subscribers, settled
+from faststream_retry.middleware import (
+    _internals,
+    checks,
+    nats_subscribers,
+    redis_subscribers,
+    settled,
+)
 from faststream_retry.middleware.nats_runtime import NatsRuntime
 from faststream_retry.middleware.planned import Planned
+from faststream_retry.middleware.redis_runtime import RedisRuntime
 from faststream_retry.middleware.sink import LiveSink
 from faststream_retry.middleware.test_mode import TestSink
 from faststream_retry.reporting.log import log
@@ -48,6 +56,7 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
     from faststream.nats import NatsBroker
     from faststream.rabbit import RabbitBroker
+    from faststream.redis import RedisBroker
 
     from faststream_retry.core.config import RetryConfig
     from faststream_retry.middleware.checks import Middleware
@@ -57,7 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Covered", "Plugin", "Runtime", "cover_failed", "follow", "watch"]
 
-Covered = TypeVar("Covered", "RabbitBroker", "NatsBroker")
+Covered = TypeVar("Covered", "RabbitBroker", "NatsBroker", "RedisBroker")
 """A broker the plugin runs on."""
 
 _INSTALLED_ATTR = "__faststream_retry_installed__"
@@ -247,21 +256,38 @@ class Plugin:
         self.reporter = reporter
         self.testing = testing
         """The middleware's open ``testing()`` blocks: test mode runs while one is open."""
-        self._runtimes: weakref.WeakKeyDictionary[Any, Runtime | NatsRuntime] = (
+        self._runtimes: weakref.WeakKeyDictionary[Any, Runtime | NatsRuntime | RedisRuntime] = (
             weakref.WeakKeyDictionary()
         )
         self.middleware: Middleware | None = None
         """The ``RetryMiddleware`` this is the plugin of (set by it): a late start installs it."""
 
-    def runtime(self, broker: Any) -> Runtime | NatsRuntime:  # noqa: ANN401 - a broker
-        """Return the runtime of ``broker``: a ``NatsRuntime`` for a ``NatsBroker``."""
+    def runtime(self, broker: Any) -> Runtime | NatsRuntime | RedisRuntime:  # noqa: ANN401 - a broker
+        """Return the runtime of ``broker``: a ``NatsRuntime`` for a ``NatsBroker``, and so on."""
         runtime = self._runtimes.get(broker)
         if runtime is None:
-            kind = NatsRuntime if nats_subscribers.is_nats(broker) else Runtime
+            kind: type[Runtime | NatsRuntime | RedisRuntime] = Runtime
+            if nats_subscribers.is_nats(broker):
+                kind = NatsRuntime
+            elif redis_subscribers.is_redis(broker):
+                kind = RedisRuntime
             runtime = self._runtimes[broker] = kind(
                 self.config, self.reporter, broker, self.testing
             )
         return runtime
+
+    def start_test(self, broker: Any) -> None:  # noqa: ANN401 - a broker under a test broker
+        """Test mode's start, at each message in a ``testing()`` block.
+
+        Nothing is started. A ``NatsBroker``'s subscribers are checked as at a real start
+        (``NatsRuntime.check_in_test``); ``TestRabbitBroker``'s test mode checks nothing.
+
+        Raises:
+            RetryConfigError: the app is wired so that the plugin would refuse to start.
+        """
+        runtime = self.runtime(broker)
+        if isinstance(runtime, NatsRuntime) and self.middleware is not None:
+            runtime.check_in_test(self.middleware)
 
     def install(self, broker: Any, middleware: Middleware) -> None:  # noqa: ANN401 - a broker
         """Add ``middleware`` to ``broker`` if needed and wrap its start and stop."""
@@ -269,8 +295,8 @@ class Plugin:
         if not _attach(broker, middleware):
             return
         runtime = self.runtime(broker)
-        if isinstance(runtime, NatsRuntime):
-            _install_nats(broker, runtime, middleware)
+        if isinstance(runtime, (NatsRuntime, RedisRuntime)):
+            _install_own(broker, runtime, middleware)
             setattr(broker, _INSTALLED_ATTR, middleware)
             return
         original_start = broker.start
@@ -335,7 +361,7 @@ class Plugin:
                 raise RetryConfigError("this plugin belongs to no RetryMiddleware")
             try:
                 self.install(broker, middleware)
-                if isinstance(runtime, NatsRuntime):
+                if isinstance(runtime, (NatsRuntime, RedisRuntime)):
                     await runtime.open(middleware)
                 else:
                     await _start(broker, runtime, middleware)
@@ -369,13 +395,19 @@ def _attach(broker: Any, middleware: Middleware) -> bool:  # noqa: ANN401 - a br
     return True
 
 
-def _install_nats(broker: Any, runtime: NatsRuntime, middleware: Middleware) -> None:  # noqa: ANN401 - a NatsBroker
-    """Wrap a ``NatsBroker``'s start and stop.
+def _install_own(
+    broker: Any,  # noqa: ANN401 - a NatsBroker or a RedisBroker
+    runtime: NatsRuntime | RedisRuntime,
+    middleware: Middleware,
+) -> None:
+    """Wrap a ``NatsBroker``'s or a ``RedisBroker``'s start and stop.
 
-    Start: check and make the plugin's streams, let FastStream start its subscribers,
-    then start the re-checks and the hand-overs (they hand copies to running
-    subscribers). Stop: intake first, then the plugin's consumers, then FastStream's
-    drain, whose failures still publish; the plugin stops publishing last.
+    Start: check the subscribers and open the plugin's side (NATS: its streams; Redis:
+    the engine, the server checked), let FastStream start its subscribers, then start
+    the plugin's consumers (NATS: the re-checks and the hand-overs, which hand copies to
+    running subscribers; Redis: the mover and the claimer). Stop: intake first, then
+    the plugin's consumers, then FastStream's drain, whose failures are still carried
+    out; the plugin stops last.
     """
     original_start = broker.start
     original_stop = broker.stop

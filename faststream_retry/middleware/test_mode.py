@@ -7,7 +7,9 @@ and there is no broker to hold a copy. Inside a ``testing()`` block the scope go
 failures here. Decisions
 are made exactly as in production; a retry is made at once instead of waiting, and a
 dead letter is settled without a broker to hold it, handed to the app's ``<queue>.dlq``
-subscriber if it has one.
+subscriber if it has one. ``nats_test_mode`` is the same under ``TestNatsBroker``: it
+changes only how the message and its dead letter are read and written
+(``_incoming``, ``_mirror_attempt``, ``_settle``, ``_hand_over``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from faststream_retry.middleware.sink import record_in_process
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from faststream.message import StreamMessage
-    from faststream.rabbit import RabbitBroker
 
     from faststream_retry.core.decision import Decision
+    from faststream_retry.core.steps import Step
     from faststream_retry.core.topology import Plan, Route
     from faststream_retry.middleware.testing import Testing
     from faststream_retry.reporting.reporter import Reporter
@@ -39,7 +43,11 @@ class TestSink:
     __slots__ = ("_broker", "_plan", "_reporter", "_testing")
 
     def __init__(
-        self, broker: RabbitBroker, topology: Plan, reporter: Reporter, testing: Testing
+        self,
+        broker: Any,  # noqa: ANN401 - a RabbitBroker (a NatsBroker in nats_test_mode)
+        topology: Plan,
+        reporter: Reporter,
+        testing: Testing,
     ) -> None:
         """Sink the failures of ``broker``'s messages, planned as ``topology``."""
         self._broker = broker
@@ -54,8 +62,12 @@ class TestSink:
         immediate = decision.action is Action.RETRY_NOW
         record_in_process(self._reporter, msg, route, decision, exc, immediate=immediate)
         # Mirror what the copy would carry, so the handler sees its attempt.
-        msg.headers[h.ATTEMPT] = decision.attempt
+        self._mirror_attempt(msg, decision.attempt)
         return True
+
+    def _mirror_attempt(self, msg: StreamMessage[Any], attempt: int) -> None:
+        """Write ``attempt`` into the message's headers as its copy would carry it."""
+        msg.headers[h.ATTEMPT] = attempt
 
     async def dead_letter(
         self, msg: StreamMessage[Any], route: Route, decision: Decision, exc: BaseException
@@ -79,31 +91,47 @@ class TestSink:
             decision,
             exc,
             message_id=msg.message_id,
-            incoming=msg.headers,
+            incoming=self._incoming(msg),
             now_ms=h.now_ms(),
         )
         self._reporter.record(letter.event, incoming=msg.headers, exception=exc)
+        await self._settle(msg)
+        try:
+            await self._hand_over(msg, route, letter)
+        except Exception as failure:  # the app's dead-letter handler raised on it
+            if self._testing.raise_on_dead_letter:
+                # A bug in the .dlq consumer must fail the test, not pass a
+                # pytest.raises() written for the handler's exception.
+                raise failure from exc
+            log.error(
+                "the %s subscriber failed on the dead letter of message %s",
+                self._dead_letter_address(route),
+                msg.message_id,
+                exc_info=failure,
+            )
+        return not self._testing.raise_on_dead_letter
+
+    def _incoming(self, msg: StreamMessage[Any]) -> Mapping[str, Any]:
+        """The message's headers as the core reads them."""
+        return msg.headers
+
+    async def _settle(self, msg: StreamMessage[Any]) -> None:
+        """Settle a dead-lettered message as the live sink does once its dead letter is stored."""
         await msg.ack()
+
+    def _dead_letter_address(self, route: Route) -> str:
+        """Where the route's dead letters go: the log line's name of their subscriber."""
+        return route.dlq
+
+    async def _hand_over(self, msg: StreamMessage[Any], route: Route, letter: Step) -> None:
+        """Publish the dead letter to the app's ``<queue>.dlq`` subscriber, if it has one."""
         broker = self._broker
         if any(_internals.queue_of(sub) == route.dlq for sub in broker.subscribers):
-            try:
-                await broker.publish(
-                    msg.body,
-                    queue=route.dlq,
-                    headers=letter.copy.headers,
-                    message_id=msg.message_id,
-                    correlation_id=msg.correlation_id,
-                    content_type=msg.content_type or None,
-                )
-            except Exception as failure:  # the app's .dlq handler raised on the dead letter
-                if self._testing.raise_on_dead_letter:
-                    # A bug in the .dlq consumer must fail the test, not pass a
-                    # pytest.raises() written for the handler's exception.
-                    raise failure from exc
-                log.error(
-                    "the %s subscriber failed on the dead letter of message %s",
-                    route.dlq,
-                    msg.message_id,
-                    exc_info=failure,
-                )
-        return not self._testing.raise_on_dead_letter
+            await broker.publish(
+                msg.body,
+                queue=route.dlq,
+                headers=letter.copy.headers,
+                message_id=msg.message_id,
+                correlation_id=msg.correlation_id,
+                content_type=msg.content_type or None,
+            )

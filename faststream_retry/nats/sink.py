@@ -88,11 +88,7 @@ class NatsSink:
     ) -> None:
         live = self._live
         raw = msg.raw_message
-        incoming = wire.decode(raw.headers)
-        incoming[wire.SUBJECT] = raw.subject  # given back to the handler on its retry
-        # FastStream names a NATS message by this header, or by a new id at each delivery:
-        # the copies carry the first one, so that every attempt has the same id.
-        incoming.setdefault(wire.MESSAGE_ID, msg.message_id)
+        incoming = wire.failed(raw.headers, subject=raw.subject, message_id=msg.message_id)
         step = steps.failed(
             live.plan,
             route,

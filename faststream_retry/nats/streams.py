@@ -15,15 +15,13 @@ from nats.js.errors import NotFoundError
 
 from faststream_retry.errors import RetryTopologyError
 from faststream_retry.nats import naming
+from faststream_retry.nats.checks import RECHECK_ACK_WAIT_S
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
 __all__ = ["DUPLICATE_WINDOW_S", "RECHECK_ACK_WAIT_S", "declare_delay_stream", "delay_config"]
 
-RECHECK_ACK_WAIT_S = 30.0
-"""The re-check consumers' ``ack_wait``, whatever the tier: a held copy is kept alive with
-``in_progress``, so the copies of a re-check that died come back within this."""
 
 DUPLICATE_WINDOW_S = 120.0
 """The plugin's streams' duplicate window (JetStream's default): longer than

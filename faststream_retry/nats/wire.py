@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["MESSAGE_ID", "MSG_ID", "SUBJECT", "decode", "encode"]
+__all__ = ["MESSAGE_ID", "MSG_ID", "SUBJECT", "decode", "encode", "failed", "value"]
 
 MSG_ID = "Nats-Msg-Id"
 MESSAGE_ID = "message_id"
@@ -52,21 +52,45 @@ def decode(headers: Mapping[str, str] | None) -> dict[str, Any]:
     return decoded
 
 
-def encode(headers: Mapping[str, Any], *, msg_id: str) -> dict[str, str]:
-    """Return a copy's NATS headers: ``retry-*`` as JSON, ``Nats-*`` out, ``msg_id`` set."""
+def failed(headers: Mapping[str, str] | None, *, subject: str, message_id: str) -> dict[str, Any]:
+    """Return the headers of a message that failed, as the core reads them for its copy.
+
+    ``subject``: the subject it came on, given back to the handler on its retry
+    (``SUBJECT``). ``message_id``: its FastStream id, which FastStream makes anew at each
+    delivery of a message without one: a copy carries the first, so that every attempt
+    has the same id.
+    """
+    incoming = decode(headers)
+    incoming[SUBJECT] = subject
+    incoming.setdefault(MESSAGE_ID, message_id)
+    return incoming
+
+
+def value(retry_value: object) -> str:
+    """Return one ``retry-*`` header's value as NATS carries it: its JSON text."""
+    return json.dumps(retry_value, ensure_ascii=True, separators=(",", ":"), default=str)
+
+
+def encode(headers: Mapping[str, Any], *, msg_id: str | None) -> dict[str, str]:
+    """Return a copy's NATS headers: ``retry-*`` as JSON, ``Nats-*`` out, ``msg_id`` set.
+
+    ``msg_id`` ``None``: no ``Nats-Msg-Id`` (test mode's dead letters, made of a message
+    no stream has stored).
+    """
     encoded: dict[str, str] = {}
-    for key, value in headers.items():
+    for key, item in headers.items():
         if key.lower().startswith(_SERVER):
             continue
         if key.startswith(_RETRY):
-            encoded[key] = json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str)
-        elif isinstance(value, str):
-            encoded[key] = _one_line(value)
-        elif isinstance(value, (bytes, bytearray)):
-            encoded[key] = _one_line(bytes(value).decode(errors="replace"))
+            encoded[key] = value(item)
+        elif isinstance(item, str):
+            encoded[key] = _one_line(item)
+        elif isinstance(item, (bytes, bytearray)):
+            encoded[key] = _one_line(bytes(item).decode(errors="replace"))
         else:
-            encoded[key] = _one_line(str(value))
-    encoded[MSG_ID] = msg_id
+            encoded[key] = _one_line(str(item))
+    if msg_id is not None:
+        encoded[MSG_ID] = msg_id
     return encoded
 
 

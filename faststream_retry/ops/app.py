@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faststream_retry.ops.common import OperationError
+from faststream_retry.ops.common import OperationError, not_on_nats
 
 if TYPE_CHECKING:
     from faststream_retry.middleware.app import LoadedApp
@@ -21,19 +21,24 @@ if TYPE_CHECKING:
 __all__ = ["load_app"]
 
 
-def load_app(spec: str, *, cwd: Path | None = None, factory: bool = False) -> LoadedApp:
+def load_app(
+    spec: str, *, cwd: Path | None = None, factory: bool = False, nats: bool = False
+) -> LoadedApp:
     """Import ``spec`` (``module:attribute``) and return what the plugin plans for it.
 
     ``factory``: the attribute is a function that builds the app (``faststream run
-    --factory``); it is called with no arguments.
+    --factory``); it is called with no arguments. ``nats``: the caller works on an app
+    whose broker is a ``NatsBroker`` too (``doctor`` does; the other operations do not
+    yet).
 
     Raises:
         OperationError: ``spec`` is malformed, cannot be imported, names no Rabbit
-            broker, or the broker has no ``RetryMiddleware`` (each says which).
+            broker (nor a NATS one, with ``nats``), or the broker has no
+            ``RetryMiddleware`` (each says which).
     """
     # FastStream is imported when an app is loaded, not with the operator API: the
     # standalone worker's command runs without it.
-    from faststream_retry.middleware.app import broker_of, planned  # noqa: PLC0415
+    from faststream_retry.middleware.app import broker_of  # noqa: PLC0415
 
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
@@ -76,12 +81,21 @@ def load_app(spec: str, *, cwd: Path | None = None, factory: bool = False) -> Lo
             f"{spec} is a {type(found).__name__}, not a FastStream app, a RabbitBroker or "
             f"anything with a RabbitBroker in its `broker` attribute{hint}"
         )
+    return _planned(spec, broker, nats=nats)
+
+
+def _planned(spec: str, broker: Any, *, nats: bool) -> LoadedApp:  # noqa: ANN401 - a broker
+    """What the plugin plans for ``broker``; a NATS one only if the caller works on NATS."""
+    from faststream_retry.middleware.app import planned  # noqa: PLC0415 - FastStream's
+
     loaded = planned(spec, broker)
     if loaded is None:
         raise OperationError(
             f"{spec}: the broker has no RetryMiddleware (pass it in middlewares= or call "
             "retry.install(broker))"
         )
+    if loaded.nats and not nats:
+        raise OperationError(not_on_nats(f"{spec}'s broker is a NatsBroker, and this command"))
     return loaded
 
 

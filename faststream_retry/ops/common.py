@@ -20,17 +20,25 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
 
 __all__ = [
+    "DEFAULT_NATS_URL",
     "DEFAULT_URL",
     "OperationError",
     "amqp_of",
     "check_name",
     "connect",
     "exclusive",
+    "is_nats_url",
     "name_problem",
+    "not_on_nats",
+    "safe_nats_url",
     "shown_name",
 ]
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
+DEFAULT_NATS_URL = "nats://localhost:4222"
+"""nats-py's default server, and ``NatsBroker()``'s."""
+NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+"""The URL schemes of a NATS server (nats-py's)."""
 _NOT_IN_A_NAME = re.compile(r"[^a-zA-Z0-9\-_.:@#,/+ ]")
 """A character pamqp refuses in a queue's name (``pamqp.constants.DOMAIN_REGEX``)."""
 CONNECT_TIMEOUT_S = 10.0
@@ -39,6 +47,33 @@ _SHOWN_CHARS = 80
 
 class OperationError(FastStreamRetryError):
     """An operation could not be done as asked; the text says why and what to do."""
+
+
+def is_nats_url(url: str) -> bool:
+    """Whether ``url`` (or the first of a comma-separated list) names a NATS server."""
+    return url.strip().lower().startswith(NATS_SCHEMES)
+
+
+def safe_nats_url(url: str) -> str:
+    """Return ``url`` (a comma-separated list of NATS servers) without any credentials.
+
+    A NATS URL's user part may be a token (``nats://<token>@host``): it goes as a whole.
+    """
+    shown = []
+    for one in url.split(","):
+        scheme, sep, rest = one.strip().partition("://")
+        _, at, host = rest.rpartition("@")
+        shown.append(f"{scheme}://***@{host}" if sep and at else one.strip())
+    return ",".join(shown)
+
+
+def not_on_nats(what: str) -> str:
+    """Say that ``what`` is not on NATS yet, and what is."""
+    return (
+        f"{what} does not work on NATS yet (issue 39: the NATS JetStream transport); of "
+        "the faststream-retry commands only `doctor` does so far. Read the NATS streams "
+        "with the nats CLI meanwhile (nats stream ls; nats stream view <prefix>-dlq-<stream>)"
+    )
 
 
 def shown_name(name: str) -> str:
@@ -102,6 +137,8 @@ async def connect(
     Raises:
         OperationError: the broker cannot be reached or refused the login.
     """
+    if is_nats_url(url):
+        raise OperationError(not_on_nats(f"this command, given {safe_nats_url(url)},"))
     if not url.startswith(("amqp://", "amqps://")):
         raise OperationError(f"the broker's URL starts amqp:// or amqps://, got {safe_url(url)}")
     try:

@@ -109,8 +109,11 @@ class Report:
     app: str
     prefix: str
     queue_type: str
+    """RabbitMQ's queue type; ``""`` on NATS."""
     server_version: str | None
     findings: tuple[Finding, ...]
+    system: str = "rabbitmq"
+    """The broker examined: ``rabbitmq`` or ``nats`` (OpenTelemetry's ``messaging.system``)."""
 
     @property
     def status(self) -> Severity:
@@ -125,6 +128,7 @@ class Report:
         """Return the report as JSON-able data (what ``doctor --json`` prints)."""
         return {
             "app": self.app,
+            "system": self.system,
             "prefix": self.prefix,
             "queue_type": self.queue_type,
             "server_version": self.server_version,

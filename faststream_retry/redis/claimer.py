@@ -97,7 +97,9 @@ class Claimer:
     this claimer was built (with the engine, before the app's subscribers start) is not
     this replica's (a previous process under the same name left it) and is left to grow
     idle. Each replica needs consumer names of its own: two live
-    replicas under one name keep each other's entries alive.
+    replicas under one name keep each other's entries alive. An entry this replica gave
+    up (``abandon``: its step failed, Redis refused it) is no longer kept alive, so it
+    grows idle and is claimed as a dead consumer's would be.
     """
 
     def __init__(
@@ -109,23 +111,27 @@ class Claimer:
         idle_ms: int,
         settle: Callable[[StreamEntry], Awaitable[None]],
         own: Sequence[tuple[StreamKeys, str, str]] = (),
+        born: float | None = None,
     ) -> None:
         """Keep the settings; nothing runs until ``start()``.
 
         ``consumer`` is the name the claimed entries are pending under until settled;
         ``own`` the ``(keys, group, consumer)`` this replica's subscribers read as.
+        ``born``: when this replica began (``time.monotonic()``), before its subscribers
+        first read and after any earlier process under its consumer names last did;
+        ``None``: now, the claimer built before the subscribers start.
         """
         self._client = client
         self._targets = tuple(targets)
         self._own = tuple(own)
-        # Built before the app's subscribers start reading (the engine is), so an entry
-        # delivered since is this replica's own, and one delivered before is not.
-        self._born = time.monotonic()
+        # An entry delivered since is this replica's own, and one delivered before is not.
+        self._born = time.monotonic() if born is None else born
         self._consumer = consumer
         self._idle_ms = idle_ms
         self._settle = settle
         self._interval_s = min(5.0, max(0.1, idle_ms / 4000))
         self._tasks: list[asyncio.Task[None]] = []
+        self._abandoned: dict[str, set[str]] = {}
         self.claimed = 0
         """Entries this claimer claimed (a test's count)."""
         self.kept = 0
@@ -150,16 +156,33 @@ class Claimer:
         tasks, self._tasks = self._tasks, []
         await stop_tasks(tasks)
 
-    async def keep_alive_once(self, keys: StreamKeys, group: str, consumer: str) -> int:
-        """Reset the idle time of ``consumer``'s entries delivered since this replica started."""
+    def abandon(self, stream: str, entry_id: str) -> None:
+        """Stop keeping ``entry_id`` of ``stream`` alive: it is left to grow idle and be claimed."""
+        self._abandoned.setdefault(stream, set()).add(entry_id)
+
+    async def keep_alive_once(
+        self, keys: StreamKeys, group: str, consumer: str, seen: set[str] | None = None
+    ) -> int:
+        """Reset the idle time of ``consumer``'s entries delivered since this replica started.
+
+        ``seen`` gets the ids of every entry pending for ``consumer``.
+        """
         uptime_ms = (time.monotonic() - self._born) * 1000
+        abandoned = self._abandoned.get(keys.stream, set())
         start: bytes | str = "-"
         kept = 0
         while True:
             rows: list[dict[str, Any]] = await self._client.xpending_range(
                 keys.stream, group, min=start, max="+", count=_PAGE, consumername=consumer
             )
-            ids = [r["message_id"] for r in rows if r["time_since_delivered"] < uptime_ms]
+            pending = [(r, _str(r["message_id"])) for r in rows]
+            if seen is not None:
+                seen.update(entry_id for _, entry_id in pending)
+            ids = [
+                r["message_id"]
+                for r, entry_id in pending
+                if r["time_since_delivered"] < uptime_ms and entry_id not in abandoned
+            ]
             if ids:
                 await self._client.xclaim(keys.stream, group, consumer, 0, ids, justid=True)
                 kept += len(ids)
@@ -170,15 +193,24 @@ class Claimer:
 
     async def _keep_alive(self) -> None:
         while True:
+            seen: dict[str, set[str]] = {}
+            complete = True
             for keys, group, consumer in self._own:
-                await self._keep(keys, group, consumer)
+                ids = seen.setdefault(keys.stream, set())
+                complete = await self._keep(keys, group, consumer, ids) and complete
+            if complete:
+                # An abandoned entry no longer pending here was claimed (or settled): forget it.
+                for stream, abandoned in self._abandoned.items():
+                    abandoned.intersection_update(seen.get(stream, ()))
             await asyncio.sleep(self._interval_s)
 
-    async def _keep(self, keys: StreamKeys, group: str, consumer: str) -> None:
+    async def _keep(self, keys: StreamKeys, group: str, consumer: str, seen: set[str]) -> bool:
         try:
-            await self.keep_alive_once(keys, group, consumer)
+            await self.keep_alive_once(keys, group, consumer, seen)
         except (RedisError, OSError) as exc:  # NOGROUP before the subscriber starts, too
             logger.debug("keeping %s/%s alive: %s", keys.stream, consumer, exc)
+            return False
+        return True
 
     async def claim_once(self, keys: StreamKeys, group: str) -> int:
         """Claim and settle every entry of ``group`` idle for ``idle_ms``; return how many."""

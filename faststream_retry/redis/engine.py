@@ -3,11 +3,11 @@
 One ``RedisRetryEngine`` per app (per broker): it knows the covered streams, each with
 the one consumer group that reads it, and runs a mover and a claimer beside the app.
 
-- ``await engine.start()`` checks the server (``checks``), then starts the mover (due
-  copies back to their streams) and, when ``claim_idle_ms`` is set, the claimer (dead
-  consumers' entries, and the keep-alive of this replica's own: ``own_consumers``, whose
-  names must be this replica's alone, the engine built before the subscribers start
-  reading). ``await engine.stop()`` stops both.
+- ``await engine.check()`` checks the server (``checks``); ``await engine.start()`` checks
+  it unless that was done, then starts the mover (due copies back to their streams) and,
+  when ``claim_idle_ms`` is set, the claimer (dead consumers' entries, and the keep-alive
+  of this replica's own: ``own_consumers``, whose names must be this replica's alone, the
+  engine built before the subscribers start reading). ``await engine.stop()`` stops both.
 - ``await engine.retry_later(entry, delay_ms=..., headers=...)`` settles a failed
   delivery: it acknowledges the entry and schedules its copy with ``headers``
   (``core.headers.retry_headers(...)``) ``delay_ms`` from the server's now, in one
@@ -15,7 +15,11 @@ the one consumer group that reads it, and runs a mover and a claimer beside the 
   (settled by another consumer): then nothing was scheduled.
 - ``await engine.dead_letter(entry, headers=...)`` acknowledges it and adds it to
   ``P.dlq`` with ``headers`` (``core.headers.dead_letter_headers(...)``), capped near
-  ``dlq_maxlen``; ``False`` when it was no longer pending.
+  ``dlq_maxlen``; ``False`` when it was no longer pending. A letter whose headers the
+  format cannot hold is made lean (``steps.fitted``), never refused.
+- ``engine.abandon(entry)``: a delivery whose step Redis refused (down, read-only) is left
+  pending for the claimer, which no longer keeps it alive here: claimed ``claim_idle_ms``
+  later by any replica, and counted as a lost attempt.
 - ``StreamEntry.incoming_headers()`` gives the entry's headers as the core reads them
   (its ``retry-history`` a list again).
 
@@ -34,7 +38,8 @@ from faststream_retry.core.policy import RetryPolicy
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.redis import steps
 from faststream_retry.redis.checks import Server, check_server
-from faststream_retry.redis.claimer import Claimer, claimed_step
+from faststream_retry.redis.claimer import CONSUMER_LOST, Claimer, claimed_step
+from faststream_retry.redis.envelope import EnvelopeTooLarge
 from faststream_retry.redis.keys import StreamKeys, stream_keys
 from faststream_retry.redis.lua import Scripts
 from faststream_retry.redis.mover import Mover
@@ -63,11 +68,13 @@ class RedisRetryEngine:
         own_consumers: ``(stream, consumer)`` per covered subscriber of this replica: its
             pending entries are kept from growing idle while it lives (``claimer``). Each
             replica needs names of its own, and its engine built before its subscribers
-            start reading.
+            start reading, or ``born`` given.
+        born: when this replica began (``time.monotonic()``; ``claimer.Claimer``):
+            ``None``, now.
         claim_idle_ms: claim entries pending this long (above the handler's timeout);
             ``None``: no claimer.
         policy: the policy a claimed entry is counted against (``max_attempts``,
-            ``backoff``).
+            ``backoff``); ``policies`` overrides it per stream.
         dlq_maxlen: each dead-letter stream's approximate cap (0: none).
         batch, cap_s, tick_ms: the mover's (``mover.Mover``).
     """
@@ -81,10 +88,12 @@ class RedisRetryEngine:
         own_consumers: Sequence[tuple[str, str]] = (),
         claim_idle_ms: int | None = None,
         policy: RetryPolicy | None = None,
+        policies: Mapping[str, RetryPolicy] | None = None,
         dlq_maxlen: int = DEFAULT_DLQ_MAXLEN,
         batch: int = 100,
         cap_s: float = 5.0,
         tick_ms: int = 0,
+        born: float | None = None,
     ) -> None:
         """Name every key (refusing a stream no hash tag can follow); nothing is sent yet."""
         groups: dict[str, str] = {}
@@ -102,6 +111,7 @@ class RedisRetryEngine:
         self._groups = groups
         self._scripts = Scripts(client)
         self._policy = policy or RetryPolicy()
+        self._policies = dict(policies or {})
         self._dlq_maxlen = dlq_maxlen
         self._claim_idle_ms = claim_idle_ms
         self.mover = Mover(
@@ -121,6 +131,7 @@ class RedisRetryEngine:
                 idle_ms=claim_idle_ms,
                 settle=self._settle_claimed,
                 own=[(self._keys[s], groups[s], c) for s, c in own_consumers],
+                born=born,
             )
         self.server: Server | None = None
 
@@ -131,9 +142,20 @@ class RedisRetryEngine:
         except KeyError:
             raise RetryConfigError(f"stream {stream!r} is not covered by this engine") from None
 
-    async def start(self) -> None:
-        """Check the server (``RetryTopologyError`` naming every problem), then start moving."""
+    def group(self, stream: str) -> str:
+        """Return the consumer group that reads covered ``stream``."""
+        self.keys(stream)
+        return self._groups[stream]
+
+    async def check(self) -> Server:
+        """Check the server; raise ``RetryTopologyError`` naming every problem."""
         self.server = await check_server(self._client, list(self._keys))
+        return self.server
+
+    async def start(self) -> None:
+        """Check the server unless ``check()`` did, then start moving (and claiming)."""
+        if self.server is None:
+            await self.check()
         self.mover.start()
         if self.claimer is not None:
             self.claimer.start()
@@ -162,26 +184,43 @@ class RedisRetryEngine:
             maxlen=self._dlq_maxlen,
         )
 
+    def abandon(self, entry: StreamEntry) -> None:
+        """Leave ``entry`` pending to the claimer: its step failed, and this replica gave it up."""
+        if self.claimer is not None:
+            self.claimer.abandon(entry.stream, entry.id)
+
     async def _settle_claimed(self, entry: StreamEntry) -> None:
         assert self._claim_idle_ms is not None  # noqa: S101 - only the claimer calls it
+        incoming = entry.incoming_headers()
+        now = h.now_ms()
         step = claimed_step(
-            entry.incoming_headers(),
+            incoming,
             stream=entry.stream,
-            policy=self._policy,
+            policy=self._policies.get(entry.stream, self._policy),
             idle_ms=self._claim_idle_ms,
-            now_ms=h.now_ms(),
+            now_ms=now,
         )
-        if step.dead_letter:
+        dead = step.dead_letter
+        if dead:
             done = await self.dead_letter(entry, headers=step.headers)
         else:
-            due = await self.retry_later(entry, delay_ms=step.delay_ms, headers=step.headers)
-            done = due is not None
+            try:
+                due = await self.retry_later(entry, delay_ms=step.delay_ms, headers=step.headers)
+                done = due is not None
+            except EnvelopeTooLarge:  # its own headers leave the copy no room
+                dead = True
+                headers = steps.too_large_headers(
+                    incoming,
+                    stream=entry.stream,
+                    attempt=h.read_attempt(step.headers),
+                    now_ms=now,
+                    cause=CONSUMER_LOST,
+                )
+                done = await self.dead_letter(entry, headers=headers)
         logger.info(
             "claimed %s of %s from a consumer gone for %d ms: %s",
             entry.id,
             entry.stream,
             self._claim_idle_ms,
-            ("dead-lettered" if step.dead_letter else "retried later")
-            if done
-            else "already settled",
+            ("dead-lettered" if dead else "retried later") if done else "already settled",
         )

@@ -17,6 +17,12 @@ what is due. Times are integer milliseconds.
 ``MOVE``         KEYS stream, schedule, data; ARGV batch. Up to ``batch`` copies due by
                  now: ``XADD`` each to the stream, remove it from the schedule and the
                  data. Return ``{moved, head due ms or -1, now ms}``.
+
+Redis does not undo a script's writes when a later command of it fails: a ``RETRY_LATER``
+whose ``HSET`` met a key of another type (an operator's ``SET`` on ``P.retry.data``) would
+have acknowledged the entry and stored no copy. So both settling scripts check the types
+of the keys they write before the ``XACK``, and refuse (``WRONGTYPE``) with nothing done:
+the entry stays pending.
 """
 
 from __future__ import annotations
@@ -35,8 +41,21 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+_GUARD = """
+local function expect(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' and found ~= kind then
+    return redis.error_reply('WRONGTYPE ' .. key .. ' is a ' .. found .. ', not a ' .. kind ..
+      ': nothing was done, the entry stays pending')
+  end
+end
+"""
+
 RETRY_LATER = (
-    """
+    _GUARD
+    + """
+local refused = expect(KEYS[2], 'zset') or expect(KEYS[3], 'hash')
+if refused then return refused end
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return -1 end
 """
     + _NOW
@@ -50,7 +69,11 @@ return due
 """
 )
 
-DEAD_LETTER = """
+DEAD_LETTER = (
+    _GUARD
+    + """
+local refused = expect(KEYS[2], 'stream')
+if refused then return refused end
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 if tonumber(ARGV[4]) > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', '__data__', ARGV[3])
@@ -59,6 +82,7 @@ else
 end
 return 1
 """
+)
 
 MOVE = (
     _NOW

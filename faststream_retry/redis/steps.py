@@ -5,6 +5,12 @@ when that acknowledgement finds nothing pending: a message two consumers handled
 claim raced a slow handler) is settled once. ``entry`` is the delivery as read from
 the group; ``headers`` are the copy's full headers (``core.headers.retry_headers`` or
 ``dead_letter_headers``), written over the entry's own in FastStream's binary format.
+
+That format holds a header of at most 65,535 bytes: a copy whose headers do not fit
+raises ``EnvelopeTooLarge`` before anything is sent (its message then goes to the dead
+letters as ``invalid``: ``too_large_headers``), and a dead letter is made to fit
+(``fitted``): lean first, then without the message's own largest headers, as on RabbitMQ
+(``core.fit``).
 """
 
 from __future__ import annotations
@@ -12,6 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from faststream_retry.core import fit
+from faststream_retry.core import headers as h
+from faststream_retry.core.events import Reason
+from faststream_retry.errors import HeadersTooLarge
 from faststream_retry.redis import envelope
 
 if TYPE_CHECKING:
@@ -20,7 +30,25 @@ if TYPE_CHECKING:
     from faststream_retry.redis.keys import StreamKeys
     from faststream_retry.redis.lua import Scripts
 
-__all__ = ["StreamEntry", "copy_id", "dead_letter", "encode_copy", "retry_later"]
+__all__ = [
+    "TOO_LARGE_ERROR",
+    "StreamEntry",
+    "copy_id",
+    "dead_letter",
+    "encode_copy",
+    "fitted",
+    "retry_later",
+    "too_large_headers",
+]
+
+HEADER_LIMIT = 0xFFFF
+"""The most bytes a header's name or value takes in FastStream's binary format."""
+
+TOO_LARGE_ERROR = (
+    "with the retry headers its copy would not fit in FastStream's binary format, which "
+    f"holds at most {HEADER_LIMIT:,} bytes per header: its own headers leave no room"
+)
+"""``retry-error`` of a message dead-lettered as ``HeadersTooLarge`` on Redis."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +136,61 @@ async def dead_letter(
 
     Return ``False`` when the acknowledgement found nothing pending and nothing was added.
     """
+    try:
+        letter = encode_copy(entry, headers)
+    except envelope.EnvelopeTooLarge:
+        letter = encode_copy(entry, fitted(headers))
     added = await scripts.dead_letter(
         keys=[keys.stream, keys.dlq],
-        args=[entry.group, entry.id, encode_copy(entry, headers), max(0, int(maxlen))],
+        args=[entry.group, entry.id, letter, max(0, int(maxlen))],
     )
     return bool(int(added))
+
+
+def _weigh(headers: Mapping[str, Any]) -> int:
+    """The bytes of the longest header name or value, as the binary format writes them."""
+    sizes = (
+        len(text.encode(errors="surrogateescape"))
+        for item in envelope.to_wire(headers).items()
+        for text in item
+    )
+    return max(sizes, default=0)
+
+
+def fitted(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a dead letter's ``headers`` cut to what the binary format holds (pure).
+
+    Lean first (``fit.lean``: no history, traceback or replay record, the error cut
+    short), then without the message's own largest headers, each named in
+    ``retry-error`` (``fit.make_room``). The retry state always fits: every text of it
+    is bounded.
+    """
+    kept = fit.lean(headers)
+    if _weigh(kept) <= HEADER_LIMIT:
+        return kept
+    made = fit.make_room(kept, _weigh, HEADER_LIMIT, where="in FastStream's binary format")
+    if made is not None:
+        return made[0]
+    return {k: v for k, v in kept.items() if k in h.RETRY_STATE}  # pragma: no cover - bounded
+
+
+def too_large_headers(
+    incoming: Mapping[str, Any] | None,
+    *,
+    stream: str,
+    attempt: int,
+    now_ms: int,
+    cause: str = "",
+) -> dict[str, Any]:
+    """The dead letter's headers of a message whose retry copy would not fit (``invalid``).
+
+    ``cause``: what it had failed with (the retry it could not take), appended.
+    """
+    error = TOO_LARGE_ERROR + (f"; it had failed with {cause}" if cause else "")
+    failure = h.FailureRecord(
+        attempt=attempt,
+        at_ms=now_ms,
+        exception=h.exception_name(HeadersTooLarge()),
+        error=error,
+    )
+    return h.dead_letter_headers(incoming, failure, reason=Reason.INVALID, origin_queue=stream)

@@ -216,16 +216,33 @@ async def test_a_message_a_failing_handler_publishes_is_settled_on_its_own() -> 
     assert [e.queue for e in recorder.dead_letters] == ["inner", "outer"]
 
 
+class KafkaBroker:
+    """A broker of a kind the plugin does not cover (Kafka's client is not a test dependency)."""
+
+    def __init__(self) -> None:
+        self.middlewares: list[Any] = []
+
+
 def test_install_refuses_a_broker_it_does_not_cover() -> None:
-    """``install()`` on a Redis broker: one error naming what is supported."""
-    redis = pytest.importorskip("faststream.redis", reason="faststream[redis], a test dependency")
-    broker = redis.RedisBroker()
+    """``install()`` on a Kafka broker: one error naming what is supported."""
+    broker = KafkaBroker()
     with pytest.raises(RetryConfigError) as caught:
-        RetryMiddleware().install(broker)
+        RetryMiddleware().install(broker)  # type: ignore[type-var]
     text = str(caught.value)
-    assert "works with FastStream's RabbitBroker (faststream.rabbit) and NatsBroker" in text
+    assert "works with FastStream's RabbitBroker (faststream.rabbit), NatsBroker" in text
+    assert "RedisBroker (faststream.redis, stream subscribers in a consumer group)" in text
     assert type(broker).__qualname__ in text
     assert list(broker.middlewares) == []
+
+
+def test_install_takes_a_redis_broker() -> None:
+    """``install()`` on a Redis broker (plain, cluster, sentinel): the middleware goes on it,
+    and nothing touches the network before the broker starts."""
+    redis = pytest.importorskip("faststream.redis", reason="faststream[redis], a test dependency")
+    for broker in (redis.RedisBroker(), redis.RedisClusterBroker()):
+        retry = RetryMiddleware()
+        assert retry.install(broker) is broker
+        assert retry in broker.middlewares
 
 
 def test_install_takes_a_nats_broker() -> None:
@@ -268,16 +285,41 @@ async def handled_as_without_the_plugin(
 async def test_a_broker_it_does_not_cover_handles_its_messages_as_without_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """``middlewares=[retry]`` on Redis, and on NATS under ``TestNatsBroker`` (test mode is
-    RabbitMQ's only so far): one ERROR at the first message, and every message handled as
-    FastStream alone does (the handler runs, its exception comes out)."""
-    nats = pytest.importorskip("faststream.nats", reason="faststream[nats], a test dependency")
+    """``middlewares=[retry]`` on Redis under ``TestRedisBroker`` (test mode is not built
+    there yet): one ERROR at the first message, and every message handled as FastStream
+    alone does (the handler runs, its exception comes out). (NATS under ``TestNatsBroker``
+    has test mode: test_nats_testing_mode.)"""
     redis = pytest.importorskip("faststream.redis", reason="faststream[redis], a test dependency")
     retry = retry_middleware()
-    broker = nats.NatsBroker(middlewares=[retry])
-    await handled_as_without_the_plugin(retry, broker, nats.TestNatsBroker, caplog)
     broker = redis.RedisBroker(middlewares=[retry])
     await handled_as_without_the_plugin(retry, broker, redis.TestRedisBroker, caplog)
+
+
+async def test_an_installed_redis_broker_under_test_handles_its_messages_as_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``install()`` and ``TestRedisBroker``: the start checks the subscribers, then leaves the
+    messages to FastStream, said once; a stream subscriber in a group is handled as without."""
+    redis = pytest.importorskip("faststream.redis", reason="faststream[redis], a test dependency")
+    retry = retry_middleware()
+    broker = redis.RedisBroker()
+    retry.install(broker)
+    calls: list[str] = []
+
+    @broker.subscriber(stream=redis.StreamSub("orders", group="g", consumer="c1"))
+    async def handle(body: str) -> None:
+        calls.append(body)
+        raise ConnectionError(body)
+
+    with caplog.at_level(logging.ERROR, logger="faststream_retry"):
+        async with redis.TestRedisBroker(broker) as br:
+            with retry.testing() as recorder, pytest.raises(ConnectionError):
+                await br.publish("bad", stream="orders")
+    assert calls == ["bad"]
+    assert recorder.events == []
+    errors = [r.getMessage() for r in caplog.records if r.name == "faststream_retry"]
+    assert len(errors) == 1
+    assert "test mode under TestRedisBroker is not built yet" in errors[0]
 
 
 async def test_a_mocked_connection_leaves_no_coroutine_unawaited(

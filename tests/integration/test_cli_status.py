@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import pytest
+from faststream.rabbit import RabbitBroker
 
 from faststream_retry.core import headers
 from faststream_retry.middleware.app import LoadedApp
@@ -88,6 +89,7 @@ async def started(
     source = textwrap.dedent(APP).format(url=rabbit_url, **names)
     (tmp_path / f"{names['module']}.py").write_text(source)
     loaded = load_app(f"{names['module']}:broker", cwd=tmp_path)
+    assert isinstance(loaded.broker, RabbitBroker)
     await loaded.broker.start()
     await loaded.broker.stop()
     try:

@@ -132,6 +132,9 @@ async def test_a_longer_wait_passes_the_re_check_until_its_last_tier(
     assert sum(seen == (last, "expired") for seen in came_home) == len(hops)
 
 
+# Several broker round trips (rabbitmqctl, policies, a killed process): 120 s was short
+# for them on a loaded machine, where a sid Python job runs beside the other lane.
+@pytest.mark.timeout(300)
 async def test_a_refused_copy_never_acks_the_original(
     rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
 ) -> None:
@@ -196,6 +199,9 @@ async def test_a_refused_copy_never_acks_the_original(
     assert await drain(amqp, f"{queue}.dlq", expect=0) == []
 
 
+# Several broker round trips (rabbitmqctl, policies, a killed process): 120 s was short
+# for them on a loaded machine, where a sid Python job runs beside the other lane.
+@pytest.mark.timeout(300)
 async def test_a_retry_copy_never_confirmed_ends_a_classic_queues_loop_as_stuck(
     rabbit_url: str, make_app: Any, amqp: AbstractRobustConnection
 ) -> None:

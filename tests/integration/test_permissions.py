@@ -72,6 +72,9 @@ async def grant(rabbit_url: str) -> AsyncIterator[Callable[[dict[str, str]], str
         await asyncio.to_thread(run, "delete_user", user)
 
 
+# Several broker round trips (rabbitmqctl, policies, a killed process): 120 s was short
+# for them on a loaded machine, where a sid Python job runs beside the other lane.
+@pytest.mark.timeout(300)
 async def test_the_documented_permissions_run_retries_and_dead_letters(
     grant: Callable[[dict[str, str]], str],
     amqp: AbstractRobustConnection,
@@ -119,6 +122,9 @@ async def test_the_documented_permissions_run_retries_and_dead_letters(
         await app.cleanup(amqp)
 
 
+# Several broker round trips (rabbitmqctl, policies, a killed process): 120 s was short
+# for them on a loaded machine, where a sid Python job runs beside the other lane.
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("take", "queue_type", "expected"),
     [

@@ -7,6 +7,7 @@ import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from nats.js.api import RetentionPolicy, StreamConfig
 from nats.js.errors import NotFoundError
 
 from tests.rabbit import eventually_async
@@ -70,3 +71,15 @@ async def stream_count(js: JetStreamContext, stream: str) -> int:
         return int((await js.stream_info(stream)).state.messages)
     except NotFoundError:
         return 0
+
+
+async def make_delay_stream(js: JetStreamContext, prefix: str, **config: Any) -> None:
+    """Make the delay stream of ``prefix`` by hand, as an operator would, with ``config`` on top."""
+    await js.add_stream(
+        StreamConfig(
+            name=f"{prefix}-delay",
+            subjects=[f"{prefix}.delay.>", f"{prefix}.ready.>"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            **config,
+        )
+    )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
-from nats.js.api import ConsumerConfig, DiscardPolicy, RetentionPolicy, StreamConfig
+from nats.js.api import ConsumerConfig, DiscardPolicy, RetentionPolicy
 
 from faststream_retry import (
     Fixed,
@@ -22,7 +22,13 @@ from faststream_retry import (
 )
 from faststream_retry.core import headers as h
 from faststream_retry.middleware.middleware import RetryMiddleware
-from tests.nats.helpers import drained, running, stream_count, stream_messages
+from tests.nats.helpers import (
+    drained,
+    make_delay_stream,
+    running,
+    stream_count,
+    stream_messages,
+)
 from tests.rabbit import eventually
 from tests.rabbit import eventually_async as until
 
@@ -468,15 +474,7 @@ async def test_a_copy_the_server_keeps_refusing_is_dead_lettered_as_stuck(
     message is dead-lettered as stuck; its handler ran once. Counted: 2 sent = 1 waiting
     + 1 dead-lettered."""
     stream, subject = names.stream(), names.subject()
-    await js.add_stream(
-        StreamConfig(
-            name=f"{names.prefix}-delay",
-            subjects=[f"{names.prefix}.delay.>", f"{names.prefix}.ready.>"],
-            retention=RetentionPolicy.WORK_QUEUE,
-            max_msgs=1,
-            discard=DiscardPolicy.NEW,
-        )
-    )
+    await make_delay_stream(js, names.prefix, max_msgs=1, discard=DiscardPolicy.NEW)
     policy = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=60)))
     retry = RetryMiddleware(
         policy,

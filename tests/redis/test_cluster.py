@@ -108,3 +108,53 @@ async def test_retries_and_dead_letters_on_a_cluster(
 def _plain(client: RedisCluster) -> Redis:
     """read_stream's one call (XRANGE on one key) is routed by the cluster client alike."""
     return client  # type: ignore[return-value]
+
+
+async def test_the_middleware_on_a_cluster_broker_retries_and_dead_letters(
+    cluster_url: str, cluster_client: RedisCluster
+) -> None:
+    """RetryMiddleware on a RedisClusterBroker: its engine's own client is a cluster client,
+    and each message is retried once or dead-lettered, counted by id."""
+    from faststream.redis import RedisClusterBroker, StreamSub  # noqa: PLC0415
+
+    from faststream_retry import Fixed, RetryMiddleware, RetryPolicy  # noqa: PLC0415
+    from faststream_retry.redis.keys import stream_keys  # noqa: PLC0415
+
+    stream = f"orders-{uuid.uuid4().hex[:8]}"
+    retry = RetryMiddleware(RetryPolicy(max_attempts=2, backoff=Fixed(0.1)))
+    broker = RedisClusterBroker(cluster_url, middlewares=[retry])
+    done: dict[int, int] = {}
+    calls: dict[int, int] = {}
+
+    @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"))
+    async def handle(body: dict[str, int]) -> None:
+        n = body["id"]
+        calls[n] = calls.get(n, 0) + 1
+        if calls[n] == 1 or n % 10 == 0:
+            raise ConnectionError(n)
+        done[n] = done.get(n, 0) + 1
+
+    retry.install(broker)
+    await broker.start()
+    try:
+        for n in range(N):
+            await broker.publish({"id": n}, stream=stream)
+        await eventually(lambda: sum(done.values()) >= N - N // 10, what="every retry handled")
+        dlq = stream_keys(stream).dlq
+
+        async def all_dead() -> bool:
+            return (
+                bool(await cluster_client.exists(dlq))
+                and int(await cluster_client.xlen(dlq)) >= N // 10
+            )
+
+        await until(all_dead, what="the dead letters")
+        live = retry.runtime(broker).live
+        assert live is not None
+        assert type(live.engine._client).__name__ == "RedisCluster"
+    finally:
+        await broker.stop()
+    assert done == {n: 1 for n in range(N) if n % 10}
+    letters = await read_stream(_plain(cluster_client), dlq)
+    assert sorted(json.loads(m.body)["id"] for _, m in letters) == list(range(0, N, 10))
+    assert calls == dict.fromkeys(range(N), 2)

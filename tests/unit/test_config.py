@@ -100,6 +100,7 @@ def test_a_publish_timeout_below_a_second_is_refused() -> None:
     [
         ("max_delay", 2**32 / 1000, "must be at most 49 d 17 h 2 min 47.295 s"),
         ("publish_timeout", 0.5, "must be at least 1 s, got 500 ms"),
+        ("claim_idle", 0.5, "must be at least 1 s, got 500 ms"),
     ],
 )
 def test_a_bound_names_its_option_for_the_worker_config(
@@ -145,7 +146,9 @@ def test_positive_ints(name: str) -> None:
         assert refusal(**{name: bad}) == f"{name} must be an int >= 1, got {bad!r}"
 
 
-@pytest.mark.parametrize("name", ["tick", "max_delay", "publish_failure_pause", "publish_timeout"])
+@pytest.mark.parametrize(
+    "name", ["tick", "max_delay", "publish_failure_pause", "publish_timeout", "claim_idle"]
+)
 def test_durations_name_themselves(name: str) -> None:
     """A duration that is not one is refused with the option's name."""
     assert refusal(**{name: "1s"}) == f"{name} takes a timedelta or seconds, got '1s'"
@@ -257,3 +260,26 @@ def test_an_async_hook_is_refused_with_the_fix(hook: Any) -> None:
 )
 def test_plain_hooks_are_taken(hook: Any) -> None:
     RetryMiddleware(hooks=[hook]).add_hook(hook)
+
+
+def test_claim_idle_is_a_minute_unless_set_and_at_least_a_second() -> None:
+    """Redis' claim idle time: carried in ms; below 1 s refused, naming the option and why."""
+    assert build().claim_idle_ms == 60_000
+    assert (
+        build().claim_idle_ms
+        == RetryConfig(
+            default=RetryPolicy(),
+            topology=build().topology,
+            prefetch=1,
+            pause_s=1,
+            publish_timeout_s=1,
+            log_retry_traceback="first",
+        ).claim_idle_ms
+    )
+    assert build(claim_idle=timedelta(seconds=1)).claim_idle_ms == 1000
+    assert build(claim_idle=90).claim_idle_ms == 90_000
+    assert refusal(claim_idle=timedelta(milliseconds=999)) == (
+        "claim_idle must be at least 1 s, got 999 ms: a replica keeps its pending entries "
+        "alive every quarter of it, and a shorter one would have live replicas claim each "
+        "other's"
+    )

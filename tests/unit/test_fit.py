@@ -230,3 +230,11 @@ def test_making_room_stops_as_soon_as_the_dead_letter_fits_exactly() -> None:
     assert made is not None
     assert made[1] == [("a", 101)]
     assert length(made[0]) == limit
+
+
+def test_making_room_says_where_the_limit_is() -> None:
+    """A transport's own limit is named in the note (Redis: a header of its binary format)."""
+    limit = weigh({h.ERROR: "x" * 80})
+    made = fit.make_room({"own": "o" * 100}, weigh, limit, where="in a place")
+    assert made is not None
+    assert made[0][h.ERROR].startswith("Left out to fit in a place (")

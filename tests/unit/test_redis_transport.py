@@ -182,3 +182,26 @@ def test_an_entry_is_read_from_faststreams_raw_message() -> None:
     entry = StreamEntry.from_raw(raw, "g")
     assert (entry.stream, entry.group, entry.id, entry.fields) == ("s", "g", "1-2", {b"a": b"1"})
     assert entry.incoming_headers() == {}
+
+
+@pytest.mark.timeout(10)
+async def test_a_task_that_swallows_a_cancellation_is_stopped_all_the_same() -> None:
+    """redis-py's client and Python 3.11's wait_for can eat a cancel: stop_tasks cancels again."""
+    from faststream_retry.redis.tasks import stop_tasks  # noqa: PLC0415
+
+    swallowed: list[int] = []
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:  # noqa: PERF203 - the loop is the point
+                if len(swallowed) >= 2:
+                    raise
+                swallowed.append(1)  # as a command in flight would: the loop goes on
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(stop_tasks([task]), 5)
+    assert task.cancelled()
+    assert len(swallowed) == 2

@@ -1,0 +1,259 @@
+"""The plugin on a ``RedisBroker``: the start and stop wrapping, and what it keeps per broker.
+
+The Redis side of ``runtime``, beside ``nats_runtime``: the same ``Plugin`` makes a
+``RedisRuntime`` for a ``RedisBroker`` (its cluster and sentinel kinds too), and the
+per-message scope talks to it through the same few members (``plan``, ``route``,
+``sink``, ``live``). At start the plugin checks the broker's subscribers (a pub/sub
+channel, a list, a stream read without a group, with ``no_ack`` or in batches, with
+retries on, are refused with the fix), builds one ``redis.engine.RedisRetryEngine`` for
+the covered streams on a client of its own (the broker's settings, ``redis_subscribers``)
+and checks the server with it, lets FastStream start its subscribers, then starts the
+engine's mover and claimer. A failure is carried out by ``redis.sink.RedisSink``.
+
+Redis has no tiers: a copy waits in a sorted set scored by its due time, exact to the
+millisecond, so the plan's ladder is built on a 1 ms tick (``exact_plan``): the core's
+decision rounds nothing and ``max_delay`` still bounds every delay. ``tick`` is not used.
+
+Not yet on Redis: test mode under ``TestRedisBroker`` (the plugin leaves the messages to
+FastStream, said once), outage mode (refused), and subscribers that join a running
+broker (left to FastStream).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from faststream_retry.core.durations import format_ms
+from faststream_retry.core.policy import effective_policy
+from faststream_retry.core.tiers import Tiers
+from faststream_retry.core.topology import Handler, Plan, Route, merge_routes
+from faststream_retry.errors import RetryConfigError
+from faststream_retry.middleware import _internals, checks, redis_subscribers
+from faststream_retry.middleware.planned import Planned
+from faststream_retry.reporting.log import log
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterable
+
+    from faststream_retry.core.config import RetryConfig
+    from faststream_retry.core.policy import RetryPolicy
+    from faststream_retry.middleware.checks import Middleware
+    from faststream_retry.middleware.testing import Testing
+    from faststream_retry.redis.engine import RedisRetryEngine
+    from faststream_retry.redis.sink import RedisSink
+    from faststream_retry.reporting.reporter import Reporter
+
+__all__ = ["RedisLive", "RedisRuntime", "exact_plan"]
+
+CLAIMER = "faststream-retry-claimer"
+"""The consumer name an entry claimed from a lost consumer is pending under while settled."""
+
+_IMPORTED = time.monotonic()
+"""When this process imported the plugin: before any of its subscribers read, and after
+every delivery an earlier process under the same consumer names had."""
+
+
+def exact_plan(routes: Iterable[Route], default: RetryPolicy, config: RetryConfig) -> Plan:
+    """Plan ``routes`` for a transport that holds a delay to the millisecond (pure).
+
+    The routes whose every handler has retries off are left out, as ``core.topology.plan``
+    does; the tiers are a 1 ms ladder up to ``max_delay``, so ``decide`` rounds a delay
+    to the millisecond and caps it at ``max_delay``. Nothing is declared from it.
+    """
+    covered = {q: r for q, r in merge_routes(routes).items() if r.enabled(default)}
+    tiers = Tiers.build(1, config.topology.max_delay_ms)
+    return Plan(config.topology, tiers, covered, ())
+
+
+@dataclass(eq=False, slots=True)
+class RedisLive:
+    """The running parts: the plan, the engine, and the close of the engine's client."""
+
+    plan: Plan
+    engine: RedisRetryEngine
+    close: Callable[[], Awaitable[None]]
+    running: bool = True
+    outages: None = None
+    """Outage mode is refused on Redis (``check``): no gates."""
+
+
+class RedisRuntime(Planned):
+    """Everything the plugin holds for one ``RedisBroker``."""
+
+    releases_on_arrival = True
+    """A copy that reaches its handler was moved back by the mover when due: a release."""
+
+    def __init__(
+        self,
+        config: RetryConfig,
+        reporter: Reporter,
+        broker: Any,  # noqa: ANN401 - a RedisBroker
+        testing: Testing,
+    ) -> None:
+        """Prepare; nothing touches the network before ``open``."""
+        super().__init__(config, reporter, broker, testing)
+        self.live: RedisLive | None = None
+        self._stopped_at = _IMPORTED
+
+    def replan(self) -> Plan:
+        """Plan from the subscribers the broker has now, on an exact ladder (no network)."""
+        self._plan = exact_plan(_internals.routes_of(self.broker), self.config.default, self.config)
+        return self._plan
+
+    def sink(self) -> RedisSink | None:
+        """Where this broker's failures go now; ``None``: the plugin is not running."""
+        from faststream_retry.redis.sink import RedisSink  # noqa: PLC0415 - redis-py, on Redis only
+
+        live = self.live
+        if live is None or not live.running:
+            return None
+        return RedisSink(live.engine, live.plan, self.reporter)
+
+    async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
+        """A subscriber that joined the running broker: not covered on Redis yet (FastStream's)."""
+        return None
+
+    def check(self, middleware: Middleware) -> Plan:
+        """Plan and check the broker's subscribers; raise one error naming every fix.
+
+        Raises:
+            RetryConfigError: a channel, a list, or a stream read without a group, with
+                ``no_ack`` or in batches, whose handlers have retries on; ``ACK_FIRST``;
+                two middlewares; outage mode.
+        """
+        topology = self.replan()
+        checks.refuse_ack_first(self.broker, topology)
+        checks.refuse_other_instances(self.broker, middleware)
+        from faststream_retry.redis import refusals  # noqa: PLC0415 - the Redis side's texts
+
+        found: list[str] = []
+        if self.config.outage is not None:
+            found.append(refusals.outage_refused())
+        default = self.config.default
+        for sub in self.broker.subscribers:
+            key = redis_subscribers.key_of(sub)
+            if key is None:
+                described = redis_subscribers.describe(sub)
+                handlers = tuple(
+                    Handler(_internals.handler_policy(item)) for item in getattr(sub, "calls", ())
+                )
+                if described is None or not Route(described.name, handlers).enabled(default):
+                    continue
+                if described.kind == "stream":
+                    found.append(refusals.no_group(described.name))
+                else:
+                    found.append(refusals.not_a_stream(described.kind, described.name))
+            elif key in topology.routes:
+                if redis_subscribers.no_ack(sub):
+                    found.append(refusals.no_ack(key))
+                if redis_subscribers.is_batch(sub):
+                    found.append(refusals.batch(key))
+        if found:
+            raise RetryConfigError(
+                "faststream-retry cannot run on this RedisBroker:\n"
+                + "\n".join(f"- {text}" for text in found)
+            )
+        return topology
+
+    async def open(self, middleware: Middleware) -> None:
+        """Check the subscribers, build the engine on a client of its own, check the server.
+
+        Raises:
+            RetryConfigError: the subscribers (``check``), or two groups on one stream.
+            RetryTopologyError: the server cannot hold the retries (``redis.checks``).
+        """
+        topology = self.check(middleware)
+        if redis_subscribers.under_test_redis(self.broker):
+            self._leave_to_faststream(
+                "test mode under TestRedisBroker is not built yet: the plugin leaves this "
+                f"{type(self.broker).__qualname__}'s messages to FastStream, untouched"
+            )
+            return
+        made = await redis_subscribers.own_client(self.broker)
+        if made is None or not type(made[0]).__module__.startswith("redis"):
+            self._leave_to_faststream(
+                "the broker's connection settings are not FastStream's RedisBroker's "
+                "(a test double?): the plugin does not start on it, and leaves the broker's "
+                "messages to FastStream"
+            )
+            if made is not None:
+                await made[1]()
+            return
+        client, close = made
+        try:
+            engine = self._engine(client, topology)
+            await engine.check()
+        except BaseException:
+            await close()
+            raise
+        self.live = RedisLive(topology, engine, close)
+        self.started = True
+        log.info(
+            "faststream-retry (Redis): delays held to the ms up to %s, claim after %s, "
+            "%d covered: %s",
+            format_ms(topology.tiers.max_delay_ms),
+            format_ms(self.config.claim_idle_ms),
+            len(topology.routes),
+            ", ".join(sorted(topology.routes)) or "none",
+        )
+
+    def _engine(self, client: Any, topology: Plan) -> RedisRetryEngine:  # noqa: ANN401 - redis-py's
+        """One engine for the covered streams: their groups, this replica's consumers, policies."""
+        from faststream_retry.redis.engine import RedisRetryEngine  # noqa: PLC0415 - redis-py
+
+        streams: list[tuple[str, str]] = []
+        own: list[tuple[str, str]] = []
+        for sub in self.broker.subscribers:
+            key = redis_subscribers.key_of(sub)
+            group, consumer = redis_subscribers.group_of(sub), redis_subscribers.consumer_of(sub)
+            if key is None or key not in topology.routes or group is None or consumer is None:
+                continue
+            if (key, group) not in streams:
+                streams.append((key, group))
+            if (key, consumer) not in own:
+                own.append((key, consumer))
+        default = self.config.default
+        # A claimed entry has no handler to ask: it counts against its stream's first
+        # handler's policy (the only one, unless filters share the stream).
+        policies = {
+            queue: effective_policy(route.handlers[0].policy if route.handlers else None, default)
+            for queue, route in topology.routes.items()
+        }
+        return RedisRetryEngine(
+            client,
+            streams,
+            # This replica's entries are those delivered since this process imported the
+            # plugin or, after a stop, since that stop: FastStream dropped the ones it held
+            # then, and they are the claimer's. Not since the engine was built: without
+            # install() it is built at the first message, after the first reads.
+            born=self._stopped_at,
+            consumer=CLAIMER,
+            own_consumers=own,
+            claim_idle_ms=self.config.claim_idle_ms,
+            policy=default,
+            policies=policies,
+        )
+
+    def _leave_to_faststream(self, why: str) -> None:
+        self.bypass = why
+        self.reporter.error_once(("bypass", id(self.broker)), "faststream-retry: %s", why)
+
+    async def start_consumers(self) -> None:
+        """Start the mover and the claimer (once FastStream's subscribers made their groups)."""
+        if self.live is not None:
+            await self.live.engine.start()
+
+    async def stop_consumers(self) -> None:
+        """Stop the mover and the claimer; failures of handlers still running are still settled."""
+        if self.live is not None:
+            await self.live.engine.stop()
+
+    async def stop(self) -> None:
+        """Stop settling failures and close the engine's client."""
+        live, self.live = self.live, None
+        self._stopped_at = time.monotonic()
+        if live is not None:
+            live.running = False
+            await live.close()

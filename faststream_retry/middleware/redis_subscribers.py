@@ -1,0 +1,141 @@
+"""What the plugin reads of FastStream's Redis subscribers and brokers (FastStream side).
+
+Duck-typed, as ``nats_subscribers`` reads NATS': nothing here imports ``faststream.redis``
+or redis-py, so an install without Redis needs neither. A stream subscriber has a
+``stream_sub`` (FastStream's ``StreamSub``, router prefix included), a pub/sub one a
+``channel`` (``PubSub``), a list one a ``list_sub`` (``ListSub``).
+
+The engine gets a client of its own, made from the broker's connection settings:
+FastStream's ``ConnectionState`` (``broker.config.broker_config.connection``, a private
+name) copied and connected again, so a plain, a Sentinel and a Cluster broker each give
+the same kind of client, with the same address, credentials and TLS.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = [
+    "Described",
+    "consumer_of",
+    "describe",
+    "group_of",
+    "is_batch",
+    "is_redis",
+    "is_redis_subscriber",
+    "key_of",
+    "no_ack",
+    "own_client",
+    "under_test_redis",
+]
+
+
+def is_redis(broker: object) -> bool:
+    """Whether ``broker`` is FastStream's ``RedisBroker`` (its cluster and sentinel ones too)."""
+    return any(
+        cls.__name__ == "RedisBroker" and cls.__module__.startswith("faststream.redis")
+        for cls in type(broker).__mro__
+    )
+
+
+def is_redis_subscriber(sub: object) -> bool:
+    """Whether ``sub`` is one of FastStream's Redis subscribers."""
+    return type(sub).__module__.startswith("faststream.redis")
+
+
+def under_test_redis(broker: Any) -> bool:  # noqa: ANN401 - a RedisBroker
+    """Whether ``TestRedisBroker`` is active on ``broker`` (it swaps the producer)."""
+    producer = getattr(getattr(broker, "config", None), "producer", None)
+    kind = type(producer)
+    return kind.__name__ == "FakeProducer" and kind.__module__.startswith("faststream.redis")
+
+
+def _stream_sub(sub: Any) -> Any:  # noqa: ANN401 - FastStream's StreamSub
+    if not is_redis_subscriber(sub):
+        return None
+    return getattr(sub, "stream_sub", None)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def group_of(sub: Any) -> str | None:  # noqa: ANN401 - a Redis subscriber
+    """The consumer group a stream subscriber reads in; ``None``: none (or not a stream)."""
+    return _text(getattr(_stream_sub(sub), "group", None))
+
+
+def consumer_of(sub: Any) -> str | None:  # noqa: ANN401 - a Redis subscriber
+    """The consumer name a stream subscriber reads as; ``None``: none (or not a stream)."""
+    return _text(getattr(_stream_sub(sub), "consumer", None))
+
+
+def key_of(sub: Any) -> str | None:  # noqa: ANN401 - a Redis subscriber
+    """The stream (router prefix included) of a subscriber the plugin can cover, else ``None``.
+
+    Covered: a stream subscriber in a consumer group, with a consumer name (FastStream
+    reads without a group otherwise). A channel, a list, and a stream read without a
+    group have none: their messages are gone once delivered (``describe`` names them).
+    """
+    stream = _stream_sub(sub)
+    if stream is None or group_of(sub) is None or consumer_of(sub) is None:
+        return None
+    return _text(getattr(stream, "name", None))
+
+
+def no_ack(sub: Any) -> bool:  # noqa: ANN401 - a Redis subscriber
+    """Whether a stream subscriber reads with ``NOACK``: its entries are never pending."""
+    return getattr(_stream_sub(sub), "no_ack", False) is True
+
+
+def is_batch(sub: Any) -> bool:  # noqa: ANN401 - a Redis subscriber
+    """Whether a stream subscriber hands its handler a batch of entries."""
+    return getattr(_stream_sub(sub), "batch", False) is True
+
+
+class Described(NamedTuple):
+    """What a Redis subscriber reads: ``kind`` (stream, channel, list) and its name."""
+
+    kind: str
+    name: str
+
+
+def describe(sub: Any) -> Described | None:  # noqa: ANN401 - any subscriber
+    """What ``sub`` reads, router prefix included; ``None`` for one that is not Redis'."""
+    if not is_redis_subscriber(sub):
+        return None
+    for kind, attr in (("stream", "stream_sub"), ("channel", "channel"), ("list", "list_sub")):
+        found = getattr(sub, attr, None)
+        if found is not None:
+            return Described(kind, str(getattr(found, "name", None) or "?"))
+    return Described("subscriber", "?")
+
+
+async def own_client(
+    broker: Any,  # noqa: ANN401 - a RedisBroker
+) -> tuple[Any, Callable[[], Awaitable[None]]] | None:
+    """Connect a client of the engine's own with ``broker``'s settings; return it and its close.
+
+    ``None`` when the broker keeps its settings elsewhere than this FastStream's
+    ``ConnectionState`` does (a test double, a renamed internal). Entries are bytes to
+    the engine, so the client never decodes responses.
+    """
+    config = getattr(getattr(broker, "config", None), "broker_config", None)
+    state: Any = getattr(config, "connection", None)
+    options = getattr(state, "_options", None)
+    if not isinstance(options, dict) or not callable(getattr(state, "connect", None)):
+        return None
+    own: Any = copy.copy(state)
+    # A new state: its own client and pool (and, for a cluster, its own sync side).
+    own._options = {**options, "decode_responses": False}  # noqa: SLF001
+    own._client = None  # noqa: SLF001
+    own._connected = False  # noqa: SLF001
+    if hasattr(own, "_sync_cluster"):
+        own._sync_cluster = None  # noqa: SLF001
+        own._thread_pool = None  # noqa: SLF001
+    client = await own.connect()
+    return client, own.disconnect

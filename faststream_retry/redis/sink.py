@@ -1,0 +1,151 @@
+"""Where a handler's failure goes on Redis: one script acknowledges the entry and writes its copy.
+
+The same decisions as on RabbitMQ and NATS (``core.decision``, ``core.steps.failed``): an
+``immediate`` retry calls the handler again in the process; a later one is the engine's
+retry-later script (``XACK``, and the copy scheduled ``delay_ms`` from the server's now);
+a dead letter its dead-letter script (``XACK``, and the letter added to ``P.dlq``). Each
+acknowledges and writes in one atomic step: never half done.
+
+- A script Redis refuses or cannot answer (down, read-only, a cut connection) raises, and
+  the failure goes on up: the entry stays pending, given up to the claimer
+  (``engine.abandon``), which claims it ``claim_idle`` later on any replica and counts
+  the lost attempt. Nothing is lost, and the handler is not run again here.
+- A step whose acknowledgement found nothing pending (a claimer took the entry from a
+  replica that stopped answering) writes nothing and reports nothing: whoever holds the
+  entry now settles it.
+- A copy whose headers FastStream's binary format cannot hold (``EnvelopeTooLarge``)
+  sends its message to the dead letters as ``invalid`` (``HeadersTooLarge``), lean.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from redis.exceptions import RedisError
+
+from faststream_retry.core import headers as h
+from faststream_retry.core import steps
+from faststream_retry.core.decision import Action
+from faststream_retry.core.events import EventKind
+from faststream_retry.redis import steps as redis_steps
+from faststream_retry.redis.envelope import EnvelopeTooLarge
+from faststream_retry.redis.steps import StreamEntry
+
+if TYPE_CHECKING:
+    from faststream_retry.core.decision import Decision
+    from faststream_retry.core.steps import Copy, Step
+    from faststream_retry.core.topology import Plan, Route
+    from faststream_retry.redis.engine import RedisRetryEngine
+    from faststream_retry.reporting.reporter import Reporter
+
+__all__ = ["Message", "RedisSink"]
+
+logger = logging.getLogger("faststream_retry.redis")
+
+MESSAGE_ID = "message_id"
+"""The header FastStream's Redis parser reads a message's id from."""
+
+
+class Message(Protocol):
+    """What the sink reads of FastStream's ``RedisStreamMessage``."""
+
+    @property
+    def raw_message(self) -> Any: ...  # noqa: ANN401, D102 - FastStream's DefaultStreamMessage
+
+    @property
+    def message_id(self) -> str: ...  # noqa: D102
+
+    @property
+    def headers(self) -> Any: ...  # noqa: ANN401, D102
+
+
+class RedisSink:
+    """A running Redis broker's sink."""
+
+    __slots__ = ("_engine", "_plan", "_reporter")
+
+    def __init__(self, engine: RedisRetryEngine, plan: Plan, reporter: Reporter) -> None:
+        """Carry failures of ``plan``'s streams out through ``engine``."""
+        self._engine = engine
+        self._plan = plan
+        self._reporter = reporter
+
+    async def retry(
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """An immediate retry is made now, in process; a later one is scheduled in Redis."""
+        if decision.action is Action.RETRY_NOW:
+            event = steps.in_process(
+                route.queue, msg.message_id, decision, exc, h.now_ms(), immediate=True
+            )
+            self._reporter.record(event, incoming=msg.headers, exception=exc)
+            return True
+        await self._send(msg, route, decision, exc)
+        return False
+
+    async def dead_letter(
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """Acknowledge the entry and add its dead letter to the stream's ``.dlq``, in one step."""
+        await self._send(msg, route, decision, exc)
+        return True
+
+    async def _send(
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+    ) -> None:
+        entry = StreamEntry.from_raw(msg.raw_message, self._engine.group(route.queue))
+        incoming = entry.incoming_headers()
+        # FastStream names a Redis message by this header, or by a new id at each delivery
+        # (its producers write none): the copies carry the first, so every attempt has it.
+        incoming.setdefault(MESSAGE_ID, msg.message_id)
+        step = steps.failed(
+            self._plan,
+            route,
+            decision,
+            exc,
+            message_id=msg.message_id,
+            incoming=incoming,
+            now_ms=h.now_ms(),
+        )
+        try:
+            try:
+                await self._place(entry, step, incoming, exc)
+            except EnvelopeTooLarge:
+                letter = steps.too_large(
+                    step, incoming, now_ms=h.now_ms(), error=redis_steps.TOO_LARGE_ERROR
+                )
+                if letter is None:  # a dead letter is made to fit: it never raises this
+                    raise
+                await self._place(entry, letter, incoming, exc)
+        except (RedisError, OSError):
+            self._engine.abandon(entry)
+            raise
+
+    async def _place(
+        self, entry: StreamEntry, step: Step, incoming: dict[str, Any], exc: BaseException
+    ) -> None:
+        """Run ``step``'s script and report it; a step that found nothing pending is not."""
+        engine = self._engine
+        dead = step.event.kind is EventKind.DEAD_LETTERED
+
+        async def send(copy: Copy) -> bool:
+            if dead:
+                done = await engine.dead_letter(entry, headers=copy.headers)
+            else:
+                due = await engine.retry_later(
+                    entry, delay_ms=step.event.delay_ms or 0, headers=copy.headers
+                )
+                done = due is not None
+            if not done:
+                logger.warning(
+                    "entry %s of %s was no longer pending for group %s when its handler's "
+                    "failure was settled: a claimer took it (this replica held it longer than "
+                    "claim_idle without keeping it alive), and settles it. Nothing written",
+                    entry.id,
+                    entry.stream,
+                    entry.group,
+                )
+            return done
+
+        await self._reporter.publish(step.event, step.copy, send, incoming=incoming, exception=exc)
