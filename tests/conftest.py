@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
+import resource
 import subprocess
 import sys
+import time
 import traceback
 from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
@@ -38,6 +41,53 @@ settings.register_profile(
 )
 if "HYPOTHESIS_PROFILE" in os.environ:  # otherwise hypothesis's own "ci" profile under CI=true
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+
+
+def mutant_cpu_budget(nodeid: str) -> float | None:
+    """CPU seconds a test may use against a mutant: mutmut's timeout formula, per test.
+
+    mutmut allows a mutant's whole run ``timeout_multiplier * (sum of its tests' times +
+    timeout_constant)`` wall-clock seconds, so a mutant that loops in its first, fast test
+    held a worker for up to 212 s (``ttl /= 2`` in ``Tiers.build``, which also allocated
+    15 GB meanwhile). Here each test gets that formula over its own time, in CPU seconds,
+    which a loaded machine does not use up: a slow survivor is never cut short by it.
+    ``None`` outside a mutant's run (mutmut's stats, clean and forced-fail runs, any
+    other pytest run) or for a test mutmut has no time for.
+    """
+    if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):
+        return None
+    mutmut_state, mutmut_config = (
+        sys.modules.get("mutmut.state"),
+        sys.modules.get("mutmut.configuration"),
+    )
+    if mutmut_state is None or mutmut_config is None:
+        return None
+    seconds = mutmut_state.state().duration_by_test.get(nodeid)
+    if seconds is None:
+        return None
+    config = mutmut_config.config()
+    return float((seconds + config.timeout_constant) * config.timeout_multiplier)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Against a mutant, a test over its CPU budget ends the run with mutmut's SIGXCPU.
+
+    The same signal and status as mutmut's own CPU limit (a timeout, which
+    scripts/mutation_score.py counts as killed), only sooner; that limit stays in force.
+    """
+    budget = mutant_cpu_budget(item.nodeid)
+    if budget is None:
+        return (yield)
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    limit = math.ceil(time.process_time() + budget)
+    if soft != resource.RLIM_INFINITY:
+        limit = min(limit, soft)
+    resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
+    try:
+        return (yield)
+    finally:
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -548,7 +548,7 @@ def test_any_exception_reaches_its_retry_or_its_dlq(
     # Reporting it (a span recording the exception, the metrics, the log, a hook) is quiet.
     events: list[RetryEvent] = []
     spans = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(spans))
     reporter = Reporter(Telemetry(provider), [events.append])
     event = RetryEvent.scheduled(

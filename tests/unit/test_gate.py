@@ -48,7 +48,7 @@ def permanent() -> Decision:
 class Harness:
     def __init__(self, after: int = 2, probe_ms: int = PROBE_MS, hold_ms: int = 60_000) -> None:
         self.spans = InMemorySpanExporter()
-        tracer_provider = TracerProvider()
+        tracer_provider = TracerProvider(shutdown_on_exit=False)
         tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.metrics = InMemoryMetricReader()
         self.events: list[RetryEvent] = []

@@ -30,7 +30,7 @@ from faststream_retry.reporting.telemetry import ATTR, METRICS, Telemetry, durat
 class Harness:
     def __init__(self) -> None:
         self.spans = InMemorySpanExporter()
-        tracer_provider = TracerProvider()
+        tracer_provider = TracerProvider(shutdown_on_exit=False)
         tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.metrics = InMemoryMetricReader()
         self.events: list[RetryEvent] = []

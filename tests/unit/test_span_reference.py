@@ -62,7 +62,7 @@ async def confirmed(_: Copy) -> bool:
 async def carried() -> dict[str, set[str]]:
     """Each span's attributes, over every way the plugin makes it."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     reporter = Reporter(Telemetry(provider, None), [])
     incoming = {h.ATTEMPT: 1, h.DUE: NOW - 5}
