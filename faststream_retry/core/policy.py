@@ -50,10 +50,17 @@ def to_ms(
     ``option`` (of ``owner``, at ``index`` of a list) for anything that is not a finite,
     non-negative duration.
     """
-    if isinstance(value, bool) or not isinstance(value, (timedelta, int, float)):
+    if isinstance(value, timedelta):
+        # Exactly, in whole microseconds: total_seconds() is a float, whose noise at ten
+        # billion ms (a maximum of about three months) rounds a whole ms up by one.
+        us = value // timedelta(microseconds=1)
+        if us >= 0:
+            return -(-us // 1000)
+        problem = f"must be a finite duration >= 0, got {value!r}"
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
         problem = f"takes a timedelta or seconds, got {value!r}"
     else:
-        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+        seconds = float(value)
         if math.isfinite(seconds) and seconds >= 0:
             return ms_of_seconds(seconds)
         problem = f"must be a finite duration >= 0, got {value!r}"

@@ -8,7 +8,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from faststream_retry import (
@@ -286,6 +286,18 @@ class TestDurations:
         assert to_ms(0.1 + 0.2, "x") == 300
         assert to_ms(0.0011, "x") == 2
 
+    def test_a_timedelta_is_exact_at_any_size(self) -> None:
+        """A timedelta's whole ms stay whole far past where a float's noise reaches a ms.
+
+        ``timedelta(milliseconds=8464679844).total_seconds() * 1000`` is a hair above the
+        whole number: rounded up, an Exponential's maximum grew by 1 ms (hypothesis found
+        it in ``test_exponential_stays_within_its_bounds``).
+        """
+        assert to_ms(timedelta(milliseconds=8464679844), "x") == 8464679844
+        assert to_ms(timedelta(microseconds=8464679844001), "x") == 8464679845
+        assert to_ms(timedelta(microseconds=1), "x") == 1
+        assert to_ms(timedelta(0), "x") == 0
+
 
 class TestBoundaries:
     """Each limit accepted at its edge, refused one step past it, with the whole message."""
@@ -474,6 +486,8 @@ class TestBackoffProperties:
         n=st.integers(min_value=1, max_value=10**4),
         rand=st.floats(min_value=0, max_value=1, exclude_max=True),
     )
+    # A maximum whose float ms are a hair above a whole number (to_ms rounded it up).
+    @example(initial_ms=1435178, factor=2.0, cap_ticks=5898, jitter=0.0, n=14, rand=0.0)
     def test_exponential_stays_within_its_bounds(
         self,
         *,
