@@ -76,6 +76,9 @@ class Store(Protocol):
     """What the answers call the ``queue``: the dead-letter stream, or its key."""
     system: str
     """``nats`` or ``redis``."""
+    origin: str
+    """Where the dead letters named go back to by default, when the name says (the covered
+    stream, the subscriber's key); ``""``: each one's own ``retry-origin-queue``."""
 
     async def total(self) -> int:
         """How many dead letters it holds now."""
@@ -220,7 +223,8 @@ async def replay_dead_letters(
     """
     outcome, taken = await _pass(store, None, selection=selection, limit=limit)
     await store.check_target(to, taken)
-    outcome.target = to or _origins(taken) or "their own subscribers"
+    # A replay that finds nothing (another took them) names the same target as one that does.
+    outcome.target = to or _origins(taken) or store.origin or "their own subscribers"
     done = outcome.done
     assert done is not None  # noqa: S101 - _pass always sets it
     if dry_run:

@@ -128,6 +128,7 @@ class NatsStore:
         self.stream = naming.dlq_stream(prefix, stream)
         self.filter = naming.dlq_subject(prefix, key) if key else naming.dlq_filter(prefix, stream)
         self.key = key
+        self.origin = key or ""
         self.name = self.stream
         self._dlq_head = naming.dlq_subject(prefix, "")
 

@@ -92,9 +92,11 @@ class RedisStore:
             OperationError: no key of the plugin's can follow from ``queue``.
         """
         self._client = client
+        self.origin = ""
         if queue.endswith(DLQ_SUFFIX):
             self.name = queue
         else:
+            self.origin = queue
             try:
                 self.name = stream_keys(queue).dlq
             except RetryConfigError as exc:

@@ -137,7 +137,8 @@ async def test_replay_hands_each_dead_letter_to_its_subscriber_once(
             cli(nats_url, names, "dlq", "replay", app.stream),
             cli(nats_url, names, "dlq", "replay", app.stream),
         )
-        assert one["to"] == two["to"] == app.key
+        # One may find nothing left (the other took all): it names no subscriber then.
+        assert all(answer["to"] == app.key for answer in (one, two) if answer["moved"])
         assert one["moved"] + two["moved"] == 300
 
         async def handled() -> bool:
