@@ -37,11 +37,17 @@ __all__ = ["REPLAY", "RedisStore", "open_store"]
 PAGE = 200
 
 REPLAY = """
-if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end
 redis.call('XADD', KEYS[2], '*', '__data__', ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[1])
 return 1
 """
-"""KEYS dlq, target stream; ARGV entry id, copy. The copy only if the dead letter was there."""
+"""KEYS dlq, target stream; ARGV entry id, copy. The copy only if the dead letter is there.
+
+Written first, removed last: Redis keeps a script's writes when a later command fails (an
+ACL that denies ``XADD``, a full server), so a replay stopped part-way keeps its dead
+letter rather than deleting it with no copy made (at worst a copy beside it: a duplicate).
+"""
 
 
 def _safe(url: str) -> str:

@@ -14,8 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from faststream.redis import RedisBroker, StreamSub
+from redis.asyncio import Redis
 
 from faststream_retry import PermanentError, RetryMiddleware
+from faststream_retry.core import headers as h
+from faststream_retry.ops import dlq_store
+from faststream_retry.ops.redis_dlq import RedisStore
+from faststream_retry.redis import envelope
 from faststream_retry.redis.keys import stream_keys
 from tests.cli import run_cli
 from tests.redis.support import until
@@ -24,7 +29,6 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from pathlib import Path
 
-    from redis.asyncio import Redis
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -193,3 +197,31 @@ async def test_a_failed_export_leaves_the_old_file(
     assert file.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["old.jsonl"]
     await client.delete(stream_keys(stream).dlq)
+
+
+async def test_a_replay_whose_copy_is_refused_keeps_its_dead_letter(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """An operator's user denied XADD: the replay fails and the dead letter is still there.
+
+    Redis keeps a script's writes when a later command fails: a replay that removed the
+    letter before adding its copy lost it (found in review: XLEN 0 after the refusal).
+    """
+    keys = stream_keys(stream)
+    await client.xadd(stream, {"seed": "1"})
+    letter = envelope.build(b'{"id": 1}', {h.ORIGIN_QUEUE: stream, h.ATTEMPT: "3"})
+    await client.xadd(keys.dlq, {envelope.DATA_FIELD: letter})
+    user = f"ops-{stream}"
+    await client.acl_setuser(
+        user, enabled=True, nopass=True, keys=["*"], channels=["*"], commands=["+@all", "-xadd"]
+    )
+    operator = Redis.from_url(redis_url, username=user)
+    try:
+        store = RedisStore(operator, stream)
+        await store.open()
+        with pytest.raises(Exception):  # noqa: B017 - the server's refusal, however wrapped
+            await dlq_store.replay_dead_letters(store)
+    finally:
+        await operator.aclose()
+        await client.acl_deluser(user)
+    assert await client.xlen(keys.dlq) == 1, "the refused replay deleted the dead letter"
