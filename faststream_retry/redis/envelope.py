@@ -94,12 +94,14 @@ def _string(data: bytes, offset: int) -> tuple[str, int]:
 def _json_envelope(data: bytes) -> Envelope | None:
     try:
         parsed = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     if not isinstance(parsed, dict) or not isinstance(parsed.get("data"), str):
         return None
     headers = parsed.get("headers")
-    return Envelope(parsed["data"].encode(), dict(headers) if isinstance(headers, Mapping) else {})
+    # surrogatepass: JSON may spell a lone surrogate ("\ud800"), which UTF-8 cannot encode.
+    body = parsed["data"].encode(errors="surrogatepass")
+    return Envelope(body, dict(headers) if isinstance(headers, Mapping) else {})
 
 
 def _text(raw: bytes) -> str:
@@ -121,7 +123,10 @@ def parse(fields: Mapping[bytes, bytes]) -> Envelope:
 
 
 def _put(out: bytearray, text: str) -> None:
-    raw = text.encode(errors="surrogateescape")
+    try:
+        raw = text.encode(errors="surrogateescape")  # bytes read undecoded go back as they were
+    except UnicodeEncodeError:  # a lone surrogate from a JSON envelope ("\ud800")
+        raw = text.encode(errors="surrogatepass")
     if len(raw) > _MAX_SHORT:
         raise EnvelopeTooLarge(
             f"a header of {len(raw)} bytes: FastStream's binary format holds 65,535 at most"
@@ -173,6 +178,6 @@ def from_wire(headers: Mapping[str, Any]) -> dict[str, Any]:
     for key in _TABLES:
         value = out.get(key)
         if isinstance(value, str):
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 out[key] = json.loads(value)
     return out
