@@ -116,7 +116,7 @@ def _original_subject(headers: dict[str, str] | None) -> str | None:
         return None
     try:
         subject = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(subject, str) or not subject or any(c.isspace() for c in subject):
         return None

@@ -45,7 +45,7 @@ def decode(headers: Mapping[str, str] | None) -> dict[str, Any]:
         if key.startswith(_RETRY) and isinstance(value, str) and len(value) <= _MAX_JSON:
             try:
                 decoded[key] = json.loads(value)
-            except ValueError:
+            except (ValueError, RecursionError):  # nesting a few KB deep is enough for the latter
                 decoded[key] = value
             continue
         decoded[key] = value

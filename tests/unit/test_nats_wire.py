@@ -58,6 +58,18 @@ def test_a_garbled_retry_header_is_kept_as_text_and_read_as_missing() -> None:
     assert h.read_history(decoded) == []
 
 
+def test_a_retry_header_nested_past_the_recursion_limit_is_kept_as_text() -> None:
+    """3,000 ``[`` (3 KB) raise RecursionError, not ValueError, in json.loads: still text.
+
+    Found in review: it escaped the sink, and FastStream terminated the message with no
+    copy and no dead letter.
+    """
+    deep = "[" * 3000
+    decoded = wire.decode({"retry-history": deep, "retry-origin-subject": deep})
+    assert decoded == {"retry-history": deep, "retry-origin-subject": deep}
+    assert h.read_history(decoded) == []
+
+
 @given(st.dictionaries(st.text(min_size=1), st.text()))
 def test_any_headers_encode_to_one_line_values(headers: dict[str, str]) -> None:
     """Whatever came in, every value of a copy is one line NATS can carry."""
