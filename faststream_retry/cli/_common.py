@@ -209,6 +209,7 @@ def run(operation: Coroutine[Any, Any, T]) -> T:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signum, stop)
+        loop.set_exception_handler(_quiet_about_the_broken_connection)
         return await operation
 
     try:
@@ -227,6 +228,17 @@ def run(operation: Coroutine[Any, Any, T]) -> T:
         # Every move is confirm-then-ack: what was not acked is still in its queue.
         err.print("interrupted: nothing was lost (a message in flight may now be in both queues)")
         raise typer.Exit(130) from None
+
+
+def _quiet_about_the_broken_connection(
+    loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+) -> None:
+    # aiormq fails every future that waits on a connection that broke, and the ones
+    # nobody awaited any more are reported when they are collected, after the command
+    # has said the connection broke: a traceback of 90 lines under the one-line answer.
+    if isinstance(context.get("exception"), (AMQPError, ConnectionError)):
+        return
+    loop.default_exception_handler(context)
 
 
 def _broke(why: str) -> NoReturn:
