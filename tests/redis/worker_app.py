@@ -1,7 +1,7 @@
 """A replica of a retrying app, run as a subprocess and killed with SIGKILL by the tests.
 
-``REDIS_URL``, ``STREAM``, ``CONSUMER``; a message whose id is a multiple of 10 fails
-once. Each success is counted in the hash ``<STREAM>:done`` (id: times), written before
+``REDIS_URL``, ``STREAM``, ``CONSUMER``, ``CLAIM_IDLE_MS`` (the other replicas' own); a
+message whose id is a multiple of 10 fails once. Each success is counted in the hash ``<STREAM>:done`` (id: times), written before
 the handler returns, so a kill after it and before the acknowledgement counts twice.
 """
 
@@ -24,7 +24,7 @@ async def main() -> None:
         max_attempts=10,
         delay_ms=200,
         consumer=os.environ["CONSUMER"],
-        claim_idle_ms=1000,
+        claim_idle_ms=int(os.environ["CLAIM_IDLE_MS"]),
         on_done=lambda n: app.client.hincrby(f"{STREAM}:done", str(n), 1),
     )
     await app.start()
