@@ -16,7 +16,6 @@ from aiormq.exceptions import (
     ConnectionUnexpectedFrame,
 )
 from faststream.rabbit import RabbitMessage
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pamqp.encode import field_table as encode_table
 
@@ -25,7 +24,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.core.events import EventKind
 from tests.faults.support import DeadLetterWatch, Tally, count_late, stopped, wait_settled
 from tests.rabbit import App, drain, eventually, queue_depth, unique
-from tests.strategies import amqp_values, hostile_headers
+from tests.strategies import amqp_values, draw, hostile_headers
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -35,25 +34,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.rabbit, pytest.mark.fault, pytest.mark.timeout(400)]
 
 EXAMPLES = 300
-
-
-def draw(strategy: st.SearchStrategy[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """``n`` values of ``strategy`` (hypothesis generates; the test asserts on the lot)."""
-    found: list[dict[str, Any]] = []
-
-    @settings(
-        max_examples=n,
-        database=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        deadline=None,
-    )
-    @given(strategy)
-    def collect(value: dict[str, Any]) -> None:
-        found.append(value)
-
-    collect()
-    return found
 
 
 def encodable(headers: dict[str, Any]) -> bool:
