@@ -12,6 +12,7 @@ its own. Imported by the command only for Redis: it needs redis-py.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +128,9 @@ def _covered(app: LoadedApp) -> dict[str, str]:
     for sub in app.broker.subscribers:
         stream, group = redis_subscribers.key_of(sub), redis_subscribers.group_of(sub)
         if stream is not None and group is not None and stream in app.plan.routes:
-            out.setdefault(stream, group)
+            with contextlib.suppress(RetryConfigError):  # refused, and said so by _wiring
+                keys.stream_keys(stream)
+                out.setdefault(stream, group)
     return out
 
 
