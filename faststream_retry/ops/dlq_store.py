@@ -444,13 +444,23 @@ async def import_messages(
         try:
             await store.put(record, to)
         except OperationError as exc:
-            raise OperationError(
-                f"{exc}; {done.published} published before {source}:{number}"
-            ) from exc
+            raise OperationError(_stopped(str(exc), done.published, source, number)) from exc
         done.published += 1
         if progress is not None:
             progress(done.published)
     return done
+
+
+def _stopped(why: str, published: int, source: str, number: int) -> str:
+    """What an import stopped at line ``number`` says: how many went in, where to go on."""
+    if not published:
+        return f"{why}; nothing was imported"
+    # Running the whole file again would publish the first ones twice.
+    return (
+        f"{why}; {published} imported, up to the line before {source}:{number}: to go on "
+        f"without importing them twice, import from line {number} on (for example "
+        f"tail -n +{number} FILE | faststream-retry dlq import - ...)"
+    )
 
 
 def queue_of(lines: list[str], source: str, *, to: str | None = None) -> str:
