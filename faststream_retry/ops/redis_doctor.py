@@ -3,7 +3,9 @@
 The server as the transport's start checks it (``redis.checks``: the version, scripting,
 an ``allkeys-*`` eviction policy that may drop schedules, a replica), what a crash can
 lose with its persistence settings (``redis.durability``, from ``CONFIG GET appendonly
-appendfsync save``; a renamed or denied ``CONFIG`` is said), and, given an app, its
+appendfsync save no-appendfsync-on-rewrite`` and ``INFO persistence``; a renamed or denied
+``CONFIG`` is said), what a failover to a replica can lose (``INFO replication``,
+``min-replicas-to-write``), and, given an app, its
 wiring as the start checks it (``RedisRuntime.check``) and each covered stream's group:
 its pending entries, the copies in the stream's schedule (and how many are overdue: no
 replica moving them), and the dead letters in its ``P.dlq``. Only reads, on a client of
@@ -24,12 +26,12 @@ from faststream_retry.middleware import redis_subscribers
 from faststream_retry.ops import diagnosis
 from faststream_retry.ops.common import CONNECT_TIMEOUT_S, OperationError, safe_redis_url
 from faststream_retry.redis import checks, keys
-from faststream_retry.redis.durability import Persistence, durability
+from faststream_retry.redis.durability import Persistence, Replication, durability, failover
 
 if TYPE_CHECKING:
     from faststream_retry.middleware.app import LoadedApp
 
-__all__ = ["OVERDUE_MS", "doctor", "read_persistence"]
+__all__ = ["OVERDUE_MS", "doctor", "read_persistence", "read_replication"]
 
 OVERDUE_MS = 60_000
 """A copy this long past its due time is overdue: no replica of the app is moving copies."""
@@ -114,6 +116,19 @@ async def _findings(
             said.fix,
         )
     )
+    lost = failover(await read_replication(client))
+    if lost is not None:
+        found.append(
+            diagnosis.Finding(
+                lost.level,
+                "failover",
+                "",
+                lost.loss,
+                "a replica takes over with what it had received; the AOF of the old "
+                "primary does not come with it",
+                lost.fix,
+            )
+        )
     if app is not None:
         found += _wiring(app)
         now_ms = await _server_ms(client)
@@ -153,11 +168,19 @@ def _wiring(app: LoadedApp) -> list[diagnosis.Finding]:
 
 
 async def read_persistence(client: Redis) -> Persistence:
-    """Read ``appendonly``, ``appendfsync`` and ``save``; ``INFO`` when ``CONFIG`` is refused."""
+    """Read the persistence settings (``CONFIG GET``) and ``INFO persistence``.
+
+    ``appendonly``, ``appendfsync``, ``save`` and ``no-appendfsync-on-rewrite``; only what
+    ``INFO`` tells when ``CONFIG`` is refused.
+    """
+    persistence = await client.info("persistence")
+    delayed = persistence.get("aof_delayed_fsync")
+    delayed_fsyncs = delayed if isinstance(delayed, int) else None
     try:
-        raw = await client.config_get("appendonly", "appendfsync", "save")
+        raw = await client.config_get(
+            "appendonly", "appendfsync", "save", "no-appendfsync-on-rewrite"
+        )
     except ResponseError as exc:  # renamed (unknown command) or denied (NOPERM)
-        persistence = await client.info("persistence")
         enabled = _text(persistence, "aof_enabled")
         return Persistence(
             appendonly={"1": "yes", "0": "no"}.get(enabled),
@@ -165,14 +188,36 @@ async def read_persistence(client: Redis) -> Persistence:
             save=None,
             config_refused=str(exc),
             last_save_age_s=_age(persistence),
+            delayed_fsyncs=delayed_fsyncs,
         )
     settings = {_decode(k): _decode(v) for k, v in raw.items()}
     return Persistence(
         appendonly=settings.get("appendonly"),
         appendfsync=settings.get("appendfsync"),
         save=settings.get("save"),
-        last_save_age_s=_age(await client.info("persistence")),
+        last_save_age_s=_age(persistence),
+        no_fsync_on_rewrite=settings.get("no-appendfsync-on-rewrite"),
+        delayed_fsyncs=delayed_fsyncs,
     )
+
+
+async def read_replication(client: Redis) -> Replication:
+    """Read a primary's replicas (``INFO replication``) and ``min-replicas-*`` if allowed."""
+    info = await client.info("replication")
+    replicas = info.get("connected_slaves")
+    settings: dict[str, str] = {}
+    with contextlib.suppress(ResponseError):  # CONFIG renamed or denied: said as unknown
+        raw = await client.config_get("min-replicas-to-write", "min-replicas-max-lag")
+        settings = {_decode(k): _decode(v) for k, v in raw.items()}
+    return Replication(
+        replicas=replicas if isinstance(replicas, int) else 0,
+        min_replicas=_number(settings.get("min-replicas-to-write")),
+        max_lag_s=_number(settings.get("min-replicas-max-lag")),
+    )
+
+
+def _number(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _decode(value: object) -> str:
