@@ -25,11 +25,11 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from faststream_retry.core import headers as h
 from faststream_retry.errors import RetryConfigError
+from faststream_retry.ops import redis_client
 from faststream_retry.ops.common import CONNECT_TIMEOUT_S, OperationError, shown_name
 from faststream_retry.ops.dlq_store import ExportRecord, Stored
 from faststream_retry.redis import envelope
@@ -37,6 +37,8 @@ from faststream_retry.redis.keys import dlq_owners, stream_keys
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from faststream_retry.ops.redis_client import Client
 
 __all__ = ["REPLAY", "RedisStore", "open_store"]
 
@@ -66,21 +68,15 @@ def _safe(url: str) -> str:
 async def open_store(url: str, queue: str) -> AsyncIterator[RedisStore]:
     """The dead letters ``queue`` names on the server at ``url`` (see the module docstring).
 
+    On a Redis Cluster's node, a cluster client: each key is read where its slot is.
+
     Raises:
         OperationError: the server cannot be reached, or refused a command.
     """
-    try:
-        client = Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30.0)
-    except ValueError as exc:
-        raise OperationError(f"not a Redis URL: {_safe(url)} ({exc})") from exc
-    try:
-        try:
-            await client.ping()
-        except (RedisError, OSError) as exc:
-            raise OperationError(f"cannot reach Redis at {_safe(url)}: {exc!r}") from exc
+    async with redis_client.connect(url, connect_timeout=CONNECT_TIMEOUT_S, timeout=30.0) as client:
         store = RedisStore(client, queue)
-        await store.open()
         try:
+            await store.open()
             yield store
         except (RedisError, OSError) as exc:
             raise OperationError(
@@ -88,8 +84,6 @@ async def open_store(url: str, queue: str) -> AsyncIterator[RedisStore]:
                 "is removed only in the step that writes its copy, so none was lost; run the "
                 "command again"
             ) from exc
-    finally:
-        await client.aclose()
 
 
 class RedisStore:
@@ -97,7 +91,7 @@ class RedisStore:
 
     system = "redis"
 
-    def __init__(self, client: Redis, queue: str) -> None:
+    def __init__(self, client: Client, queue: str) -> None:
         """Name the ``.dlq`` key ``queue`` means; nothing is asked yet.
 
         Raises:
@@ -220,7 +214,19 @@ class RedisStore:
                     raise OperationError(self._foreign(letter))
         names = {target} if target else {letter.origin for letter in letters}
         for name in sorted(names):
+            self._check_slot(name)
             await self._check_stream(name, "replay", "; nothing was replayed")
+
+    def _check_slot(self, name: str) -> None:
+        """On a cluster, the replay's one script needs the target in the dead letters' slot."""
+        client: Any = self._client
+        if redis_client.is_cluster(client) and client.keyslot(name) != client.keyslot(self.name):
+            raise OperationError(
+                f"cannot replay to stream {shown_name(name)} on this Redis Cluster: it is not "
+                f"in the hash slot of {shown_name(self.name)}, and a replay adds the copy and "
+                "removes the dead letter in one script, on one node. Export the dead letters "
+                "and import them with --to instead; nothing was replayed"
+            )
 
     def _foreign(self, letter: Stored) -> str:
         said = h.read_text(letter.decoded, h.ORIGIN_QUEUE, h.QUEUE_LIMIT)

@@ -18,18 +18,18 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import redis_subscribers
-from faststream_retry.ops import diagnosis
+from faststream_retry.ops import diagnosis, redis_client
 from faststream_retry.ops.common import CONNECT_TIMEOUT_S, OperationError, safe_redis_url
 from faststream_retry.redis import checks, keys
 from faststream_retry.redis.durability import Persistence, Replication, durability, failover
 
 if TYPE_CHECKING:
     from faststream_retry.middleware.app import LoadedApp
+    from faststream_retry.ops.redis_client import Client
 
 __all__ = ["OVERDUE_MS", "doctor", "read_persistence", "read_replication"]
 
@@ -49,8 +49,7 @@ async def doctor(
     """
     if app is not None and not app.redis:
         raise OperationError(f"{app.spec}'s broker is not a RedisBroker")
-    client = Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
-    try:
+    async with redis_client.connect(url, connect_timeout=timeout, timeout=timeout) as client:
         try:
             info = await client.info()
         except (RedisError, OSError) as exc:
@@ -64,8 +63,6 @@ async def doctor(
                 f"the Redis server at {safe_redis_url(url)} stopped answering: {exc!r}; run "
                 "doctor again once it is back"
             ) from exc
-    finally:
-        await client.aclose()
     return diagnosis.Report(
         app=app.spec if app is not None else "",
         prefix=app.config.topology.prefix if app is not None else "",
@@ -82,7 +79,7 @@ def _text(info: dict[str, Any], key: str) -> str:
 
 
 async def _findings(
-    client: Redis, info: dict[str, Any], app: LoadedApp | None
+    client: Client, info: dict[str, Any], app: LoadedApp | None
 ) -> tuple[str | None, list[diagnosis.Finding]]:
     streams = _covered(app) if app is not None else {}
     server = await checks.read_server(client, list(streams))
@@ -129,12 +126,30 @@ async def _findings(
                 lost.fix,
             )
         )
+    if redis_client.is_cluster(client):
+        found.append(_cluster(client))
     if app is not None:
         found += _wiring(app)
         now_ms = await _server_ms(client)
         for stream, group in sorted(streams.items()):
             found += await _stream(client, stream, group, now_ms)
     return version, found
+
+
+def _cluster(client: Any) -> diagnosis.Finding:  # noqa: ANN401 - redis-py's RedisCluster
+    """On a cluster: whose settings the lines above are, and how each stream was read."""
+    node = client.get_default_node()
+    primaries = len(client.get_primaries())
+    return diagnosis.Finding(
+        "ok",
+        "cluster",
+        "",
+        f"a Redis Cluster of {primaries} primaries: the server, durability and failover "
+        f"lines are those of node {node.name}, the one --url names; each stream was read "
+        "on the node that owns its slot",
+        "every node keeps its own settings and its own AOF",
+        "run doctor --url redis://HOST:PORT on each node to check its settings",
+    )
 
 
 def _covered(app: LoadedApp) -> dict[str, str]:
@@ -167,7 +182,7 @@ def _wiring(app: LoadedApp) -> list[diagnosis.Finding]:
     return []
 
 
-async def read_persistence(client: Redis) -> Persistence:
+async def read_persistence(client: Client) -> Persistence:
     """Read the persistence settings (``CONFIG GET``) and ``INFO persistence``.
 
     ``appendonly``, ``appendfsync``, ``save`` and ``no-appendfsync-on-rewrite``; only what
@@ -201,7 +216,7 @@ async def read_persistence(client: Redis) -> Persistence:
     )
 
 
-async def read_replication(client: Redis) -> Replication:
+async def read_replication(client: Client) -> Replication:
     """Read a primary's replicas (``INFO replication``) and ``min-replicas-*`` if allowed."""
     info = await client.info("replication")
     replicas = info.get("connected_slaves")
@@ -231,13 +246,13 @@ def _age(persistence: dict[str, Any]) -> int | None:
     return max(0, int(time.time()) - saved)
 
 
-async def _server_ms(client: Redis) -> int:
+async def _server_ms(client: Client) -> int:
     """The server's clock, which the schedule's due times are scored by."""
     seconds, micros = await client.time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def _stream(client: Redis, stream: str, group: str, now_ms: int) -> list[diagnosis.Finding]:
+async def _stream(client: Client, stream: str, group: str, now_ms: int) -> list[diagnosis.Finding]:
     """One covered stream: its group's pending entries, its schedule and its dead letters."""
     named = keys.stream_keys(stream)
     scheduled = await client.zcard(named.schedule)
