@@ -379,3 +379,36 @@ async def test_an_import_stopped_part_way_says_where_to_go_on(
     assert "import from line 3 on" in text
     assert "run the command again" not in text
     assert await client.xlen(dlq) == 2
+
+
+async def test_an_import_reads_its_file_or_stdin_line_by_line_and_a_damaged_one_adds_nothing(
+    redis_url: str, client: Redis, stream: str, tmp_path: Path
+) -> None:
+    """The file is read twice, a line at a time (every line checked, then each added), stdin
+    through a temporary copy: both import every letter in order; a file damaged on its last
+    line adds nothing, and names the line."""
+    dlq = stream_keys(stream).dlq
+    for n in range(5):
+        await client.xadd(dlq, {envelope.DATA_FIELD: letter(stream, n)})
+    before = await entries(client, dlq)
+    file = tmp_path / "dead.jsonl"
+    await cli(redis_url, "dlq", "export", stream, str(file))
+    await client.delete(dlq)
+    assert (await cli(redis_url, "dlq", "import", str(file)))["published"] == 5
+    assert await entries(client, dlq) == before
+    await client.delete(dlq)
+    piped = await run_cli(
+        "dlq", "import", "-", "--json", "--url", redis_url, url=None, stdin=file.read_text()
+    )
+    assert piped.status == 0, piped.stderr
+    assert piped.json()["published"] == 5
+    assert await entries(client, dlq) == before
+    await client.delete(dlq)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text(
+        file.read_text() + json.dumps({"format": 1, "queue": dlq, "system": "redis"}) + "\n"
+    )
+    done = await run_cli("dlq", "import", str(damaged), "--url", redis_url, url=None)
+    assert done.status == 3, done.stderr
+    assert "damaged.jsonl:6: not an exported message" in done.stderr
+    assert not await client.exists(dlq)
