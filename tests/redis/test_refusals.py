@@ -109,7 +109,9 @@ async def test_doctor_says_what_the_start_refuses(
 ) -> None:
     """doctor on an app covering ``S`` and ``{S}``, and one claiming with min_idle_time: the
     start's refusal as an action (exit 1), every stream still examined."""
-    app = APP.format(url=redis_url, stream=stream) + f"""
+    app = (
+        APP.format(url=redis_url, stream=stream)
+        + f"""
 
 @broker.subscriber(stream=StreamSub({"{" + stream + "}"!r}, group="ship", consumer="c1"))
 async def tagged(body: str) -> None: ...
@@ -119,6 +121,7 @@ async def tagged(body: str) -> None: ...
                                     min_idle_time=1000))
 async def claims(body: str) -> None: ...
 """
+    )
     (tmp_path / "shop.py").write_text(app)
 
     done = await run_cli("doctor", "shop:app", "--json", url=None, cwd=tmp_path)
