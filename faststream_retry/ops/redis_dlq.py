@@ -136,8 +136,8 @@ class RedisStore:
                     f"{shown_name(self.name)} is read by consumer group {names}: it is a "
                     "stream an app consumes, not a dead-letter stream (no group reads the "
                     f"plugin's). Its own dead letters are in "
-                    f"{shown_name(stream_keys(self.name).dlq)}: name the stream as QUEUE "
-                    "to reach them; nothing was done"
+                    f"{shown_name(stream_keys(self.name).dlq)}: give that key as QUEUE to "
+                    "reach them; nothing was done"
                 )
 
     async def _kind(self, key: str) -> str:
