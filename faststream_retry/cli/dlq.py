@@ -721,10 +721,10 @@ def import_(
 
     async def go(stream: TextIO) -> ops.Imported:
         if is_store_url(url):
-            lines = list(stream)
-            queue = stores.queue_of(lines, file.name, to=to)
-            async with open_store(url, queue, prefix=prefix) as store:
-                return await stores.import_messages(store, lines, source=file.name, to=to)
+            with stores.rereadable(stream) as lines:  # read line by line, never whole
+                queue = stores.queue_of(lines(), file.name, to=to)
+                async with open_store(url, queue, prefix=prefix) as store:
+                    return await stores.import_messages(store, lines, source=file.name, to=to)
         async with connect(url) as connection:
             return await ops.import_messages(connection, stream, source=file.name, to=to)
 

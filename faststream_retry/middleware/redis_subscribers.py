@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Described",
     "broker_url",
+    "claims_itself",
     "consumer_of",
     "describe",
     "group_of",
@@ -101,6 +102,20 @@ def no_ack(sub: Any) -> bool:  # noqa: ANN401 - a Redis subscriber
 def is_batch(sub: Any) -> bool:  # noqa: ANN401 - a Redis subscriber
     """Whether a stream subscriber hands its handler a batch of entries."""
     return getattr(_stream_sub(sub), "batch", False) is True
+
+
+def claims_itself(sub: Any) -> tuple[str, int] | None:  # noqa: ANN401 - a Redis subscriber
+    """The option by which a stream subscriber claims idle pending entries itself, and its value.
+
+    ``StreamSub(min_idle_time=...)`` (``XAUTOCLAIM``) or ``claim_min_idle_time`` (FastStream
+    0.7's ``XREADGROUP ... CLAIM``, Redis 8.4); ``None``: neither.
+    """
+    stream = _stream_sub(sub)
+    for option in ("min_idle_time", "claim_min_idle_time"):
+        value = getattr(stream, option, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return option, value
+    return None
 
 
 class Described(NamedTuple):

@@ -17,7 +17,10 @@ import base64
 import dataclasses
 import hashlib
 import json
+import shutil
+import tempfile
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,7 +33,8 @@ from faststream_retry.ops.walk import Pass
 from faststream_retry.ops.wire import FORMAT, decode_value, encode_value
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable
+    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+    from typing import TextIO
 
 __all__ = [
     "LIST_LIMIT",
@@ -44,6 +48,7 @@ __all__ = [
     "purge_exported",
     "queue_of",
     "replay_dead_letters",
+    "rereadable",
     "show_dead_letter",
 ]
 
@@ -420,7 +425,7 @@ async def purge_exported(
 
 async def import_messages(
     store: Store,
-    lines: Iterable[str],
+    lines: Iterable[str] | Callable[[], Iterable[str]],
     *,
     source: str = "<input>",
     to: str | None = None,
@@ -428,32 +433,73 @@ async def import_messages(
 ) -> Imported:
     """Publish every exported dead letter in ``lines`` back, each confirmed.
 
-    Every line is read first: a damaged file publishes nothing.
+    Every line is read first: a damaged file publishes nothing. ``lines`` may be a
+    function that reads the lines anew at each call (``rereadable``): the file is then
+    read twice, a line at a time, and never held in memory whole.
 
     Raises:
         OperationError: a line is not an exported message (nothing was published),
             or the server did not take one (the count so far is in the text).
     """
-    records = [
-        (number, read_line(line, f"{source}:{number}", store.system))
-        for number, line in enumerate(lines, 1)
-        if line.strip()
-    ]
+    again = lines if callable(lines) else _twice(list(lines))
+    for number, line in enumerate(again(), 1):
+        if line.strip():
+            read_line(line, f"{source}:{number}", store.system)
     done = Imported()
-    for number, record in records:
+    for number, line in enumerate(again(), 1):
+        if not line.strip():
+            continue
+        record = read_line(line, f"{source}:{number}", store.system)
         try:
             await store.put(record, to)
         except OperationError as exc:
-            raise OperationError(
-                f"{exc}; {done.published} published before {source}:{number}"
-            ) from exc
+            raise OperationError(_stopped(str(exc), done.published, source, number)) from exc
         done.published += 1
         if progress is not None:
             progress(done.published)
     return done
 
 
-def queue_of(lines: list[str], source: str, *, to: str | None = None) -> str:
+def _twice(lines: list[str]) -> Callable[[], Iterable[str]]:
+    return lambda: lines
+
+
+@contextmanager
+def rereadable(stream: TextIO) -> Iterator[Callable[[], Iterable[str]]]:
+    """Read ``stream``'s lines as often as asked, never holding them all in memory.
+
+    A file is read again from its start at each call; a pipe (stdin) is first copied to
+    a temporary file, which is removed at the end.
+    """
+    if stream.seekable():
+        start = stream.tell()
+
+        def again() -> Iterable[str]:
+            stream.seek(start)
+            return stream
+
+        yield again
+        return
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as copy:
+        shutil.copyfileobj(stream, copy)
+        copy.seek(0)
+        with rereadable(copy) as again:
+            yield again
+
+
+def _stopped(why: str, published: int, source: str, number: int) -> str:
+    """What an import stopped at line ``number`` says: how many went in, where to go on."""
+    if not published:
+        return f"{why}; nothing was imported"
+    # Running the whole file again would publish the first ones twice.
+    return (
+        f"{why}; {published} imported, up to the line before {source}:{number}: to go on "
+        f"without importing them twice, import from line {number} on (for example "
+        f"tail -n +{number} FILE | faststream-retry dlq import - ...)"
+    )
+
+
+def queue_of(lines: Iterable[str], source: str, *, to: str | None = None) -> str:
     """The one dead-letter stream the lines of an export were exported from.
 
     Raises:

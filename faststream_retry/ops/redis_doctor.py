@@ -3,7 +3,9 @@
 The server as the transport's start checks it (``redis.checks``: the version, scripting,
 an ``allkeys-*`` eviction policy that may drop schedules, a replica), what a crash can
 lose with its persistence settings (``redis.durability``, from ``CONFIG GET appendonly
-appendfsync save``; a renamed or denied ``CONFIG`` is said), and, given an app, its
+appendfsync save no-appendfsync-on-rewrite`` and ``INFO persistence``; a renamed or denied
+``CONFIG`` is said), what a failover to a replica can lose (``INFO replication``,
+``min-replicas-to-write``), and, given an app, its
 wiring as the start checks it (``RedisRuntime.check``) and each covered stream's group:
 its pending entries, the copies in the stream's schedule (and how many are overdue: no
 replica moving them), and the dead letters in its ``P.dlq``. Only reads, on a client of
@@ -12,23 +14,24 @@ its own. Imported by the command only for Redis: it needs redis-py.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import redis_subscribers
-from faststream_retry.ops import diagnosis
+from faststream_retry.ops import diagnosis, redis_client
 from faststream_retry.ops.common import CONNECT_TIMEOUT_S, OperationError, safe_redis_url
 from faststream_retry.redis import checks, keys
-from faststream_retry.redis.durability import Persistence, durability
+from faststream_retry.redis.durability import Persistence, Replication, durability, failover
 
 if TYPE_CHECKING:
     from faststream_retry.middleware.app import LoadedApp
+    from faststream_retry.ops.redis_client import Client
 
-__all__ = ["OVERDUE_MS", "doctor", "read_persistence"]
+__all__ = ["OVERDUE_MS", "doctor", "read_persistence", "read_replication"]
 
 OVERDUE_MS = 60_000
 """A copy this long past its due time is overdue: no replica of the app is moving copies."""
@@ -46,8 +49,7 @@ async def doctor(
     """
     if app is not None and not app.redis:
         raise OperationError(f"{app.spec}'s broker is not a RedisBroker")
-    client = Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
-    try:
+    async with redis_client.connect(url, connect_timeout=timeout, timeout=timeout) as client:
         try:
             info = await client.info()
         except (RedisError, OSError) as exc:
@@ -61,8 +63,6 @@ async def doctor(
                 f"the Redis server at {safe_redis_url(url)} stopped answering: {exc!r}; run "
                 "doctor again once it is back"
             ) from exc
-    finally:
-        await client.aclose()
     return diagnosis.Report(
         app=app.spec if app is not None else "",
         prefix=app.config.topology.prefix if app is not None else "",
@@ -79,7 +79,7 @@ def _text(info: dict[str, Any], key: str) -> str:
 
 
 async def _findings(
-    client: Redis, info: dict[str, Any], app: LoadedApp | None
+    client: Client, info: dict[str, Any], app: LoadedApp | None
 ) -> tuple[str | None, list[diagnosis.Finding]]:
     streams = _covered(app) if app is not None else {}
     server = await checks.read_server(client, list(streams))
@@ -113,6 +113,21 @@ async def _findings(
             said.fix,
         )
     )
+    lost = failover(await read_replication(client))
+    if lost is not None:
+        found.append(
+            diagnosis.Finding(
+                lost.level,
+                "failover",
+                "",
+                lost.loss,
+                "a replica takes over with what it had received; the AOF of the old "
+                "primary does not come with it",
+                lost.fix,
+            )
+        )
+    if redis_client.is_cluster(client):
+        found.append(_cluster(client))
     if app is not None:
         found += _wiring(app)
         now_ms = await _server_ms(client)
@@ -121,13 +136,31 @@ async def _findings(
     return version, found
 
 
+def _cluster(client: Any) -> diagnosis.Finding:  # noqa: ANN401 - redis-py's RedisCluster
+    """On a cluster: whose settings the lines above are, and how each stream was read."""
+    node = client.get_default_node()
+    primaries = len(client.get_primaries())
+    return diagnosis.Finding(
+        "ok",
+        "cluster",
+        "",
+        f"a Redis Cluster of {primaries} primaries: the server, durability and failover "
+        f"lines are those of node {node.name}, the one --url names; each stream was read "
+        "on the node that owns its slot",
+        "every node keeps its own settings and its own AOF",
+        "run doctor --url redis://HOST:PORT on each node to check its settings",
+    )
+
+
 def _covered(app: LoadedApp) -> dict[str, str]:
     """Each stream the app's plan covers, and the group its subscriber reads in."""
     out: dict[str, str] = {}
     for sub in app.broker.subscribers:
         stream, group = redis_subscribers.key_of(sub), redis_subscribers.group_of(sub)
         if stream is not None and group is not None and stream in app.plan.routes:
-            out.setdefault(stream, group)
+            with contextlib.suppress(RetryConfigError):  # refused, and said so by _wiring
+                keys.stream_keys(stream)
+                out.setdefault(stream, group)
     return out
 
 
@@ -149,12 +182,20 @@ def _wiring(app: LoadedApp) -> list[diagnosis.Finding]:
     return []
 
 
-async def read_persistence(client: Redis) -> Persistence:
-    """Read ``appendonly``, ``appendfsync`` and ``save``; ``INFO`` when ``CONFIG`` is refused."""
+async def read_persistence(client: Client) -> Persistence:
+    """Read the persistence settings (``CONFIG GET``) and ``INFO persistence``.
+
+    ``appendonly``, ``appendfsync``, ``save`` and ``no-appendfsync-on-rewrite``; only what
+    ``INFO`` tells when ``CONFIG`` is refused.
+    """
+    persistence = await client.info("persistence")
+    delayed = persistence.get("aof_delayed_fsync")
+    delayed_fsyncs = delayed if isinstance(delayed, int) else None
     try:
-        raw = await client.config_get("appendonly", "appendfsync", "save")
+        raw = await client.config_get(
+            "appendonly", "appendfsync", "save", "no-appendfsync-on-rewrite"
+        )
     except ResponseError as exc:  # renamed (unknown command) or denied (NOPERM)
-        persistence = await client.info("persistence")
         enabled = _text(persistence, "aof_enabled")
         return Persistence(
             appendonly={"1": "yes", "0": "no"}.get(enabled),
@@ -162,14 +203,36 @@ async def read_persistence(client: Redis) -> Persistence:
             save=None,
             config_refused=str(exc),
             last_save_age_s=_age(persistence),
+            delayed_fsyncs=delayed_fsyncs,
         )
     settings = {_decode(k): _decode(v) for k, v in raw.items()}
     return Persistence(
         appendonly=settings.get("appendonly"),
         appendfsync=settings.get("appendfsync"),
         save=settings.get("save"),
-        last_save_age_s=_age(await client.info("persistence")),
+        last_save_age_s=_age(persistence),
+        no_fsync_on_rewrite=settings.get("no-appendfsync-on-rewrite"),
+        delayed_fsyncs=delayed_fsyncs,
     )
+
+
+async def read_replication(client: Client) -> Replication:
+    """Read a primary's replicas (``INFO replication``) and ``min-replicas-*`` if allowed."""
+    info = await client.info("replication")
+    replicas = info.get("connected_slaves")
+    settings: dict[str, str] = {}
+    with contextlib.suppress(ResponseError):  # CONFIG renamed or denied: said as unknown
+        raw = await client.config_get("min-replicas-to-write", "min-replicas-max-lag")
+        settings = {_decode(k): _decode(v) for k, v in raw.items()}
+    return Replication(
+        replicas=replicas if isinstance(replicas, int) else 0,
+        min_replicas=_number(settings.get("min-replicas-to-write")),
+        max_lag_s=_number(settings.get("min-replicas-max-lag")),
+    )
+
+
+def _number(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _decode(value: object) -> str:
@@ -183,13 +246,13 @@ def _age(persistence: dict[str, Any]) -> int | None:
     return max(0, int(time.time()) - saved)
 
 
-async def _server_ms(client: Redis) -> int:
+async def _server_ms(client: Client) -> int:
     """The server's clock, which the schedule's due times are scored by."""
     seconds, micros = await client.time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def _stream(client: Redis, stream: str, group: str, now_ms: int) -> list[diagnosis.Finding]:
+async def _stream(client: Client, stream: str, group: str, now_ms: int) -> list[diagnosis.Finding]:
     """One covered stream: its group's pending entries, its schedule and its dead letters."""
     named = keys.stream_keys(stream)
     scheduled = await client.zcard(named.schedule)

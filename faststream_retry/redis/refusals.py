@@ -7,7 +7,26 @@ one ``RetryConfigError`` at start.
 
 from __future__ import annotations
 
-__all__ = ["batch", "no_ack", "no_group", "not_a_stream", "outage_refused"]
+from typing import TYPE_CHECKING
+
+from faststream_retry.errors import RetryConfigError
+from faststream_retry.redis.keys import clashes, stream_keys
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from faststream_retry.redis.keys import Clash
+
+__all__ = [
+    "batch",
+    "claiming",
+    "key_problems",
+    "no_ack",
+    "no_group",
+    "not_a_stream",
+    "outage_refused",
+    "shared_keys",
+]
 
 _OFF = "or switch its retries off with @retry_policy(enabled=False)"
 
@@ -55,3 +74,60 @@ def outage_refused() -> str:
         "outage mode (RetryMiddleware(outage_after=...)) is not available on Redis yet: "
         "leave outage_after unset for a RedisBroker"
     )
+
+
+def claiming(stream: str, option: str, value: object) -> str:
+    """The refusal of a covered stream whose subscriber claims pending entries itself."""
+    return (
+        f"the subscriber of stream {stream!r} claims pending entries itself "
+        f"(StreamSub({option}={value!r})): the plugin claims them too, and FastStream's "
+        "claim takes entries a live replica still holds (read, not yet handled), so they "
+        "are handled twice and its claims count no attempt. Leave "
+        f"{option} out (the plugin's claimer takes a dead consumer's entries after "
+        f"RetryMiddleware(claim_idle=...)), {_OFF}"
+    )
+
+
+_ROLES = {
+    "schedule": "the retry schedule",
+    "data": "the hash of retry copies",
+    "dlq": "the dead-letter stream",
+}
+_ONE_OFF = "or switch one's retries off with @retry_policy(enabled=False)"
+
+
+def shared_keys(clash: Clash) -> str:
+    """The refusal of two covered streams that would share a key."""
+    first, second = clash.first, clash.second
+    if "stream" in {clash.role, clash.other_role}:
+        named, owner = (first, second) if clash.role == "stream" else (second, first)
+        role = clash.other_role if clash.role == "stream" else clash.role
+        harm = (
+            f"would write the dead letters of {owner!r} into a stream an app reads, and a "
+            f"dlq purge of {owner!r} would delete the messages of {named!r}"
+            if role == "dlq"
+            else f"could not keep the retries of {owner!r}: the key is the stream {named!r}"
+        )
+        return (
+            f"streams {owner!r} and {named!r} are both covered, and {named!r} is "
+            f"{_ROLES[role]} of {owner!r}: the plugin {harm}. Rename {named!r}, {_ONE_OFF}"
+        )
+    return (
+        f"streams {first!r} and {second!r} are both covered, and would share their retry "
+        f"keys ({clash.key!r}, the hash of retry copies and the dead-letter stream): each "
+        "one's mover would put the other's retries into its own stream, and copies of equal "
+        "entry ids would overwrite each other. Rename one of them (moving a stream to a "
+        f"hash-tagged name: drain the old one before covering the new one), {_ONE_OFF}"
+    )
+
+
+def key_problems(streams: Iterable[str]) -> list[str]:
+    """The refusals of covered stream names: one no hash tag can follow, two sharing a key."""
+    named = sorted(streams)
+    found = []
+    for stream in named:
+        try:
+            stream_keys(stream)
+        except RetryConfigError as unnamed:  # noqa: PERF203 - a few names, once at start
+            found.append(str(unnamed))
+    return found + [shared_keys(clash) for clash in clashes(named)]

@@ -16,12 +16,16 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from faststream_retry.core import headers as h
+from faststream_retry.redis import envelope
+from faststream_retry.redis.keys import stream_keys
+from tests.cli import run_cli
 from tests.rabbit import eventually
 from tests.redis.conftest import SCRIPTS
 from tests.redis.support import App, read_stream, until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
+    from pathlib import Path
 
     from redis.asyncio import Redis
 
@@ -158,3 +162,80 @@ async def test_the_middleware_on_a_cluster_broker_retries_and_dead_letters(
     letters = await read_stream(_plain(cluster_client), dlq)
     assert sorted(json.loads(m.body)["id"] for _, m in letters) == list(range(0, N, 10))
     assert calls == dict.fromkeys(range(N), 2)
+
+
+DOCTOR_APP = """
+from faststream.redis import RedisClusterBroker, StreamSub
+from faststream_retry import RetryMiddleware
+
+broker = RedisClusterBroker({url!r}, middlewares=[RetryMiddleware()])
+
+
+@broker.subscriber(stream=StreamSub({stream!r}, group="ship", consumer="c1"))
+async def handle(body: str) -> None: ...
+"""
+
+
+async def test_doctor_and_dlq_on_a_node_that_does_not_own_the_keys(
+    cluster_url: str, cluster_client: RedisCluster, tmp_path: Path
+) -> None:
+    """``--url`` names one node; the stream and its dead letters live on another. ``dlq list``,
+    ``replay`` (to a stream in another slot: refused, nothing moved) and ``doctor`` read each
+    key where its slot is, and doctor says it is a cluster and whose settings it read.
+
+    Found in review: a plain client got MOVED, reported as "stopped answering ... run again".
+    """
+    await cluster_client.initialize()
+    host, port = cluster_url.removeprefix("redis://").split("/")[0].split(":")
+    named = cluster_client.get_node(host=host, port=int(port))
+    assert named is not None
+
+    def owner(key: str) -> str:
+        node = cluster_client.get_node_from_key(key)
+        assert node is not None
+        return node.name
+
+    stream = next(
+        s for s in (f"orders-{uuid.uuid4().hex[:8]}" for _ in range(100)) if owner(s) != named.name
+    )
+    dlq = stream_keys(stream).dlq
+    await cluster_client.xgroup_create(stream, "ship", id="$", mkstream=True)
+    for n in range(3):
+        letter = envelope.build(
+            b'{"id": %d}' % n, {h.ORIGIN_QUEUE: stream, h.ATTEMPT: "2", "message_id": f"m{n}"}
+        )
+        await cluster_client.xadd(dlq, {envelope.DATA_FIELD: letter})
+
+    listed = await run_cli("dlq", "list", stream, "--json", "--url", cluster_url, url=None)
+    assert listed.status == 0, listed.stderr
+    assert [row["message_id"] for row in listed.rows()] == ["m0", "m1", "m2"]
+    elsewhere = next(
+        s
+        for s in (f"other-{uuid.uuid4().hex[:8]}" for _ in range(100))
+        if cluster_client.keyslot(s) != cluster_client.keyslot(dlq)
+    )
+    await cluster_client.xadd(elsewhere, {"seed": "1"})
+    refused = await run_cli(
+        "dlq", "replay", stream, "--to", elsewhere, "--url", cluster_url, url=None
+    )
+    assert refused.status == 3, refused.stderr
+    assert "not in the hash slot of" in refused.stderr
+    assert await cluster_client.xlen(dlq) == 3
+    replayed = await run_cli("dlq", "replay", stream, "--json", "--url", cluster_url, url=None)
+    assert replayed.status == 0, replayed.stderr
+    assert replayed.json()["moved"] == 3
+    assert (await cluster_client.xlen(stream), await cluster_client.xlen(dlq)) == (3, 0)
+
+    (tmp_path / "shop.py").write_text(DOCTOR_APP.format(url=cluster_url, stream=stream))
+    done = await run_cli(
+        "doctor", "shop:broker", "--url", cluster_url, "--json", url=None, cwd=tmp_path
+    )
+    assert done.status == 0, done.stderr
+    found: dict[str, list[dict[str, str]]] = {}
+    for finding in done.json()["findings"]:
+        found.setdefault(finding["check"], []).append(finding)
+    (cluster,) = found["cluster"]
+    assert cluster["what"].startswith("a Redis Cluster of 3 primaries")
+    assert f"node {named.name}, the one --url names" in cluster["what"]
+    (mine,) = found["stream"]
+    assert mine["what"].startswith(f"stream {stream!r}, group 'ship': 0 pending")

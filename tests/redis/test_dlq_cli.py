@@ -9,16 +9,20 @@ back in its stream, removed in the same script, and the app handles every id onc
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from faststream.redis import RedisBroker, StreamSub
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from faststream_retry import PermanentError, RetryMiddleware
 from faststream_retry.core import headers as h
 from faststream_retry.ops import dlq_store
+from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.redis_dlq import RedisStore
 from faststream_retry.redis import envelope
 from faststream_retry.redis.keys import stream_keys
@@ -225,3 +229,186 @@ async def test_a_replay_whose_copy_is_refused_keeps_its_dead_letter(
         await operator.aclose()
         await client.acl_deluser(user)
     assert await client.xlen(keys.dlq) == 1, "the refused replay deleted the dead letter"
+
+
+def letter(origin: str | None, n: int) -> bytes:
+    """A dead letter as the plugin writes it, ``origin`` in its ``retry-origin-queue``."""
+    headers = {h.ATTEMPT: "3", "message_id": f"m{n}"}
+    if origin is not None:
+        headers[h.ORIGIN_QUEUE] = origin
+    return envelope.build(b'{"id": %d}' % n, headers)
+
+
+async def test_a_stream_named_like_a_dead_letter_key_is_never_taken_for_one(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """``payments.dlq`` is a stream like any other: its dead letters are in
+    ``{payments.dlq}.dlq``, and list and purge never touch its own entries. A key that is
+    some stream's ``P.dlq`` but that a consumer group reads is refused: an app consumes it.
+
+    Found in review: any name ending ``.dlq`` was taken as a dead-letter key, and
+    ``dlq purge payments.dlq`` deleted the live messages.
+    """
+    live = f"{stream}.dlq"
+    for n in range(3):
+        await client.xadd(live, {envelope.DATA_FIELD: letter(None, n)})
+    await client.xadd(stream_keys(live).dlq, {envelope.DATA_FIELD: letter(live, 9)})
+    listed = await cli(redis_url, "dlq", "list", live)
+    assert listed["queue"] == "{" + live + "}.dlq"
+    assert ids(listed["dead_letters"]) == ["m9"]
+    purged = await cli(redis_url, "dlq", "purge", live, "--yes")
+    assert purged["removed"] == 1
+    assert await client.xlen(live) == 3, "the stream's own entries were purged"
+    # {S}.dlq is S's dead-letter key; read by a group, it is a stream an app consumes.
+    tagged = stream_keys(stream).dlq
+    await client.xgroup_create(tagged, "g", id="$", mkstream=True)
+    await client.xadd(tagged, {envelope.DATA_FIELD: letter(stream, 1)})
+    done = await run_cli("dlq", "purge", tagged, "--yes", "--url", redis_url, url=None)
+    assert done.status == 3, done.stderr
+    assert "read by consumer group 'g'" in done.stderr
+    assert await client.xlen(tagged) == 1
+
+
+async def test_a_replay_goes_back_to_the_stream_whose_key_holds_the_letter(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """The target is the stream whose ``.dlq`` holds the letter, never one its header names:
+    a letter whose ``retry-origin-queue`` names another stream is refused (nothing moves)
+    unless ``--to``; one with no origin, or the plugin's truncated one of a long name, goes
+    back to the key's stream.
+
+    Found in review: the header was the target, so a letter written into ``{S}.dlq`` by
+    anyone was replayed into whatever stream it named.
+    """
+    other = f"{stream}-other"
+    await client.xadd(other, {"seed": "1"})
+    await client.xadd(stream, {"seed": "1"})
+    dlq = stream_keys(stream).dlq
+    await client.xadd(dlq, {envelope.DATA_FIELD: letter(stream, 1)})
+    await client.xadd(dlq, {envelope.DATA_FIELD: letter(other, 2)})
+    await client.xadd(dlq, {envelope.DATA_FIELD: letter(None, 3)})
+    done = await run_cli("dlq", "replay", dlq, "--url", redis_url, url=None)
+    assert done.status == 3, done.stderr
+    assert f"says it came from stream '{other}'" in done.stderr
+    assert "nothing was replayed" in done.stderr
+    assert await client.xlen(dlq) == 3
+    assert await client.xlen(other) == 1
+    mine = await cli(redis_url, "dlq", "replay", stream, "--id", "m1", "--id", "m3")
+    assert (mine["to"], mine["moved"]) == (stream, 2)
+    assert await client.xlen(stream) == 3
+    forced = await cli(redis_url, "dlq", "replay", dlq, "--to", stream)
+    assert (forced["to"], forced["moved"]) == (stream, 1)
+    assert (await client.xlen(stream), await client.xlen(other)) == (4, 1)
+    # A name past the header's bound: the plugin wrote its origin cut short.
+    long = stream + "-" + "x" * 300
+    await client.xadd(long, {"seed": "1"})
+    cut = h.truncate(long, h.QUEUE_LIMIT)
+    assert cut != long
+    await client.xadd(stream_keys(long).dlq, {envelope.DATA_FIELD: letter(cut, 4)})
+    back = await cli(redis_url, "dlq", "replay", long)
+    assert back["moved"] == 1
+    assert await client.xlen(long) == 2
+
+
+async def test_import_to_checks_its_target_as_replay_does(
+    redis_url: str, client: Redis, stream: str, tmp_path: Path
+) -> None:
+    """``import --to`` a stream that does not exist, or a key that is no stream: refused,
+    nothing imported, nothing made (a typo would make a new stream).
+
+    Found in review: the letters were XADDed into any key, created if missing.
+    """
+    dlq = stream_keys(stream).dlq
+    await client.xadd(dlq, {envelope.DATA_FIELD: letter(stream, 1)})
+    file = tmp_path / "dead.jsonl"
+    await cli(redis_url, "dlq", "export", stream, str(file))
+    await client.set(f"{stream}-hash", "x")
+    for wrong, why in ((f"{stream}-typo", "it does not exist"), (f"{stream}-hash", "a string")):
+        done = await run_cli(
+            "dlq", "import", str(file), "--to", wrong, "--url", redis_url, url=None
+        )
+        assert done.status == 3, done.stderr
+        assert why in done.stderr
+        assert "nothing was imported" in done.stderr
+    assert not await client.exists(f"{stream}-typo")
+    await client.xadd(stream, {"seed": "1"})
+    done = await run_cli("dlq", "import", str(file), "--to", stream, "--url", redis_url, url=None)
+    assert done.status == 0, done.stderr
+    assert await client.xlen(stream) == 2
+
+
+async def test_an_import_stopped_part_way_says_where_to_go_on(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """The server refuses the third entry (out of memory): the error says 2 went in and to go
+    on from line 3, never to run the whole import again (that would add the first two twice).
+
+    Found in review: it said "none was lost; run the command again".
+    """
+    dlq = stream_keys(stream).dlq
+    lines = [
+        json.dumps(
+            {
+                "format": 1,
+                "queue": dlq,
+                "system": "redis",
+                "headers": {"message_id": f"m{n}"},
+                "body": base64.b64encode(b"x").decode(),
+            }
+        )
+        for n in range(5)
+    ]
+    operator = Redis.from_url(redis_url)
+    store = RedisStore(operator, dlq)
+    admin = SyncRedis.from_url(redis_url)
+
+    def full(published: int) -> None:
+        if published == 2:  # the progress callback runs between two XADDs
+            admin.config_set("maxmemory", "1")
+
+    try:
+        await store.open()
+        with pytest.raises(OperationError) as stopped:
+            await dlq_store.import_messages(store, lines, source="dead.jsonl", progress=full)
+    finally:
+        admin.config_set("maxmemory", "0")
+        admin.close()
+        await operator.aclose()
+    text = str(stopped.value)
+    assert "2 imported" in text
+    assert "import from line 3 on" in text
+    assert "run the command again" not in text
+    assert await client.xlen(dlq) == 2
+
+
+async def test_an_import_reads_its_file_or_stdin_line_by_line_and_a_damaged_one_adds_nothing(
+    redis_url: str, client: Redis, stream: str, tmp_path: Path
+) -> None:
+    """The file is read twice, a line at a time (every line checked, then each added), stdin
+    through a temporary copy: both import every letter in order; a file damaged on its last
+    line adds nothing, and names the line."""
+    dlq = stream_keys(stream).dlq
+    for n in range(5):
+        await client.xadd(dlq, {envelope.DATA_FIELD: letter(stream, n)})
+    before = await entries(client, dlq)
+    file = tmp_path / "dead.jsonl"
+    await cli(redis_url, "dlq", "export", stream, str(file))
+    await client.delete(dlq)
+    assert (await cli(redis_url, "dlq", "import", str(file)))["published"] == 5
+    assert await entries(client, dlq) == before
+    await client.delete(dlq)
+    piped = await run_cli(
+        "dlq", "import", "-", "--json", "--url", redis_url, url=None, stdin=file.read_text()
+    )
+    assert piped.status == 0, piped.stderr
+    assert piped.json()["published"] == 5
+    assert await entries(client, dlq) == before
+    await client.delete(dlq)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text(
+        file.read_text() + json.dumps({"format": 1, "queue": dlq, "system": "redis"}) + "\n"
+    )
+    done = await run_cli("dlq", "import", str(damaged), "--url", redis_url, url=None)
+    assert done.status == 3, done.stderr
+    assert "damaged.jsonl:6: not an exported message" in done.stderr
+    assert not await client.exists(dlq)

@@ -6,6 +6,7 @@ run on a server of the test's own (``REDIS_DOCTOR_PORT``), its settings changed 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +153,8 @@ async def other(other_url: str) -> AsyncIterator[Redis]:
         await connection.config_set("appendfsync", "everysec")
         await connection.config_set("save", "")
         await connection.config_set("appendonly", "yes")
+        await connection.config_set("no-appendfsync-on-rewrite", "no")
+        await connection.config_set("min-replicas-to-write", "0")
         await connection.acl_deluser("doctor")
         await connection.aclose()
 
@@ -167,12 +170,23 @@ async def durability_of(url: str) -> tuple[int, dict[str, str]]:
 async def test_doctor_says_what_each_persistence_setting_loses(
     other_url: str, other: Redis
 ) -> None:
-    """everysec: about a second (ok); RDB alone: since the last snapshot, its rules named;
-    neither: everything; each a line of its own, read from the server as it runs."""
+    """everysec: up to about 2 s (ok); always with no-appendfsync-on-rewrite yes: a warning;
+    RDB alone: since the last snapshot, its rules named; neither: everything; each a line
+    of its own, read from the server as it runs."""
     status, finding = await durability_of(other_url)
     assert (status, finding["severity"]) == (0, "ok")
-    assert finding["what"].startswith("a crash can lose up to about a second of writes")
+    assert finding["what"].startswith("a crash can lose up to about 2 s of acknowledged writes")
     assert "appendfsync always" in finding["fix"]
+
+    await other.config_set("appendfsync", "always")
+    _, finding = await durability_of(other_url)
+    assert (finding["severity"], finding["fix"]) == ("ok", "")
+    await other.config_set("no-appendfsync-on-rewrite", "yes")
+    _, finding = await durability_of(other_url)
+    assert finding["severity"] == "warning"
+    assert "no-appendfsync-on-rewrite yes suspends the fsync" in finding["what"]
+    await other.config_set("no-appendfsync-on-rewrite", "no")
+    await other.config_set("appendfsync", "everysec")
 
     await other.config_set("appendonly", "no")
     await other.config_set("save", "60 1")
@@ -221,3 +235,42 @@ async def test_doctor_refuses_an_evicting_server_and_a_replica(
     assert "maxmemory-policy is allkeys-lru" in said
     assert "set maxmemory-policy noeviction" in said
     assert "the server is a slave, which cannot be written to: point the app at the primary" in said
+
+
+async def test_doctor_says_a_failover_loses_what_the_replicas_had_not_received(
+    other_url: str, other: Redis
+) -> None:
+    """A primary with a replica: a failover finding (a warning) whatever appendfsync says,
+    min-replicas-to-write named; none without a replica.
+
+    The replica is a connection that asked for the replication stream (REPLCONF, PSYNC),
+    as a replica's first words are: the server counts it in connected_slaves.
+
+    Found in review: doctor read only the role, and said "nothing acknowledged".
+    """
+    done = await run_cli("doctor", "--url", other_url, "--json", url=None)
+    assert "failover" not in by_check(done.json())
+    host, port = other_url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"REPLCONF listening-port 1\r\n")
+        assert await reader.readline() == b"+OK\r\n"
+        writer.write(b"PSYNC ? -1\r\n")
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"+FULLRESYNC")
+        await other.config_set("appendfsync", "always")
+        done = await run_cli("doctor", "--url", other_url, "--json", url=None)
+        (said,) = by_check(done.json())["failover"]
+        assert said["severity"] == "warning"
+        assert said["what"].startswith("a failover to one of its 1 replica(s) loses")
+        assert "min-replicas-to-write is off" in said["what"]
+        await other.config_set("min-replicas-to-write", "1")
+        done = await run_cli("doctor", "--url", other_url, "--json", url=None)
+        (said,) = by_check(done.json())["failover"]
+        assert (
+            "min-replicas-to-write 1 bounds it to about min-replicas-max-lag (10 s)"
+            in (said["what"])
+        )
+    finally:
+        writer.close()
+        await other.config_set("min-replicas-to-write", "0")

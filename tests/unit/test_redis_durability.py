@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from faststream_retry.redis.durability import Persistence, durability
+from faststream_retry.redis.durability import Persistence, Replication, durability, failover
 
 
 def said(
@@ -13,8 +13,9 @@ def said(
     save: str | None,
     refused: str | None = None,
     age: int | None = None,
+    **more: object,
 ) -> tuple[str, str, str]:
-    found = durability(Persistence(appendonly, appendfsync, save, refused, age))
+    found = durability(Persistence(appendonly, appendfsync, save, refused, age, **more))  # type: ignore[arg-type]
     return found.level, found.loss, found.fix
 
 
@@ -31,22 +32,69 @@ def test_appendfsync_always_loses_nothing_acknowledged() -> None:
         )
 
 
-def test_appendfsync_everysec_loses_about_a_second() -> None:
-    """Redis' default with the AOF on: ok, the second said, and the setting that loses none."""
-    level, loss, fix = said("yes", "everysec", "")
+def test_appendfsync_always_with_no_fsync_on_rewrite_is_not_taken_for_always() -> None:
+    """no-appendfsync-on-rewrite yes suspends the fsync during every background save or AOF
+    rewrite, even under always: a warning, the window and the fix named.
+
+    Found in review: doctor said "nothing acknowledged" without reading it.
+    """
+    level, loss, fix = said("yes", "always", "", no_fsync_on_rewrite="yes")
+    assert level == "warning"
+    assert loss.startswith("a crash of the machine while Redis saves in the background")
+    assert "no-appendfsync-on-rewrite yes suspends the fsync" in loss
+    assert fix == "set no-appendfsync-on-rewrite no, so that every write waits for the disk"
+    assert said("yes", "always", "", no_fsync_on_rewrite="no")[0] == "ok"
+
+
+def test_appendfsync_everysec_loses_up_to_about_two_seconds() -> None:
+    """Redis' default with the AOF on: a second, and up to 2 s more while a slow fsync holds
+    even the write back (aof.c), so a process kill is safe only while the disk keeps up; a
+    disk that fell behind (aof_delayed_fsync) is a warning, its count said.
+
+    Found in review: "about a second", and "nothing acknowledged" on a process kill.
+    """
+    level, loss, fix = said("yes", "everysec", "", delayed_fsyncs=0)
     assert level == "ok"
-    assert loss.startswith("a crash can lose up to about a second of writes: ")
+    assert loss.startswith("a crash can lose up to about 2 s of acknowledged writes: ")
+    assert "a kill of the Redis process alone loses nothing only while the disk keeps up" in loss
     assert loss.endswith("(appendonly yes, appendfsync everysec)")
     assert fix == (
         "if no acknowledged write may be lost, set appendonly yes and appendfsync always "
         "(each write waits for the disk)"
     )
+    level, loss, _ = said("yes", "everysec", "", delayed_fsyncs=7)
+    assert level == "warning"
+    assert "the disk has fallen behind 7 time(s) since Redis started (aof_delayed_fsync)" in loss
+
+
+def test_a_primary_with_replicas_can_lose_acknowledged_steps_on_failover() -> None:
+    """Replication is asynchronous: a failover loses what the replica had not received,
+    whatever appendfsync says; min-replicas-to-write bounds it, and is named. No replica:
+    nothing said.
+
+    Found in review: doctor read only the role, and said "nothing acknowledged".
+    """
+    assert failover(None) is None
+    assert failover(Replication(replicas=0)) is None
+    found = failover(Replication(replicas=2, min_replicas=0, max_lag_s=10))
+    assert found is not None
+    assert found.level == "warning"
+    assert found.loss.startswith(
+        "a failover to one of its 2 replica(s) loses the acknowledged writes that replica "
+        "had not received yet, whatever appendfsync says"
+    )
+    assert "min-replicas-to-write is off, so nothing bounds it" in found.loss
+    assert "min-replicas-to-write 1" in found.fix
+    bounded = failover(Replication(replicas=1, min_replicas=1, max_lag_s=10))
+    assert bounded is not None
+    assert "min-replicas-to-write 1 bounds it to about min-replicas-max-lag (10 s)" in bounded.loss
 
 
 def test_appendfsync_no_leaves_it_to_the_operating_system() -> None:
     level, loss, fix = said("yes", "no", "")
     assert level == "warning"
     assert "up to about 30 s" in loss
+    assert "a kill of the Redis process alone loses nothing acknowledged" in loss
     assert loss.endswith("(appendonly yes, appendfsync no)")
     assert fix.startswith("set appendfsync everysec")
 

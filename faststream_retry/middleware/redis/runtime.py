@@ -4,8 +4,9 @@ The Redis side of ``plugin``, beside ``nats.runtime``: the same ``Plugin`` makes
 ``RedisRuntime`` for a ``RedisBroker`` (its cluster and sentinel kinds too), and the
 per-message scope talks to it through the same few members (``plan``, ``route``,
 ``sink``, ``live``). At start the plugin checks the broker's subscribers (a pub/sub
-channel, a list, a stream read without a group, with ``no_ack`` or in batches, with
-retries on, are refused with the fix), builds one ``redis.engine.RedisRetryEngine`` for
+channel, a list, a stream read without a group, with ``no_ack``, in batches or
+claiming pending entries itself, with retries on, and two covered streams that would
+share a key, are refused with the fix), builds one ``redis.engine.RedisRetryEngine`` for
 the covered streams on a client of its own (the broker's settings, ``redis_subscribers``)
 and checks the server with it, lets FastStream start its subscribers, then starts the
 engine's mover and claimer. A failure is carried out by ``redis.sink.RedisSink``. Under
@@ -77,6 +78,20 @@ def exact_plan(routes: Iterable[Route], default: RetryPolicy, config: RetryConfi
     covered = {q: r for q, r in merge_routes(routes).items() if r.enabled(default)}
     tiers = Tiers.build(1, config.topology.max_delay_ms)
     return Plan(config.topology, tiers, covered, ())
+
+
+def _covered_refusals(sub: Any, key: str) -> list[str]:  # noqa: ANN401 - a Redis subscriber
+    """What a subscriber of a covered stream is refused for: no_ack, batches, its own claims."""
+    from faststream_retry.redis import refusals  # noqa: PLC0415 - the Redis side's texts
+
+    found = []
+    if redis_subscribers.no_ack(sub):
+        found.append(refusals.no_ack(key))
+    if redis_subscribers.is_batch(sub):
+        found.append(refusals.batch(key))
+    if (claims := redis_subscribers.claims_itself(sub)) is not None:
+        found.append(refusals.claiming(key, *claims))
+    return found
 
 
 @dataclass(eq=False, slots=True)
@@ -157,8 +172,9 @@ class RedisRuntime(Planned):
 
         Raises:
             RetryConfigError: a channel, a list, or a stream read without a group, with
-                ``no_ack`` or in batches, whose handlers have retries on; ``ACK_FIRST``;
-                two middlewares; outage mode.
+                ``no_ack``, in batches or claiming pending entries itself, whose handlers
+                have retries on; two covered streams that would share a key;
+                ``ACK_FIRST``; two middlewares; outage mode.
         """
         topology = self.replan()
         checks.refuse_ack_first(self.broker, topology)
@@ -183,10 +199,8 @@ class RedisRuntime(Planned):
                 else:
                     found.append(refusals.not_a_stream(described.kind, described.name))
             elif key in topology.routes:
-                if redis_subscribers.no_ack(sub):
-                    found.append(refusals.no_ack(key))
-                if redis_subscribers.is_batch(sub):
-                    found.append(refusals.batch(key))
+                found += _covered_refusals(sub, key)
+        found += refusals.key_problems(topology.routes)
         if found:
             raise RetryConfigError(
                 "faststream-retry cannot run on this RedisBroker:\n"
