@@ -270,6 +270,7 @@ class RedisRuntime(Planned):
             claim_idle_ms=self.config.claim_idle_ms,
             policy=default,
             policies=policies,
+            reporter=self.reporter,  # the claimer's dead letters reach the app's hooks
         )
 
     def _leave_to_faststream(self, why: str) -> None:
