@@ -58,3 +58,18 @@ class Observed:
                         if isinstance(point, NumberDataPoint):
                             found[str((point.attributes or {})[ATTR.QUEUE])] = int(point.value)
         return found
+
+    def counter(self, name: str) -> int:
+        """Read the metrics now: counter ``name`` (``METRICS.*``) summed over its labels."""
+        data = self.reader.get_metrics_data()
+        total = 0
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == name:
+                        total += sum(
+                            int(p.value)
+                            for p in metric.data.data_points
+                            if isinstance(p, NumberDataPoint)
+                        )
+        return total

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from faststream_retry.core.defaults import (
     CLAIM_IDLE,
+    DLQ_MAX_LENGTH,
     MIN_CLAIM_IDLE_MS,
     MIN_PUBLISH_TIMEOUT_MS,
     QUEUE_TYPES,
@@ -42,6 +43,9 @@ class RetryConfig:
     """Outage mode's options; ``None``: off."""
     claim_idle_ms: int = int(CLAIM_IDLE.total_seconds() * 1000)
     """Redis: how long an entry no replica keeps alive stays pending before it is claimed."""
+    dlq_max_length: int | None = DLQ_MAX_LENGTH
+    """Redis and NATS: the dead letters a dead-letter stream keeps, the oldest trimmed past
+    it (Redis: near it, ``MAXLEN ~``; NATS: exactly, ``max_msgs``); ``None``: no cap."""
 
     @classmethod
     def build(  # one argument per option; their defaults are core/defaults.py's
@@ -61,6 +65,7 @@ class RetryConfig:
         outage_probe: timedelta | float | None,
         outage_hold: timedelta | float,
         claim_idle: timedelta | float = CLAIM_IDLE,
+        dlq_max_length: int | None = DLQ_MAX_LENGTH,
     ) -> RetryConfig:
         """Validate every option (see ``RetryMiddleware``), naming the one that is wrong."""
         if default is None:
@@ -78,6 +83,7 @@ class RetryConfig:
             )
         _positive_int(delivery_limit, "delivery_limit")
         _positive_int(prefetch, "prefetch")
+        _cap(dlq_max_length)
         tick_ms = None if tick is None else to_ms(tick, "tick")
         max_delay_ms = to_ms(max_delay, "max_delay")
         if max_delay_ms > MAX_TTL_MS:
@@ -121,6 +127,7 @@ class RetryConfig:
             log_retry_traceback=log_retry_traceback,
             outage=OutageOptions.build(outage_after, outage_probe, outage_hold),
             claim_idle_ms=claim_idle_ms,
+            dlq_max_length=dlq_max_length,
         )
 
 
@@ -133,6 +140,17 @@ def traceback_on_retry(log_retry_traceback: str, attempt: int) -> bool:
     if log_retry_traceback == "every":
         return True
     return log_retry_traceback == "first" and attempt == 1
+
+
+def _cap(dlq_max_length: object) -> None:
+    if dlq_max_length is not None and (
+        isinstance(dlq_max_length, bool)
+        or not isinstance(dlq_max_length, int)
+        or dlq_max_length < 1
+    ):
+        raise RetryConfigError(
+            f"dlq_max_length must be an int >= 1, or None for no cap, got {dlq_max_length!r}"
+        )
 
 
 def _positive_int(value: object, name: str) -> None:

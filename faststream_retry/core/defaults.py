@@ -15,6 +15,7 @@ from typing import Literal, TypeGuard, get_args
 __all__ = [
     "CLAIM_IDLE",
     "DELIVERY_LIMIT",
+    "DLQ_MAX_LENGTH",
     "LOG_RETRY_TRACEBACK",
     "MAX_DELAY",
     "MIN_CLAIM_IDLE_MS",
@@ -68,6 +69,8 @@ def is_queue_type(value: object) -> TypeGuard[QueueType]:
 CLAIM_IDLE = timedelta(minutes=1)
 """Redis: how long an entry stays pending, not kept alive by the replica that read it (one
 killed, frozen or cut off), before another replica claims it as a lost attempt."""
+DLQ_MAX_LENGTH = 100_000
+"""Redis and NATS: the dead letters each dead-letter stream keeps; past it the oldest go."""
 MIN_CLAIM_IDLE_MS = 1000
 """The shortest ``claim_idle``: the replicas keep their entries alive every quarter of it,
 and a shorter one would have them claim each other's over a pause of the event loop."""

@@ -38,7 +38,7 @@ class EventKind(Word):
     RELEASED = "released"
     """The re-check consumer republished a due message to its queue."""
     DEAD_LETTERED = "dead_lettered"
-    """The message was published to ``<queue>.dlq``."""
+    """The message was put in its dead letters: ``RetryEvent.dlq`` says where."""
     OUTAGE_STARTED = "outage_started"
     """The queue went into outage mode (``RetryMiddleware(outage_after=...)``)."""
     OUTAGE_ENDED = "outage_ended"
@@ -94,7 +94,8 @@ class RetryEvent:
 
     Times are epoch milliseconds. ``delay_ms`` is the planned delay (``SCHEDULED``)
     or the tier TTL (``HOP``); ``lateness_ms`` is release time minus due time
-    (``RELEASED``); ``reason`` says why a message was ``DEAD_LETTERED``; ``rule`` is
+    (``RELEASED``); ``reason`` says why a message was ``DEAD_LETTERED`` and ``dlq``
+    where its dead letter is; ``rule`` is
     the classification rule that decided and ``classification`` its verdict (both
     only when a handler failed, or the retry worker's intake decided on a dead letter).
 
@@ -129,6 +130,11 @@ class RetryEvent:
     failures: int | None = None
     probes: int | None = None
     duration_ms: int | None = None
+    dlq: str | None = None
+    """Where a ``DEAD_LETTERED`` message's letter is, on its broker: the queue
+    ``<queue>.dlq`` (RabbitMQ), the stream key ``{<stream>}.dlq`` (Redis), the subject
+    ``<prefix>.dlq.<stream>.<consumer>`` in the stream ``<prefix>-dlq-<stream>`` (NATS).
+    ``None`` for every other kind."""
 
     @classmethod
     def scheduled(
@@ -227,8 +233,9 @@ class RetryEvent:
         due_ms: int | None = None,
         rule: Rule | None = None,
         classification: Verdict | None = None,
+        dlq: str | None = None,
     ) -> RetryEvent:
-        """A message sent to its dead-letter queue, with ``reason``.
+        """A message sent to its dead letters at ``dlq``, with ``reason``.
 
         ``rule`` and ``classification`` say how a handler's failure was classified.
         """
@@ -245,6 +252,7 @@ class RetryEvent:
             error=error,
             rule=rule,
             classification=classification,
+            dlq=dlq,
         )
 
     @classmethod

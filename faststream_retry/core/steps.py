@@ -209,6 +209,7 @@ def dead_letter(
         error=h.truncate(failure.error, h.HISTORY_ERROR_LIMIT),
         rule=rule,
         classification=classification,
+        dlq=dlq,
     )
     return Step(event, Copy("", dlq, headers, room=True))
 

@@ -132,6 +132,14 @@ class RetryMiddleware:
             before any replica claims it, counting the lost delivery as a failed attempt
             (at least 1 s). A live replica keeps the entries it holds alive every quarter
             of it, however long their handlers run.
+        dlq_max_length: Redis and NATS: how many dead letters each dead-letter stream
+            keeps (one per covered stream). **Past it the oldest letters are deleted**
+            to make room for new ones: Redis trims near it (``XADD ... MAXLEN ~``, so the
+            stream may run over by up to one node, 100 entries by default), NATS
+            exactly (the stream's ``max_msgs``, discarding the oldest). ``None``: no
+            cap, the letters stay until replayed or purged (watch the memory: Redis
+            keeps them in RAM). Not applied on RabbitMQ, whose ``<queue>.dlq`` is
+            never capped by the plugin (a ``max-length`` policy does that).
         hooks: callables that receive every ``RetryEvent``, called synchronously
             (an ``async def`` hook is refused: it would never run).
         tracer_provider: OpenTelemetry tracer provider for the plugin's spans
@@ -156,6 +164,7 @@ class RetryMiddleware:
         outage_probe: timedelta | float | None = None,
         outage_hold: timedelta | float = defaults.OUTAGE_HOLD,
         claim_idle: timedelta | float = defaults.CLAIM_IDLE,
+        dlq_max_length: int | None = defaults.DLQ_MAX_LENGTH,
         hooks: Sequence[RetryHook] = (),
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
@@ -176,6 +185,7 @@ class RetryMiddleware:
             outage_probe=outage_probe,
             outage_hold=outage_hold,
             claim_idle=claim_idle,
+            dlq_max_length=dlq_max_length,
         )
         if not all(callable(hook) for hook in hooks):
             raise RetryConfigError("hooks takes callables that accept a RetryEvent")

@@ -15,6 +15,7 @@ dead letter are read and written (``_incoming``, ``_mirror_attempt``, ``_settle`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core import headers as h
@@ -96,7 +97,9 @@ class TestSink:
             incoming=self._incoming(msg),
             now_ms=h.now_ms(),
         )
-        self._reporter.record(letter.event, incoming=msg.headers, exception=exc)
+        # Where this broker's dead letters are (a Redis key, a NATS subject), as live.
+        event = dataclasses.replace(letter.event, dlq=self._dead_letter_address(route))
+        self._reporter.record(event, incoming=msg.headers, exception=exc)
         await self._settle(msg)
         try:
             await self._hand_over(msg, route, letter)

@@ -83,7 +83,9 @@ class NatsLive:
         await declare_delay_stream(self._js, self.prefix, max(replicas.values(), default=1))
         await asyncio.gather(
             *(
-                declare_dead_letter_stream(self._js, self.prefix, s, replicas[s])
+                declare_dead_letter_stream(
+                    self._js, self.prefix, s, replicas[s], self._config.dlq_max_length
+                )
                 for s in sorted(replicas)
             )
         )

@@ -8,8 +8,9 @@ appendfsync save no-appendfsync-on-rewrite`` and ``INFO persistence``; a renamed
 ``min-replicas-to-write``), and, given an app, its
 wiring as the start checks it (``RedisRuntime.check``) and each covered stream's group:
 its pending entries, the copies in the stream's schedule (and how many are overdue: no
-replica moving them), and the dead letters in its ``P.dlq``. Only reads, on a client of
-its own. Imported by the command only for Redis: it needs redis-py.
+replica moving them), and the dead letters in its ``P.dlq`` against the app's cap
+(``dlq_max_length``: past it the oldest are trimmed, so one near it is a warning). Only
+reads, on a client of its own. Imported by the command only for Redis: it needs redis-py.
 """
 
 from __future__ import annotations
@@ -131,8 +132,9 @@ async def _findings(
     if app is not None:
         found += _wiring(app)
         now_ms = await _server_ms(client)
+        cap = app.config.dlq_max_length
         for stream, group in sorted(streams.items()):
-            found += await _stream(client, stream, group, now_ms)
+            found += await _stream(client, stream, group, now_ms, cap)
     return version, found
 
 
@@ -252,8 +254,13 @@ async def _server_ms(client: Client) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def _stream(client: Client, stream: str, group: str, now_ms: int) -> list[diagnosis.Finding]:
-    """One covered stream: its group's pending entries, its schedule and its dead letters."""
+async def _stream(
+    client: Client, stream: str, group: str, now_ms: int, cap: int | None
+) -> list[diagnosis.Finding]:
+    """One covered stream: its group's pending entries, its schedule and its dead letters.
+
+    ``cap``: the app's ``dlq_max_length`` (``None``: no cap).
+    """
     named = keys.stream_keys(stream)
     scheduled = await client.zcard(named.schedule)
     overdue = await client.zcount(named.schedule, "-inf", now_ms - OVERDUE_MS)
@@ -291,15 +298,27 @@ async def _stream(client: Client, stream: str, group: str, now_ms: int) -> list[
                 "start the app (a replica moves them at once)",
             )
         )
+    capped = "no cap" if cap is None else f"capped near {cap:,}: past it the oldest are trimmed"
     if dead:
+        near = cap is not None and dead >= cap * 0.9
         found.append(
             diagnosis.Finding(
                 "warning",
                 "dead-letters",
                 named.dlq,
-                f"{dead} dead letter(s) wait in {named.dlq!r}",
-                "each is a message the app gave up on, with the reason in its headers",
-                f"look at them (redis-cli XRANGE '{named.dlq}' - + COUNT 10), fix the cause",
+                f"{dead} dead letter(s) wait in {named.dlq!r} ({capped})",
+                "each is a message the app gave up on, with the reason in its headers"
+                + (
+                    "; at the cap each new dead letter deletes the oldest, which are lost"
+                    if near
+                    else ""
+                ),
+                f"look at them (redis-cli XRANGE '{named.dlq}' - + COUNT 10), fix the cause"
+                + (
+                    ", then replay or export them, or raise RetryMiddleware(dlq_max_length=...)"
+                    if near
+                    else ""
+                ),
             )
         )
     found.append(
@@ -309,7 +328,7 @@ async def _stream(client: Client, stream: str, group: str, now_ms: int) -> list[
             stream,
             f"stream {stream!r}, group {group!r}: "
             f"{'no group' if pending is None else f'{pending} pending'}, {scheduled} "
-            f"waiting in {named.schedule!r}, {dead} dead letter(s) in {named.dlq!r}",
+            f"waiting in {named.schedule!r}, {dead} dead letter(s) in {named.dlq!r} ({capped})",
             "",
             "",
         )

@@ -38,6 +38,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core import headers as h
+from faststream_retry.core.events import Reason, RetryEvent
 from faststream_retry.core.policy import RetryPolicy
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.redis import steps
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
     from faststream_retry.redis.client import Client
     from faststream_retry.redis.steps import StreamEntry
+    from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["RedisRetryEngine"]
 
@@ -80,6 +82,8 @@ class RedisRetryEngine:
         policy: the policy a claimed entry is counted against (``max_attempts``,
             ``backoff``); ``policies`` overrides it per stream.
         dlq_maxlen: each dead-letter stream's approximate cap (0: none).
+        reporter: the app's (its hooks, metrics and log): a dead letter the claimer
+            settles is reported through it, as the sink's are; ``None``: only logged.
         batch, cap_s, tick_ms: the mover's (``mover.Mover``).
     """
 
@@ -98,6 +102,7 @@ class RedisRetryEngine:
         cap_s: float = 5.0,
         tick_ms: int = 0,
         born: float | None = None,
+        reporter: Reporter | None = None,
     ) -> None:
         """Name every key (refusing a stream no hash tag can follow); nothing is sent yet."""
         groups: dict[str, str] = {}
@@ -118,6 +123,7 @@ class RedisRetryEngine:
         self._policies = dict(policies or {})
         self._dlq_maxlen = dlq_maxlen
         self._claim_idle_ms = claim_idle_ms
+        self._reporter = reporter
         self.mover = Mover(
             client,
             self._scripts,
@@ -218,8 +224,9 @@ class RedisRetryEngine:
             now_ms=now,
         )
         dead = step.dead_letter
+        headers = step.headers
         if dead:
-            done = await self.dead_letter(entry, headers=step.headers)
+            done = await self.dead_letter(entry, headers=headers)
         else:
             try:
                 due = await self.retry_later(entry, delay_ms=step.delay_ms, headers=step.headers)
@@ -234,10 +241,33 @@ class RedisRetryEngine:
                     cause=CONSUMER_LOST,
                 )
                 done = await self.dead_letter(entry, headers=headers)
+        if dead and done and self._reporter is not None:
+            self._reporter.report(self._claimed_dead_letter(entry, incoming, headers))
         logger.info(
             "claimed %s of %s from a consumer gone for %d ms: %s",
             entry.id,
             entry.stream,
             self._claim_idle_ms,
             ("dead-lettered" if dead else "retried later") if done else "already settled",
+        )
+
+    def _claimed_dead_letter(
+        self, entry: StreamEntry, incoming: Mapping[str, Any], headers: Mapping[str, Any]
+    ) -> RetryEvent:
+        """The event of a claimed entry dead-lettered, from what its letter says.
+
+        Named by its ``message_id`` header when it has one (a copy, or a producer's),
+        else by its entry id: FastStream names it anew at each delivery.
+        """
+        message_id = incoming.get("message_id")
+        return RetryEvent.dead_lettered(
+            queue=entry.stream,
+            message_id=message_id if isinstance(message_id, str) and message_id else entry.id,
+            attempt=h.read_attempt(headers),
+            at_ms=h.now_ms(),
+            max_attempts=self._policies.get(entry.stream, self._policy).max_attempts,
+            reason=Reason(headers[h.REASON]),
+            exception=str(headers[h.EXCEPTION]),
+            error=str(headers[h.ERROR]),
+            dlq=self.keys(entry.stream).dlq,
         )

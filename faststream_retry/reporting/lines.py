@@ -77,18 +77,23 @@ def _recheck(event: RetryEvent, _: BaseException | None, __: str) -> None:
 
 
 def _dead_lettered(event: RetryEvent, exception: BaseException | None, _: str) -> None:
+    # Where the letter is on its broker (a Redis key, a NATS subject): what the transport
+    # said, else RabbitMQ's <queue>.dlq.
+    dlq = event.dlq or dlq_name(event.queue)
+    fields = _fields(event)
+    fields["retry"]["dlq"] = dlq
     log.error(
         "dead-lettered message %s from %s to %s: reason=%s attempt=%d/%s error=%s: %s",
         event.message_id,
         event.queue,
-        dlq_name(event.queue),
+        dlq,
         event.reason,
         event.attempt,
         event.max_attempts or "?",
         event.exception,
         event.error,
         exc_info=exception,
-        extra=_fields(event),
+        extra=fields,
     )
 
 

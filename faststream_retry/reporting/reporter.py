@@ -19,6 +19,7 @@ others still run, and the copy is published and settled exactly as without it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -98,8 +99,13 @@ class Reporter:
         trace the message carries. Returns whether the copy was confirmed. Only
         ``send`` decides that: the span and the report cannot fail the step.
         ``destination``: where ``send`` publishes on this broker (a NATS subject, a
-        Redis key); ``None``: RabbitMQ's, ``copy``'s exchange or queue.
+        Redis key); ``None``: RabbitMQ's, ``copy``'s exchange or queue. A dead letter's
+        is where the letter is: the event's ``dlq`` says it, in the span, the log line
+        and the hooks (the core names RabbitMQ's ``<queue>.dlq``, which on NATS and Redis
+        is nowhere).
         """
+        if destination is not None and event.kind is EventKind.DEAD_LETTERED:
+            event = dataclasses.replace(event, dlq=destination)
         if not self.telemetry.tracing:
             ok = await send(copy)
         else:

@@ -7,7 +7,7 @@ Span names follow the messaging convention ``<destination> <operation>``:
                                 ``faststream_retry.immediate``, retried in-process)
 ``<queue> retry hop``           the re-check consumer sent a message round a tier again
 ``<queue> retry release``       the re-check consumer republished a due message
-``<queue> dead-letter``         the message went to ``<queue>.dlq`` (status ERROR)
+``<queue> dead-letter``         the message went to its dead letters (status ERROR)
 ``<queue> outage``              (INTERNAL, a trace of its own) the queue was in outage mode:
                                 from the failure that switched it to the success that ended
                                 it (``faststream_retry.outage.*`` attributes)
@@ -89,7 +89,7 @@ def _dead_lettered(
 ) -> None:
     if copy is not None:
         attributes[ATTR.REASON] = str(event.reason)
-        attributes[ATTR.DLQ] = copy.routing_key
+        attributes[ATTR.DLQ] = event.dlq or copy.routing_key
 
 
 def _dead_letter_status(event: RetryEvent) -> str:

@@ -91,6 +91,7 @@ async def test_an_exhausted_message_reaches_the_dead_letter_subject_as_the_strea
     assert calls == 4
     (event,) = recorder.dead_letters
     assert (event.reason, event.attempt, event.queue) == ("exhausted", 4, "ORDERS.workers")
+    assert event.dlq == "retry.dlq.ORDERS.workers"
     ((letter, headers, subject, correlation_id),) = dead
     assert (letter, subject, correlation_id) == (body, "retry.dlq.ORDERS.workers", "c-7")
     assert headers["app"] == "kept"

@@ -98,6 +98,7 @@ async def test_an_exhausted_message_reaches_the_dead_letter_stream_as_redis_hold
     assert calls == 4
     (event,) = recorder.dead_letters
     assert (event.reason, event.attempt, event.queue) == ("exhausted", 4, "orders")
+    assert event.dlq == "{orders}.dlq"
     ((letter, headers, stream, correlation_id),) = dead
     assert (letter, stream, correlation_id) == (body, "{orders}.dlq", "c-7")
     assert headers["app"] == "kept"

@@ -183,6 +183,7 @@ async def test_the_getting_started_app_retries_then_dead_letters_and_the_reader_
     assert started == [
         (
             "faststream-retry (Redis): delays held to the ms up to 1 d, claim after 1 min, "
+            "dead letters capped near 100,000 a stream (the oldest trimmed past it), "
             "1 covered: orders"
         )
     ]

@@ -101,13 +101,41 @@ async def test_doctor_reports_the_server_its_durability_and_each_stream_changing
     (line,) = found["stream"]
     assert line["what"] == (
         f"stream {stream!r}, group 'ship': 1 pending, 2 waiting in '{{{stream}}}.retry', "
-        f"1 dead letter(s) in '{{{stream}}}.dlq'"
+        f"1 dead letter(s) in '{{{stream}}}.dlq' (capped near 100,000: past it the oldest are "
+        "trimmed)"
     )
     (overdue,) = found["overdue"]
     assert overdue["what"].startswith(f"1 of the 2 copies in '{{{stream}}}.retry' are more")
     (dead,) = found["dead-letters"]
     assert dead["subject"] == f"{{{stream}}}.dlq"
     assert await snapshot(client, stream) == before
+
+
+async def test_doctor_shows_the_dead_letter_cap_and_warns_near_it(
+    redis_url: str, client: Redis, stream: str, tmp_path: Path
+) -> None:
+    """The app's ``dlq_max_length`` is in the stream's line; a ``.dlq`` at 90 % of it is a
+    warning that says new letters delete the oldest, and how to keep them."""
+    app = APP.format(url=redis_url, stream=stream)
+    (tmp_path / "shop.py").write_text(
+        app.replace("RetryMiddleware()", "RetryMiddleware(dlq_max_length=10)")
+    )
+    await client.xgroup_create(stream, "ship", id="0", mkstream=True)
+    for _ in range(9):
+        await client.xadd(f"{{{stream}}}.dlq", {"__data__": b"dead"})
+
+    done = await run_cli("doctor", "shop:app", "--json", url=None, cwd=tmp_path)
+
+    assert done.status == 0, done.stderr
+    found = by_check(done.json())
+    (line,) = found["stream"]
+    assert line["what"].endswith(
+        f"9 dead letter(s) in '{{{stream}}}.dlq' (capped near 10: past it the oldest are trimmed)"
+    )
+    (dead,) = found["dead-letters"]
+    assert dead["severity"] == "warning"
+    assert "at the cap each new dead letter deletes the oldest, which are lost" in dead["why"]
+    assert "raise RetryMiddleware(dlq_max_length=...)" in dead["fix"]
 
 
 async def test_doctor_names_a_missing_group_and_a_refused_subscriber(

@@ -283,3 +283,16 @@ def test_claim_idle_is_a_minute_unless_set_and_at_least_a_second() -> None:
         "alive every quarter of it, and a shorter one would have live replicas claim each "
         "other's"
     )
+
+
+def test_the_dead_letter_cap_is_100000_unless_set_none_for_no_cap() -> None:
+    """``dlq_max_length``: a count of letters, or ``None`` (no cap); anything else refused
+    naming both, so a 0 meant as "no cap" is not taken as a cap of nothing."""
+    assert build().dlq_max_length == 100_000
+    assert RetryMiddleware()._plugin.config.dlq_max_length == 100_000  # the signature's default
+    assert build(dlq_max_length=5).dlq_max_length == 5
+    assert build(dlq_max_length=None).dlq_max_length is None
+    for wrong in (0, -1, True, 2.5, "10"):
+        assert refusal(dlq_max_length=wrong) == (
+            f"dlq_max_length must be an int >= 1, or None for no cap, got {wrong!r}"
+        )

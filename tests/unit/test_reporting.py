@@ -802,3 +802,52 @@ def test_the_dlq_gauge_shows_the_last_samples_and_asks_for_new_ones() -> None:
     telemetry.dlq_depths.update({"orders": 3, "emails": 0})
     assert shown() == {"orders": 3, "emails": 0}
     assert len(wakes) == 2
+
+
+@pytest.mark.parametrize(
+    ("system", "destination"),
+    [("redis", "{orders}.dlq"), ("nats", "retry.dlq.orders.billing")],
+)
+async def test_a_dead_letter_names_where_its_transport_put_it(
+    caplog: pytest.LogCaptureFixture, system: str, destination: str
+) -> None:
+    """On NATS and Redis the letter is not in ``<queue>.dlq``: the line, the span's
+    ``faststream_retry.dlq``, the log record's fields and the hook's event all name the
+    place the sink published it to."""
+    harness = Harness()
+    reporter = harness.reporter.on(system)
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    event = dead_lettered(Reason.EXHAUSTED)
+    copy = Copy("", "orders.dlq", {})  # what the core names: RabbitMQ's queue
+    assert await reporter.publish(event, copy, confirmed, incoming={}, destination=destination)
+    (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert line.getMessage().startswith(
+        f"dead-lettered message m-1 from orders to {destination}: reason=exhausted"
+    )
+    assert line.retry["dlq"] == destination  # type: ignore[attr-defined]
+    (span,) = harness.spans.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes[ATTR.DLQ] == destination
+    assert span.attributes[ATTR.DESTINATION] == destination
+    (hooked,) = harness.events
+    assert hooked.dlq == destination
+    assert "orders.dlq" not in line.getMessage()
+
+
+async def test_a_rabbitmq_dead_letter_names_its_dlq_queue_as_before(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No destination (RabbitMQ): the line says ``<queue>.dlq``, the span the copy's queue."""
+    harness = Harness()
+    caplog.set_level(logging.DEBUG, logger="faststream_retry")
+    event = dead_lettered(Reason.PERMANENT)
+    assert await harness.reporter.publish(event, Copy("", "orders.dlq", {}), confirmed, incoming={})
+    (line,) = [r for r in caplog.records if r.name == "faststream_retry"]
+    assert line.getMessage() == (
+        "dead-lettered message m-1 from orders to orders.dlq: reason=permanent "
+        "attempt=2/4 error=TimeoutError: slow"
+    )
+    assert line.retry["dlq"] == "orders.dlq"  # type: ignore[attr-defined]
+    (span,) = harness.spans.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes[ATTR.DLQ] == "orders.dlq"

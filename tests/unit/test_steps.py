@@ -217,6 +217,7 @@ class TestDeadLetter:
                 error="down",
                 rule=Rule.BUILTIN,
                 classification=Verdict.TRANSIENT,
+                dlq="orders.dlq",
             ),
             Copy("", "orders.dlq", headers, room=True),
         )
@@ -236,6 +237,7 @@ class TestDeadLetter:
             reason=Reason.INVALID,
             exception="app.Down",
             error="down",
+            dlq="p.intake.dlq",
         )
         assert step.copy.headers[h.ORIGIN_QUEUE] == "p.intake"
         assert step.copy.headers[h.TRACEBACK] == ""

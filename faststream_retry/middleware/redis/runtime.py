@@ -242,9 +242,10 @@ class RedisRuntime(Planned):
         self.started = True
         log.info(
             "faststream-retry (Redis): delays held to the ms up to %s, claim after %s, "
-            "%d covered: %s",
+            "dead letters capped near %s a stream (the oldest trimmed past it), %d covered: %s",
             format_ms(topology.tiers.max_delay_ms),
             format_ms(self.config.claim_idle_ms),
+            "no cap" if (cap := self.config.dlq_max_length) is None else f"{cap:,}",
             len(topology.routes),
             ", ".join(sorted(topology.routes)) or "none",
         )
@@ -284,6 +285,8 @@ class RedisRuntime(Planned):
             claim_idle_ms=self.config.claim_idle_ms,
             policy=default,
             policies=policies,
+            dlq_maxlen=self.config.dlq_max_length or 0,
+            reporter=self.reporter,  # the claimer's dead letters reach the app's hooks
         )
 
     def _leave_to_faststream(self, why: str) -> None:
