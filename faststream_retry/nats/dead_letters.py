@@ -53,8 +53,9 @@ async def declare_dead_letter_stream(
 
     ``replicas``: the covered stream's (``streams.covered_replicas``: the server's, or its
     ``JStream``'s before FastStream made it). ``max_msgs``: its cap (``None``: none); one
-    there with another cap gets this one (a lower one discards its oldest letters at
-    once). Returns its name.
+    there with another cap gets this one, unless it holds more letters than this one
+    allows (a start never deletes dead letters: it says so and leaves the stream as it
+    is). Returns its name.
 
     Raises:
         RetryTopologyError: a stream of that name takes other subjects.
@@ -74,17 +75,20 @@ async def declare_dead_letter_stream(
             "another prefix"
         )
     if info.config.max_msgs != wanted.max_msgs or info.config.discard != DiscardPolicy.OLD:
-        # The cap the app asks for now: a change of dlq_max_length applies to the stream.
         held, cap = int(info.state.messages or 0), wanted.max_msgs or -1
         if 0 < cap < held:
+            # A start must never delete dead letters (an upgrade from an uncapped stream,
+            # or a lowered dlq_max_length): the operator chooses what to keep first.
             log.warning(
-                "faststream-retry: dead-letter stream %s holds %d letters and its cap is now "
-                "%d (dlq_max_length): the server discards the %d oldest",
+                "faststream-retry: dead-letter stream %s holds %d letters, more than its "
+                "cap dlq_max_length=%d, so the cap is not applied: a start never deletes "
+                "dead letters. Export or replay them (faststream-retry dlq export/replay), "
+                "or raise dlq_max_length; the cap applies at the next start below it",
                 name,
                 held,
                 cap,
-                held - cap,
             )
+            return name
         info.config.max_msgs = wanted.max_msgs
         info.config.discard = DiscardPolicy.OLD
         await js.update_stream(info.config)

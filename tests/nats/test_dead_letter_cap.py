@@ -4,6 +4,7 @@ stream made earlier with another cap takes the one the app now asks for."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pytest
@@ -76,3 +77,30 @@ async def test_with_no_cap_the_dead_letter_stream_has_none(
     async with running(broker):
         config = (await js.stream_info(f"{names.prefix}-dlq-{stream}")).config
     assert config.max_msgs == -1
+
+
+async def test_a_start_never_deletes_dead_letters_past_a_new_cap(
+    nats_url: str, names: Names, js: JetStreamContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An uncapped stream holding 12 letters (an earlier version's) and a cap of 5: the
+    start keeps all 12, leaves the stream uncapped and says why in a WARNING."""
+    stream, subject = names.stream(), names.subject()
+    prefix = names.prefix
+    dlq_stream = f"{prefix}-dlq-{stream}"
+    await js.add_stream(dead_letter_config(prefix, stream))  # no cap
+    for n in range(SENT):
+        await js.publish(f"{prefix}.dlq.{stream}.d", f"old-{n:02d}".encode())
+    retry = RetryMiddleware(prefix=prefix, max_delay=120, dlq_max_length=CAP)
+    broker = NatsBroker(nats_url, middlewares=[retry])
+    retry.install(broker)
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str) -> None:
+        raise PermanentError(f"{body} is bad")
+
+    with caplog.at_level(logging.WARNING, logger="faststream_retry"):
+        async with running(broker):
+            config = (await js.stream_info(dlq_stream)).config
+    assert config.max_msgs == -1
+    assert len(await stream_messages(js, dlq_stream)) == SENT
+    assert any("never deletes dead letters" in r.getMessage() for r in caplog.records)
