@@ -37,7 +37,7 @@ from faststream_retry.middleware.plugin import Covered, Plugin
 from faststream_retry.middleware.schema import RetrySpecification
 from faststream_retry.middleware.sink import requeue_after_pause
 from faststream_retry.middleware.testing import RetryRecorder, Testing
-from faststream_retry.rabbit.outages import Requeue
+from faststream_retry.outages import Requeue
 from faststream_retry.reporting.log import log
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from faststream_retry.middleware.rabbit.runtime import Runtime
     from faststream_retry.middleware.redis.runtime import RedisRuntime
     from faststream_retry.middleware.sink import Sink
-    from faststream_retry.rabbit.outages import Gate
+    from faststream_retry.outages import Gate
 
 __all__ = ["RetryMiddleware"]
 

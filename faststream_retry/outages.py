@@ -1,6 +1,7 @@
-"""Outage mode, carried out: a gate per work queue that holds its messages (asyncio).
+"""Outage mode, carried out: a gate per work queue that holds its messages (asyncio, any broker).
 
-``outage.Outage`` decides; a ``Gate`` does what it says for one work queue of one broker.
+``outage.Outage`` decides; a ``Gate`` does what it says for one work queue of one broker,
+whichever transport it is on (RabbitMQ, NATS, Redis: it imports none of them).
 The middleware's per-message scope passes each message through ``Gate.enter`` before the
 handler runs:
 
@@ -11,8 +12,10 @@ handler runs:
   the whole line go at once. A message that waited ``outage_hold`` is requeued
   (``Requeue``), and so is every waiting one when the broker stops.
 
-Nothing here talks to the broker: the scope acks, nacks and publishes as before. The
-state lives in this process only; several processes consuming one queue each keep their
+Nothing here talks to the broker: the scope acks, nacks and publishes as before, and
+hands a ``Requeue``d message back as its transport does (RabbitMQ: ``nack``, requeued;
+NATS and Redis: parked as a copy that spends no attempt, ``nats.park``, ``redis.park``).
+The state lives in this process only; several processes consuming one queue each keep their
 own streak and gate and decide alone.
 """
 
@@ -240,6 +243,19 @@ class Outages:
         self.probe_ms = probe_ms
         self._reporter = reporter
         self._gates: dict[str, Gate] = {}
+        self._caps: dict[str, int] = {}
+
+    def cap(self, queue: str, hold_ms: int) -> None:
+        """Hold ``queue``'s messages at most ``hold_ms``, if that is shorter than ``outage_hold``.
+
+        For a transport that redelivers a message held too long (NATS: the consumer's
+        ``ack_wait``); set before the queue's first message.
+        """
+        self._caps[queue] = max(1, min(hold_ms, self._caps.get(queue, hold_ms)))
+
+    def hold_ms(self, queue: str) -> int:
+        """Return how long ``queue``'s messages may wait at its gate."""
+        return min(self.options.hold_ms, self._caps.get(queue, self.options.hold_ms))
 
     @classmethod
     def of(cls, options: OutageOptions | None, tick_ms: int, reporter: Reporter) -> Outages | None:
@@ -257,7 +273,7 @@ class Outages:
             gate = self._gates[queue] = Gate(
                 queue,
                 Outage(options.after, self.probe_ms),
-                hold_ms=options.hold_ms,
+                hold_ms=self.hold_ms(queue),
                 after=options.after,
                 reporter=self._reporter,
             )
