@@ -508,13 +508,13 @@ class _RetryScope(BaseMiddleware):
         """
         delivery = await self._resolve_live(msg)
         gate = None if delivery is None else gate_of(delivery)
-        if gate is None:
+        if gate is None or delivery is None:
             return await self._handle(call_next, msg, delivery)
         try:
             probe = await gate.enter()
         except Requeue:
             # Held too long, or the broker stops: back to its queue, handler not called.
-            await self._requeue_after_pause(msg, 0)
+            await self._hand_back(msg, delivery)
             raise
         try:
             result = await self._handle(call_next, msg, delivery, gate)
@@ -522,6 +522,23 @@ class _RetryScope(BaseMiddleware):
         finally:
             gate.leave(probe)
         return result
+
+    async def _hand_back(self, msg: StreamMessage[Any], delivery: Delivery) -> None:
+        """Hand a held message back: parked where its transport parks (NATS, Redis), else requeued.
+
+        A park spends no attempt and no redelivery; one that fails falls back to the requeue.
+        """
+        park = getattr(delivery.runtime, "park", None)
+        if park is not None:
+            try:
+                parked = await park(msg, delivery.route)
+            except Exception:
+                log.exception("faststream-retry could not park held message %s", msg.message_id)
+                parked = False
+            if parked:
+                self._settled = True
+                return
+        await self._requeue_after_pause(msg, 0)
 
     async def _resolve_live(self, msg: StreamMessage[Any]) -> Delivery | None:
         """Resolve ``msg`` on a running broker; ``None``: its subscriber or route is unknown.

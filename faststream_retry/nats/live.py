@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from faststream_retry.core.config import RetryConfig
     from faststream_retry.core.topology import Plan
+    from faststream_retry.outages import Outages
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["HandOver", "NatsLive"]
@@ -50,8 +51,8 @@ class HandOver:
 class NatsLive:
     """What the plugin runs on one connected ``NatsBroker``."""
 
-    outages: None = None
-    """Outage mode is not on NATS yet (refused at start)."""
+    outages: Outages | None = None
+    """Outage mode's gates, set by the runtime once open (``None``: off)."""
 
     def __init__(
         self, plan: Plan, js: JetStreamContext, config: RetryConfig, reporter: Reporter

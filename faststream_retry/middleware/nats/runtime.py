@@ -9,8 +9,13 @@ dead-letter stream per covered stream (``nats.streams``, ``nats.dead_letters``),
 FastStream start its subscribers, then starts a re-check consumer per tier and a
 hand-over per covered subscriber (``nats.live``). Under ``TestNatsBroker`` nothing
 starts: inside ``retry.testing()`` failures go to test mode's sink (``nats.test_mode``),
-once the subscribers passed the same checks (``Planned.check_in_test``). Not yet on NATS: outage
-mode (refused), and subscribers that join a running broker (left to FastStream).
+once the subscribers passed the same checks (``Planned.check_in_test``).
+
+Outage mode (``outage_after``) holds a covered subscriber's messages at its gate
+(``faststream_retry.outages``), each at most half its consumer's ``ack_wait`` (JetStream
+redelivers a message unacked longer: a duplicate) or ``outage_hold`` if shorter; one held
+longer, or held when the broker stops, is parked in the delay tier of the probe interval
+with its attempt unchanged (``nats.park``), never ``nak``'d (that spends ``max_deliver``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from faststream_retry.middleware.nats.test_mode import NatsTestSink
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.nats import checks as nats_checks
 from faststream_retry.nats.checks import Finding
+from faststream_retry.outages import HandBacks, Outages
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -35,7 +41,7 @@ if TYPE_CHECKING:
     from faststream_retry.middleware.checks import Middleware
     from faststream_retry.middleware.testing import Testing
     from faststream_retry.nats.live import NatsLive
-    from faststream_retry.nats.sink import NatsSink
+    from faststream_retry.nats.sink import Message, NatsSink
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["NatsRuntime"]
@@ -56,6 +62,7 @@ class NatsRuntime(Planned):
         """Prepare; nothing touches the network before ``open``."""
         super().__init__(config, reporter, broker, testing)
         self.live: NatsLive | None = None
+        self._hand_backs = HandBacks()
 
     def sink(self) -> NatsSink | NatsTestSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running.
@@ -80,7 +87,7 @@ class NatsRuntime(Planned):
 
         Raises:
             RetryConfigError: a core-NATS subscriber with retries on, a consumer whose
-                ack policy cannot keep a failure, ``ACK_FIRST``, two middlewares, outage mode.
+                ack policy cannot keep a failure, ``ACK_FIRST``, two middlewares.
         """
         topology, found = self.findings(middleware)
         _settle(found)
@@ -106,8 +113,6 @@ class NatsRuntime(Planned):
             )
             if (refusal := _refusal_of(refuse)) is not None
         ]
-        if self.config.outage is not None:
-            found.append(_wiring(nats_checks.outage_refused()))
         default = self.config.default
         for sub in self.broker.subscribers:
             if nats_subscribers.key_of(sub) is None:
@@ -190,6 +195,7 @@ class NatsRuntime(Planned):
         for c in self.covered(topology, consumers):
             declared[c.stream] = max(declared.get(c.stream, 1), c.declared_replicas or 1)
         await live.open(declared)
+        live.outages = self._outages(topology, consumers)
         streams = dict.fromkeys(declared)
         self.live = live
         self.started = True
@@ -213,6 +219,36 @@ class NatsRuntime(Planned):
             ", ".join(sorted(topology.routes)) or "none",
         )
 
+    def _outages(self, topology: Plan, consumers: Mapping[tuple[str, str], Any]) -> Outages | None:
+        """Outage mode's gates (``None``: off), each holding at most half its ``ack_wait``.
+
+        A message unacked for ``ack_wait`` is redelivered while it still waits at the gate
+        (a duplicate): half of it leaves room for the park's PubAck.
+        """
+        outages = Outages.of(self.config.outage, topology.tiers.tick_ms, self.reporter)
+        if outages is None:
+            return None
+        for covered in self.covered(topology, consumers):
+            wait = getattr(covered.consumer, "ack_wait", None)
+            if not isinstance(wait, (int, float)) or wait <= 0:
+                wait = nats_checks.DEFAULT_ACK_WAIT_S  # the server's default
+            outages.cap(covered.key, int(wait * 1000) // 2)
+        return outages
+
+    async def park(self, msg: Message, route: Route) -> bool:
+        """Hand a message held in outage mode back without a ``nak``; ``False``: not done.
+
+        A copy in the delay tier of the probe interval, its attempt unchanged
+        (``nats.park``), confirmed before the original is acked.
+        """
+        live = self.live
+        if live is None or live.outages is None:
+            return False
+        from faststream_retry.nats.park import park  # noqa: PLC0415 - nats-py, on NATS only
+
+        with self._hand_backs.one():
+            return await park(live, self.reporter, msg, route, wait_ms=live.outages.probe_ms)
+
     def _leave_to_faststream(self, why: str) -> None:
         self.bypass = why
         self.reporter.error_once(("bypass", id(self.broker)), "faststream-retry: %s", why)
@@ -235,8 +271,14 @@ class NatsRuntime(Planned):
         await live.start_consumers(hand_overs)
 
     async def stop_consumers(self) -> None:
-        """Stop the hand-overs and the re-check consumers."""
+        """Park the messages held in outage mode, stop the hand-overs and the re-checks.
+
+        The held ones first: a hand-over's stop, and FastStream's, wait for them.
+        """
         if self.live is not None:
+            if self.live.outages is not None:
+                held = self.live.outages.close()
+                await self._hand_backs.settle(held, 2 * self.config.publish_timeout_s + 1)
             await self.live.stop_consumers()
 
     async def stop(self) -> None:

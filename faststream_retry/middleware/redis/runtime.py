@@ -17,8 +17,12 @@ Redis has no tiers: a copy waits in a sorted set scored by its due time, exact t
 millisecond, so the plan's ladder is built on a 1 ms tick (``exact_plan``): the core's
 decision rounds nothing and ``max_delay`` still bounds every delay. ``tick`` is not used.
 
-Not yet on Redis: outage mode (refused), and subscribers that join a running broker (left
-to FastStream).
+Outage mode (``outage_after``) holds a covered stream's entries at its gate
+(``faststream_retry.outages``), pending and kept alive against the claimer; one held for
+``outage_hold``, or held when the broker stops, is parked (``redis.park``): acknowledged
+and its copy scheduled a probe interval ahead, its attempt unchanged, in one script. The
+probe interval is ``outage_probe``, else ``tick``, else 1 s (there are no tiers to take
+it from).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals, checks, redis_subscribers
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.middleware.redis.test_mode import RedisTestSink
+from faststream_retry.outages import HandBacks, Outages
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -49,10 +54,13 @@ if TYPE_CHECKING:
     from faststream_retry.middleware.testing import Testing
     from faststream_retry.redis.dlq_depths import RedisDeadLetterDepths
     from faststream_retry.redis.engine import RedisRetryEngine
-    from faststream_retry.redis.sink import RedisSink
+    from faststream_retry.redis.sink import Message, RedisSink
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["RedisLive", "RedisRuntime", "exact_plan"]
+
+DEFAULT_PROBE_MS = 1000
+"""Outage mode's probe interval on Redis when neither ``outage_probe`` nor ``tick`` is set."""
 
 CLAIMER = "faststream-retry-claimer"
 """The consumer name an entry claimed from a lost consumer is pending under while settled."""
@@ -89,8 +97,8 @@ class RedisLive:
     dlq_depths: RedisDeadLetterDepths
     """Samples each covered stream's ``.dlq`` length when the metrics are read."""
     running: bool = True
-    outages: None = None
-    """Outage mode is refused on Redis (``check``): no gates."""
+    outages: Outages | None = None
+    """Outage mode's gates (``None``: off)."""
 
 
 class RedisRuntime(Planned):
@@ -112,6 +120,7 @@ class RedisRuntime(Planned):
         super().__init__(config, reporter, broker, testing)
         self.live: RedisLive | None = None
         self._stopped_at = _IMPORTED
+        self._hand_backs = HandBacks()
 
     def replan(self) -> Plan:
         """Plan from the subscribers the broker has now, on an exact ladder (no network)."""
@@ -158,7 +167,7 @@ class RedisRuntime(Planned):
         Raises:
             RetryConfigError: a channel, a list, or a stream read without a group, with
                 ``no_ack`` or in batches, whose handlers have retries on; ``ACK_FIRST``;
-                two middlewares; outage mode.
+                two middlewares.
         """
         topology = self.replan()
         checks.refuse_ack_first(self.broker, topology)
@@ -166,8 +175,6 @@ class RedisRuntime(Planned):
         from faststream_retry.redis import refusals  # noqa: PLC0415 - the Redis side's texts
 
         found: list[str] = []
-        if self.config.outage is not None:
-            found.append(refusals.outage_refused())
         default = self.config.default
         for sub in self.broker.subscribers:
             key = redis_subscribers.key_of(sub)
@@ -224,7 +231,9 @@ class RedisRuntime(Planned):
         from faststream_retry.redis.dlq_depths import RedisDeadLetterDepths  # noqa: PLC0415
 
         depths = RedisDeadLetterDepths(client, self.reporter.telemetry, lambda: topology)
-        self.live = RedisLive(topology, engine, close, depths)
+        tick_ms = self.config.topology.tick_ms or DEFAULT_PROBE_MS
+        outages = Outages.of(self.config.outage, tick_ms, self.reporter)
+        self.live = RedisLive(topology, engine, close, depths, outages=outages)
         self.started = True
         log.info(
             "faststream-retry (Redis): delays held to the ms up to %s, claim after %s, "
@@ -272,6 +281,25 @@ class RedisRuntime(Planned):
             policies=policies,
         )
 
+    async def park(self, msg: Message, route: Route) -> bool:
+        """Hand an entry held in outage mode back through the schedule; ``False``: not done.
+
+        Acknowledged and its copy scheduled a probe interval ahead, its attempt unchanged,
+        in one script (``redis.park``).
+        """
+        live = self.live
+        if live is None or not live.running or live.outages is None:
+            return False
+        from faststream_retry.redis.park import park  # noqa: PLC0415 - redis-py, on Redis only
+
+        with self._hand_backs.one():
+            done = await park(
+                live.engine, live.plan, self.reporter, msg, route, wait_ms=live.outages.probe_ms
+            )
+        if done:
+            _acked_by_step(msg)
+        return done
+
     def _leave_to_faststream(self, why: str) -> None:
         self.bypass = why
         self.reporter.error_once(("bypass", id(self.broker)), "faststream-retry: %s", why)
@@ -291,6 +319,11 @@ class RedisRuntime(Planned):
         Failures of handlers still running are still settled.
         """
         if self.live is not None:
+            if self.live.outages is not None:
+                # Held entries are parked before the client closes (FastStream's stop
+                # would otherwise wait for them).
+                held = self.live.outages.close()
+                await self._hand_backs.settle(held, 2 * self.config.publish_timeout_s + 1)
             await self.live.dlq_depths.stop()
             await self.live.engine.stop()
 
