@@ -16,6 +16,10 @@ Outage mode (``outage_after``) holds a covered subscriber's messages at its gate
 redelivers a message unacked longer: a duplicate) or ``outage_hold`` if shorter; one held
 longer, or held when the broker stops, is parked in the delay tier of the probe interval
 with its attempt unchanged (``nats.park``), never ``nak``'d (that spends ``max_deliver``).
+
+A subscriber that joins the running broker (``middleware.late``) is checked as the start
+checks the others before it consumes (a refusal raises from its start), and covered: its
+dead-letter stream made, its route planned, and its hand-over started once it consumes.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.middleware import _internals, checks, nats_subscribers
+from faststream_retry.middleware import _internals, checks, late, nats_subscribers
 from faststream_retry.middleware.nats.test_mode import NatsTestSink
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.nats import checks as nats_checks
@@ -63,6 +67,7 @@ class NatsRuntime(Planned):
         super().__init__(config, reporter, broker, testing)
         self.live: NatsLive | None = None
         self._hand_backs = HandBacks()
+        self._js: Any = None
 
     def sink(self) -> NatsSink | NatsTestSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running.
@@ -78,9 +83,106 @@ class NatsRuntime(Planned):
 
         return NatsSink(live, self.reporter, self.config.pause_s)
 
-    async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
-        """A subscriber that joined the running broker: not covered on NATS yet (FastStream's)."""
-        return None
+    async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401 - a subscriber
+        """Return the route for a failure of ``sub``, which the plan does not cover.
+
+        A subscriber that reached the running broker unfollowed (``middleware.late``
+        follows those made by ``broker.subscriber`` and ``include_router``): checked and
+        covered now, and followed from here on. A stopped one is not covered again.
+        """
+        live = self.live
+        if live is None or not live.consuming or not getattr(sub, "running", True):
+            return None
+        late.follow(self, sub)
+        if not await self.join(sub):
+            return None
+        await self.joined(sub)
+        return live.plan.route(nats_subscribers.key_of(sub) or "")
+
+    @property
+    def running(self) -> bool:
+        """Whether the plugin runs on the broker: its re-checks and hand-overs started."""
+        return self.live is not None and self.live.consuming
+
+    async def join(self, sub: Any) -> bool:  # noqa: ANN401 - a JetStream subscriber
+        """Check a subscriber that joins the running broker, and cover it; ``True``: covered.
+
+        The start's checks of one subscriber: a core-NATS one with retries on, a consumer
+        whose ack policy cannot keep a failure (as the server holds it, if it exists),
+        ``ACK_FIRST``; warnings logged. Then its stream's dead-letter stream is made and
+        its route planned. A subscriber with retries off is left to FastStream.
+
+        Raises:
+            RetryConfigError: it is refused; it must not start.
+        """
+        live = self.live
+        if live is None:
+            return False
+        default = self.config.default
+        key = nats_subscribers.key_of(sub)
+        if key is None:
+            subject = nats_subscribers.subject_of(sub)
+            handlers = tuple(
+                Handler(_internals.handler_policy(item)) for item in getattr(sub, "calls", ())
+            )
+            if Route(subject, handlers).enabled(default):
+                _settle([_wiring(nats_checks.core_subscriber(subject), "core-nats")])
+            return False
+        route = _internals.route_of(sub)
+        stream = nats_subscribers.stream_of(sub)
+        if route is None or stream is None or not route.enabled(default):
+            return False
+        checks.refuse_ack_first_of(sub, route)
+        durable = nats_subscribers.durable_of(sub)
+        from faststream_retry.nats import survey  # noqa: PLC0415 - nats-py, on NATS only
+
+        on_server = await survey.consumers(self._js, [(stream, durable)]) if durable else {}
+        consumer = on_server.get((stream, durable or ""))
+        _settle(
+            nats_checks.consumer_findings(
+                key,
+                nats_subscribers.consumer_config(sub) if consumer is None else consumer,
+                self.config.topology.delivery_limit,
+                self.config.publish_timeout_s,
+                on_server=None if consumer is None else f"{stream}/{durable}",
+            )
+        )
+        if key not in live.plan.routes:
+            await live.cover(route, stream, nats_subscribers.replicas_of(sub) or 1)
+            self._plan = live.plan
+            if live.outages is not None:
+                wait = getattr(consumer, "ack_wait", None) or nats_subscribers.ack_wait_s(sub)
+                live.outages.cap(key, int(wait * 1000) // 2)
+            log.info("faststream-retry (NATS): %s joined the running broker: covered", key)
+        return True
+
+    async def joined(self, sub: Any) -> None:  # noqa: ANN401 - a JetStream subscriber
+        """A covered subscriber that joined consumes now: start its hand-over."""
+        live = self.live
+        key = nats_subscribers.key_of(sub)
+        if live is None or key is None or key not in live.plan.routes:
+            return
+        from faststream_retry.nats.live import HandOver  # noqa: PLC0415 - nats-py, on NATS only
+
+        await live.hand_over(HandOver(key, sub.consume, nats_subscribers.ack_wait_s(sub)))
+
+    async def leave(self, sub: Any) -> None:  # noqa: ANN401 - a JetStream subscriber
+        """A subscriber stops while the broker runs: stop its hand-over, unless another needs it.
+
+        Its copies wait in the delay stream for its next start.
+        """
+        live = self.live
+        key = nats_subscribers.key_of(sub)
+        if live is None or key is None:
+            return
+        if any(
+            other is not sub
+            and getattr(other, "running", False)
+            and nats_subscribers.key_of(other) == key
+            for other in self.broker.subscribers
+        ):
+            return
+        await live.let_go(key)
 
     def check(self, middleware: Middleware) -> Plan:
         """Plan and check the broker's subscribers as declared; raise one error naming every fix.
@@ -178,7 +280,7 @@ class NatsRuntime(Planned):
         from faststream_retry.nats import survey  # noqa: PLC0415 - nats-py, on NATS only
         from faststream_retry.nats.live import NatsLive  # noqa: PLC0415
 
-        js = jetstream()
+        js = self._js = jetstream()
         durables = [(c.stream, c.durable) for c in self.covered(topology, {}) if c.durable]
         consumers = await survey.consumers(js, durables)
         if consumers:
