@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from faststream_retry.middleware import checks
+from faststream_retry.middleware import _internals, checks
 
 if TYPE_CHECKING:
+    from faststream_retry.core.topology import Plan, Route
     from faststream_retry.middleware.checks import Middleware
 
-__all__ = ["Joining", "follow", "watch"]
+__all__ = ["Joining", "cover_failed", "follow", "watch"]
 
 _FOLLOWED_ATTR = "__faststream_retry_followed__"
 
@@ -31,6 +32,11 @@ class Joining(Protocol):
     @property
     def running(self) -> bool:
         """Whether the plugin runs on the broker now (between its start and its stop)."""
+        ...
+
+    @property
+    def plan(self) -> Plan:
+        """The plan, the routes of the subscribers that joined included."""
         ...
 
     async def join(self, sub: Any) -> bool:  # noqa: ANN401 - a subscriber
@@ -92,3 +98,22 @@ def follow(runtime: Joining, sub: Any) -> None:  # noqa: ANN401 - a subscriber
 
     sub.start, sub.stop = start, stop
     setattr(sub, _FOLLOWED_ATTR, True)
+
+
+async def cover_failed(runtime: Joining, sub: Any) -> Route | None:  # noqa: ANN401 - a subscriber
+    """Return the route for a failure of ``sub``, which the plan does not cover.
+
+    A subscriber that reached the running broker unfollowed (``watch`` follows those made
+    by ``broker.subscriber`` and ``include_router``): checked and covered now, and
+    followed from here on. A stopped one is not covered again.
+
+    Raises:
+        RetryConfigError: it is refused (the message is requeued after a pause).
+    """
+    if not runtime.running or not getattr(sub, "running", True):
+        return None
+    follow(runtime, sub)
+    if not await runtime.join(sub):
+        return None
+    await runtime.joined(sub)
+    return runtime.plan.route(_internals.queue_of(sub) or "")

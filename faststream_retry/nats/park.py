@@ -46,23 +46,10 @@ async def park(
         return False
     raw = msg.raw_message
     incoming = wire.failed(raw.headers, subject=raw.subject, message_id=msg.message_id)
-    plan = live.plan
-    tiers = plan.tiers
+    tiers = live.plan.tiers
     tier_ms = tiers.pick(max(wait_ms, tiers.tick_ms))
-    now = h.now_ms()
-    # Due when its tier ends: a due time the message brought along (an old retry's, or a
-    # forged one far ahead) must not decide when it comes back.
-    incoming[h.DUE] = now + tier_ms
-    step = steps.hop(
-        plan,
-        route,
-        msg.message_id,
-        incoming,
-        attempt=h.read_attempt(incoming),
-        now_ms=now,
-        due_ms=now + tier_ms,
-        tier_ms=tier_ms,
-        last=False,
+    step = steps.parked(
+        live.plan, route, msg.message_id, incoming, now_ms=h.now_ms(), wait_ms=tier_ms
     )
     subject = naming.delay_subject(live.prefix, tier_ms, route.queue)
     stream = naming.delay_stream(live.prefix)

@@ -53,21 +53,7 @@ async def park(
     entry = StreamEntry.from_raw(msg.raw_message, engine.group(route.queue))
     incoming = entry.incoming_headers()
     incoming.setdefault(MESSAGE_ID, msg.message_id)
-    now = h.now_ms()
-    # Due when it comes back: a due time it brought along (an old retry's) would make
-    # its return look late by the whole outage.
-    incoming[h.DUE] = now + wait_ms
-    step = steps.hop(
-        plan,
-        route,
-        msg.message_id,
-        incoming,
-        attempt=h.read_attempt(incoming),
-        now_ms=now,
-        due_ms=now + wait_ms,
-        tier_ms=wait_ms,
-        last=False,
-    )
+    step = steps.parked(plan, route, msg.message_id, incoming, now_ms=h.now_ms(), wait_ms=wait_ms)
 
     async def send(copy: Copy) -> bool:
         await engine.retry_later(entry, delay_ms=wait_ms, headers=copy.headers)

@@ -243,20 +243,8 @@ class RedisRuntime(Planned):
         return RedisSink(live.engine, live.plan, self.reporter, _acked_by_step)
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401 - a subscriber
-        """Return the route for a failure of ``sub``, which the plan does not cover.
-
-        A subscriber that reached the running broker unfollowed (``middleware.late``
-        follows those made by ``broker.subscriber`` and ``include_router``): checked and
-        covered now, and followed from here on. A stopped one is not covered again.
-        """
-        live = self.live
-        if live is None or not live.consuming or not getattr(sub, "running", True):
-            return None
-        late.follow(self, sub)
-        if not await self.join(sub):
-            return None
-        await self.joined(sub)
-        return live.plan.route(redis_subscribers.key_of(sub) or "")
+        """Return the route for a failure of ``sub``, which the plan does not cover (``late``)."""
+        return await late.cover_failed(self, sub)
 
     @property
     def running(self) -> bool:
