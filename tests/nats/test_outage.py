@@ -10,6 +10,7 @@ with nothing dead-lettered and each processed once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from datetime import timedelta
@@ -61,9 +62,8 @@ def app(
         tick=timedelta(milliseconds=100),
         max_delay=120,
         outage_after=3,
-        outage_probe=0.3,
         hooks=[dependency.events.append],
-        **options,
+        **{"outage_probe": 0.3, **options},
     )
     broker = NatsBroker(nats_url, middlewares=[retry], logger=None)
 
@@ -182,3 +182,18 @@ async def test_a_stop_parks_the_held_messages_and_a_restart_processes_them_once(
         await drained(js, names.prefix)
     assert dependency.processed == Counter(sent)
     assert await dead_letters(js, names) == 0
+
+
+async def test_probes_rarer_than_the_hold_ack_wait_allows_are_warned_of(
+    nats_url: str, names: Names, js: JetStreamContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer's ack_wait of 1 s holds a message at most 0.5 s: with a probe every 0.6 s
+    each held message would be parked before a probe comes, and the start says so."""
+    dependency = Dependency()
+    broker = app(nats_url, names, dependency, ack_wait=1, outage_probe=0.6)
+    with caplog.at_level(logging.WARNING, logger="faststream_retry"):
+        async with running(broker):
+            # The plugin starts at the first message (no install()).
+            await js.publish(names.subject(), b"first", stream=names.stream())
+            await eventually(lambda: dependency.calls_while_down != [], what="the first call")
+    assert "less than outage_probe" in caplog.text

@@ -140,7 +140,7 @@ class NatsRuntime(Planned):
             self._plan = live.plan
             if live.outages is not None:
                 wait = getattr(consumer, "ack_wait", None) or nats_subscribers.ack_wait_s(sub)
-                live.outages.cap(key, int(wait * 1000) // 2)
+                _cap(live.outages, key, wait)
             log.info("faststream-retry (NATS): %s joined the running broker: covered", key)
         return True
 
@@ -319,10 +319,7 @@ class NatsRuntime(Planned):
         if outages is None:
             return None
         for covered in self.covered(topology, consumers):
-            wait = getattr(covered.consumer, "ack_wait", None)
-            if not isinstance(wait, (int, float)) or wait <= 0:
-                wait = nats_checks.DEFAULT_ACK_WAIT_S  # the server's default
-            outages.cap(covered.key, int(wait * 1000) // 2)
+            _cap(outages, covered.key, getattr(covered.consumer, "ack_wait", None))
         return outages
 
     async def park(self, msg: Message, route: Route) -> bool:
@@ -376,6 +373,22 @@ class NatsRuntime(Planned):
         if self.live is not None:
             self.live.close()
         self.live = None
+
+
+def _cap(outages: Outages, key: str, ack_wait_s: object) -> None:
+    """Hold ``key``'s messages at most half its ``ack_wait``; warn if probes come rarer."""
+    wait = ack_wait_s if isinstance(ack_wait_s, (int, float)) and ack_wait_s > 0 else None
+    hold_ms = int((wait or nats_checks.DEFAULT_ACK_WAIT_S) * 1000) // 2
+    outages.cap(key, hold_ms)
+    if outages.probe_ms > outages.hold_ms(key):
+        log.warning(
+            "faststream-retry: in outage mode %s holds a message at most %s (half its "
+            "consumer's ack_wait), less than outage_probe (%s): every held message is parked "
+            "before a probe comes. Raise the consumer's ack_wait or shorten outage_probe",
+            key,
+            format_ms(outages.hold_ms(key)),
+            format_ms(outages.probe_ms),
+        )
 
 
 def _wiring(text: str, check: str = "wiring") -> Finding:
