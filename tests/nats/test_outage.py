@@ -20,9 +20,10 @@ import pytest
 from faststream.nats import JStream, NatsBroker, NatsMessage
 from nats.js.api import ConsumerConfig
 
-from faststream_retry import EventKind, Fixed, RetryEvent, RetryMiddleware, RetryPolicy
+from faststream_retry import EventKind, RetryMiddleware
 from faststream_retry.core import headers as h
 from tests.nats.helpers import drained, running, stream_count
+from tests.outage_support import POLICY, Dependency, N
 from tests.rabbit import eventually
 
 if TYPE_CHECKING:
@@ -32,28 +33,9 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(180)]
 
-N = 30
-POLICY = RetryPolicy(max_attempts=4, backoff=Fixed(timedelta(milliseconds=200)))
-
-
-class Dependency:
-    """A database that is down until ``up()``; every call is recorded."""
-
-    def __init__(self) -> None:
-        self.down = True
-        self.calls_while_down: list[float] = []
-        self.processed: Counter[str] = Counter()
-        self.attempts: dict[str, int] = {}
-        self.failed: Counter[str] = Counter()
-        self.delivered: list[int] = []
-        self.events: list[RetryEvent] = []
-
-    def kinds(self, kind: EventKind) -> list[RetryEvent]:
-        return [e for e in self.events if e.kind is kind]
-
 
 def app(
-    nats_url: str, names: Names, dependency: Dependency, ack_wait: float = 30, **options: Any
+    nats_url: str, names: Names, dependency: Dependency[str], ack_wait: float = 30, **options: Any
 ) -> NatsBroker:
     stream, subject = names.stream(), names.subject()
     retry = RetryMiddleware(
@@ -77,12 +59,7 @@ def app(
     )
     async def handle(body: str, msg: NatsMessage) -> None:
         dependency.delivered.append(msg.raw_message.metadata.num_delivered)
-        if dependency.down:
-            dependency.calls_while_down.append(time.monotonic())
-            dependency.failed[body] += 1
-            raise ConnectionError("database down")
-        dependency.processed[body] += 1
-        dependency.attempts[body] = h.read_attempt(msg.headers)
+        dependency.call(body, h.read_attempt(msg.headers))
 
     return broker
 
@@ -104,7 +81,7 @@ async def test_outage_mode_holds_the_subscriber_until_the_dependency_is_back(
     """After 3 transient failures one message per 0.3 s probe reaches the handler; a message
     held past outage_hold is parked in a delay tier (a hop, its attempt unchanged), never
     nak'd; once the dependency is back every message is processed once, none dead-lettered."""
-    dependency = Dependency()
+    dependency: Dependency[str] = Dependency()
     broker = app(nats_url, names, dependency, outage_hold=1.0)
     async with running(broker):
         sent = await publish(js, names)
@@ -116,7 +93,7 @@ async def test_outage_mode_holds_the_subscriber_until_the_dependency_is_back(
         # messages at a time wait at the gate, each parked after 1 s.
         await asyncio.sleep(3)
         parked = len(dependency.kinds(EventKind.HOP))
-        calls = [t for t in dependency.calls_while_down if t > switched + 0.05]
+        calls = dependency.probes_since(switched)
         window = time.monotonic() - switched
         dependency.down = False
         await eventually(
@@ -149,7 +126,7 @@ async def test_a_stop_parks_the_held_messages_and_a_restart_processes_them_once(
     (a hop each, the stop not held up by them), and the next start processes each message
     once. The consumer's ack_wait is 4 s, so the messages the client had buffered but not
     handled come back quickly after the stop (they are FastStream's, outage mode or not)."""
-    dependency = Dependency()
+    dependency: Dependency[str] = Dependency()
     broker = app(nats_url, names, dependency, ack_wait=4)  # outage_hold 5 min, capped at 2 s
     async with running(broker):
         sent = await publish(js, names)
@@ -159,7 +136,7 @@ async def test_a_stop_parks_the_held_messages_and_a_restart_processes_them_once(
         switched = time.monotonic()
         # Two probes: the other workers have taken their messages and wait at the gate.
         await eventually(
-            lambda: len([t for t in dependency.calls_while_down if t > switched + 0.05]) >= 2,
+            lambda: len(dependency.probes_since(switched)) >= 2,
             timeout=20,
             what="two probes",
         )
@@ -189,7 +166,7 @@ async def test_probes_rarer_than_the_hold_ack_wait_allows_are_warned_of(
 ) -> None:
     """A consumer's ack_wait of 1 s holds a message at most 0.5 s: with a probe every 0.6 s
     each held message would be parked before a probe comes, and the start says so."""
-    dependency = Dependency()
+    dependency: Dependency[str] = Dependency()
     broker = app(nats_url, names, dependency, ack_wait=1, outage_probe=0.6)
     with caplog.at_level(logging.WARNING, logger="faststream_retry"):
         async with running(broker):

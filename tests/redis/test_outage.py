@@ -19,9 +19,10 @@ import pytest
 from faststream.redis import RedisBroker, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
 
-from faststream_retry import EventKind, Fixed, RetryEvent, RetryMiddleware, RetryPolicy
+from faststream_retry import EventKind, RetryMiddleware
 from faststream_retry.core import headers as h
 from faststream_retry.redis.keys import stream_keys
+from tests.outage_support import POLICY, Dependency, N
 from tests.rabbit import eventually
 from tests.redis.support import until
 
@@ -30,26 +31,8 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 
-N = 30
-POLICY = RetryPolicy(max_attempts=4, backoff=Fixed(timedelta(milliseconds=200)))
 
-
-class Dependency:
-    """A database that is down until ``down = False``; every call is recorded."""
-
-    def __init__(self) -> None:
-        self.down = True
-        self.calls_while_down: list[float] = []
-        self.processed: Counter[int] = Counter()
-        self.attempts: dict[int, int] = {}
-        self.failed: Counter[int] = Counter()
-        self.events: list[RetryEvent] = []
-
-    def kinds(self, kind: EventKind) -> list[RetryEvent]:
-        return [e for e in self.events if e.kind is kind]
-
-
-def app(redis_url: str, stream: str, dependency: Dependency, **options: Any) -> RedisBroker:
+def app(redis_url: str, stream: str, dependency: Dependency[int], **options: Any) -> RedisBroker:
     retry = RetryMiddleware(
         POLICY,
         outage_after=3,
@@ -63,12 +46,7 @@ def app(redis_url: str, stream: str, dependency: Dependency, **options: Any) -> 
     # Ten calls at once: several entries wait at the gate side by side.
     @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"), max_workers=10)
     async def handle(body: dict[str, Any], message: RedisStreamMessage) -> None:
-        if dependency.down:
-            dependency.calls_while_down.append(time.monotonic())
-            dependency.failed[int(body["id"])] += 1
-            raise ConnectionError("database down")
-        dependency.processed[int(body["id"])] += 1
-        dependency.attempts[int(body["id"])] = h.read_attempt(message.headers)
+        dependency.call(int(body["id"]), h.read_attempt(message.headers))
 
     return broker
 
@@ -85,7 +63,7 @@ async def test_outage_mode_holds_the_stream_until_the_dependency_is_back(
     """After 3 transient failures one entry per 0.3 s probe reaches the handler; an entry held
     past outage_hold is parked in the schedule (a hop, its attempt unchanged), never left to
     the claimer; once the dependency is back every message is processed once, none dead."""
-    dependency = Dependency()
+    dependency: Dependency[int] = Dependency()
     broker = app(redis_url, stream, dependency, outage_hold=1.0)
     await broker.start()
     try:
@@ -99,7 +77,7 @@ async def test_outage_mode_holds_the_stream_until_the_dependency_is_back(
         # messages at a time wait at the gate, each parked after 1 s.
         await asyncio.sleep(3)
         parked = len(dependency.kinds(EventKind.HOP))
-        calls = [t for t in dependency.calls_while_down if t > switched + 0.05]
+        calls = dependency.probes_since(switched)
         window = time.monotonic() - switched
         dependency.down = False
         await eventually(
@@ -132,7 +110,7 @@ async def test_a_stop_parks_the_held_entries_and_a_restart_processes_them_once(
     start processes each message once, none dead. The entries FastStream had read ahead but
     not handed to a handler stay pending, as without outage mode: the claimer takes them
     (claim_idle, 5 s here)."""
-    dependency = Dependency()
+    dependency: Dependency[int] = Dependency()
     broker = app(redis_url, stream, dependency)  # outage_hold 5 min: only the stop parks
     await broker.start()
     try:
@@ -143,7 +121,7 @@ async def test_a_stop_parks_the_held_entries_and_a_restart_processes_them_once(
         )
         switched = time.monotonic()
         await eventually(
-            lambda: len([t for t in dependency.calls_while_down if t > switched + 0.05]) >= 2,
+            lambda: len(dependency.probes_since(switched)) >= 2,
             timeout=20,
             what="two probes",
         )
