@@ -18,7 +18,7 @@ What counts:
 One probe at a time: the next one is due ``probe_ms`` after the previous one finished
 (or after the mode began), so a handler that hangs against a dead dependency is never
 called by two probes at once. This module is the state machine and keeps no clock:
-callers pass the time in. ``faststream_retry.rabbit.outages`` holds the messages and carries its
+callers pass the time in. ``faststream_retry.outages`` holds the messages and carries its
 decisions out.
 """
 

@@ -13,8 +13,9 @@ never sent with its own headers cut: the message goes to its dead-letter queue i
 One function a runtime's step: ``failed`` (the middleware's handler failed),
 ``recheck`` and ``wait_again`` (a copy back from a tier in ``<queue>.retry``),
 ``intake`` and ``refused`` (a dead letter in the worker's intake), ``in_process`` (a
-retry with no copy), ``stuck`` (a message whose copies are never confirmed); they
-build on ``retry``, ``hop``, ``release`` and ``dead_letter``.
+retry with no copy), ``stuck`` (a message whose copies are never confirmed), ``parked``
+(a message held in outage mode, handed back where its transport cannot requeue it);
+they build on ``retry``, ``hop``, ``release`` and ``dead_letter``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "hop",
     "in_process",
     "intake",
+    "parked",
     "recheck",
     "refused",
     "release",
@@ -147,6 +149,35 @@ def hop(
     )
     home = route.queue if last and route.home_from_tier else route.retry_queue
     return Step(event, Copy(plan.tier(tier_ms), home, h.carry_over(incoming)), dlq=route.dlq)
+
+
+def parked(
+    plan: Plan,
+    route: Route,
+    message_id: str | None,
+    incoming: Mapping[str, Any] | None,
+    *,
+    now_ms: int,
+    wait_ms: int,
+) -> Step:
+    """Send a message held in outage mode round a wait of ``wait_ms``, its attempt unchanged.
+
+    NATS and Redis hand a held message back this way instead of requeueing it: a hop
+    (a wait that spends no attempt) due when the wait ends, whatever due time the
+    message brought along (an old retry's, or a forged one far ahead).
+    """
+    due = now_ms + wait_ms
+    return hop(
+        plan,
+        route,
+        message_id,
+        {**(incoming or {}), h.DUE: due},
+        attempt=h.read_attempt(incoming),
+        now_ms=now_ms,
+        due_ms=due,
+        tier_ms=wait_ms,
+        last=False,
+    )
 
 
 def release(

@@ -1,6 +1,6 @@
 """Which gate of outage mode a message passes: its broker's, its queue's (FastStream side).
 
-The gates themselves are ``rabbit.outages``; this finds a resolved message's
+The gates themselves are ``faststream_retry.outages``; this finds a resolved message's
 (``delivery``).
 """
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from faststream_retry.middleware.delivery import Delivery
-    from faststream_retry.rabbit.outages import Gate
+    from faststream_retry.outages import Gate
 
 __all__ = ["gate_of"]
 

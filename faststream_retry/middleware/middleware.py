@@ -37,7 +37,7 @@ from faststream_retry.middleware.plugin import Covered, Plugin
 from faststream_retry.middleware.schema import RetrySpecification
 from faststream_retry.middleware.sink import requeue_after_pause
 from faststream_retry.middleware.testing import RetryRecorder, Testing
-from faststream_retry.rabbit.outages import Requeue
+from faststream_retry.outages import Requeue
 from faststream_retry.reporting.log import log
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from faststream_retry.middleware.rabbit.runtime import Runtime
     from faststream_retry.middleware.redis.runtime import RedisRuntime
     from faststream_retry.middleware.sink import Sink
-    from faststream_retry.rabbit.outages import Gate
+    from faststream_retry.outages import Gate
 
 __all__ = ["RetryMiddleware"]
 
@@ -518,13 +518,13 @@ class _RetryScope(BaseMiddleware):
         """
         delivery = await self._resolve_live(msg)
         gate = None if delivery is None else gate_of(delivery)
-        if gate is None:
+        if gate is None or delivery is None:
             return await self._handle(call_next, msg, delivery)
         try:
             probe = await gate.enter()
         except Requeue:
             # Held too long, or the broker stops: back to its queue, handler not called.
-            await self._requeue_after_pause(msg, 0)
+            await self._hand_back(msg, delivery)
             raise
         try:
             result = await self._handle(call_next, msg, delivery, gate)
@@ -532,6 +532,23 @@ class _RetryScope(BaseMiddleware):
         finally:
             gate.leave(probe)
         return result
+
+    async def _hand_back(self, msg: StreamMessage[Any], delivery: Delivery) -> None:
+        """Hand a held message back: parked where its transport parks (NATS, Redis), else requeued.
+
+        A park spends no attempt and no redelivery; one that fails falls back to the requeue.
+        """
+        park = getattr(delivery.runtime, "park", None)
+        if park is not None:
+            try:
+                parked = await park(msg, delivery.route)
+            except Exception:
+                log.exception("faststream-retry could not park held message %s", msg.message_id)
+                parked = False
+            if parked:
+                self._settled = True
+                return
+        await self._requeue_after_pause(msg, 0)
 
     async def _resolve_live(self, msg: StreamMessage[Any]) -> Delivery | None:
         """Resolve ``msg`` on a running broker; ``None``: its subscriber or route is unknown.

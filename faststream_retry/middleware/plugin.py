@@ -18,6 +18,7 @@ from faststream_retry.errors import RetryConfigError, RetryTopologyError
 from faststream_retry.middleware import (
     _internals,
     checks,
+    late,
     nats_subscribers,
     redis_subscribers,
     settled,
@@ -177,7 +178,8 @@ def _install_own(
     the plugin's consumers (NATS: the re-checks and the hand-overs, which hand copies to
     running subscribers; Redis: the mover and the claimer). Stop: intake first, then
     the plugin's consumers, then FastStream's drain, whose failures are still carried
-    out; the plugin stops last.
+    out; the plugin stops last. Subscribers that join the running broker are followed
+    (``late.watch``).
     """
     original_start = broker.start
     original_stop = broker.stop
@@ -205,3 +207,4 @@ def _install_own(
 
     broker.start = start
     broker.stop = stop
+    late.watch(broker, runtime, middleware)

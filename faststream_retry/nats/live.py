@@ -4,7 +4,9 @@
 ``start_consumers`` starts a re-check consumer per tier, a hand-over per covered
 subscriber and the dead-letter gauge's sampling; ``stop_consumers`` stops them (the
 hand-overs first: they feed handlers);
-``close`` forgets the connection, which the broker owns.
+``close`` forgets the connection, which the broker owns. A subscriber that joins the
+running broker is covered by ``cover`` (its dead-letter stream) and ``hand_over`` (its
+hand-over), and ``let_go`` stops its hand-over when it stops.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
     from faststream_retry.core.config import RetryConfig
-    from faststream_retry.core.topology import Plan
+    from faststream_retry.core.topology import Plan, Route
+    from faststream_retry.outages import Outages
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["HandOver", "NatsLive"]
@@ -50,8 +53,8 @@ class HandOver:
 class NatsLive:
     """What the plugin runs on one connected ``NatsBroker``."""
 
-    outages: None = None
-    """Outage mode is not on NATS yet (refused at start)."""
+    outages: Outages | None = None
+    """Outage mode's gates, set by the runtime once open (``None``: off)."""
 
     def __init__(
         self, plan: Plan, js: JetStreamContext, config: RetryConfig, reporter: Reporter
@@ -66,7 +69,9 @@ class NatsLive:
         self._config = config
         self._reporter = reporter
         self._rechecks: list[Recheck] = []
-        self._readies: list[Ready] = []
+        self._readies: dict[str, Ready] = {}
+        self.consuming = False
+        """Whether the re-checks and hand-overs run (from ``start_consumers`` to the stop)."""
         self.dlq_depths = NatsDeadLetterDepths(
             js, self.prefix, reporter.telemetry, lambda: self.plan
         )
@@ -98,20 +103,54 @@ class NatsLive:
             Recheck(self._js, self.publisher, self._reporter, lambda: self.plan, t, pause_s=pause)
             for t in self.plan.tiers.ttls_ms
         ]
-        self._readies = [
-            Ready(self._js, self.prefix, o.key, o.consume, ack_wait_s=o.ack_wait_s, pause_s=pause)
+        self._readies = {
+            o.key: Ready(
+                self._js, self.prefix, o.key, o.consume, ack_wait_s=o.ack_wait_s, pause_s=pause
+            )
             for o in hand_overs
-        ]
+        }
         await asyncio.gather(*(r.start() for r in self._rechecks))
-        await asyncio.gather(*(r.start() for r in self._readies))
+        await asyncio.gather(*(r.start() for r in self._readies.values()))
         self.dlq_depths.start()
+        self.consuming = True
 
     async def stop_consumers(self) -> None:
         """Stop the hand-overs (they feed handlers), then the re-checks and the sampling."""
-        await asyncio.gather(*(r.stop() for r in self._readies))
+        self.consuming = False
+        await asyncio.gather(*(r.stop() for r in self._readies.values()))
         await asyncio.gather(*(r.stop() for r in self._rechecks))
-        self._readies, self._rechecks = [], []
+        self._readies, self._rechecks = {}, []
         await self.dlq_depths.stop()
+
+    async def cover(self, route: Route, stream: str, declared_replicas: int) -> None:
+        """Cover a subscriber that joins: make its stream's dead-letter stream, plan its route.
+
+        The delay stream and the tiers stay as they are: their consumers are running.
+        """
+        replicas = await covered_replicas(self._js, {stream: declared_replicas})
+        await declare_dead_letter_stream(self._js, self.prefix, stream, replicas[stream])
+        self.plan = self.plan.with_route(route)
+
+    async def hand_over(self, o: HandOver) -> None:
+        """Start handing ``o.key``'s ready copies to ``o.consume``, unless that runs already."""
+        if o.key in self._readies:
+            return
+        ready = Ready(
+            self._js,
+            self.prefix,
+            o.key,
+            o.consume,
+            ack_wait_s=o.ack_wait_s,
+            pause_s=self._config.pause_s,
+        )
+        self._readies[o.key] = ready
+        await ready.start()
+
+    async def let_go(self, key: str) -> None:
+        """Stop handing ``key``'s copies over (its subscriber stopped): they wait in the stream."""
+        ready = self._readies.pop(key, None)
+        if ready is not None:
+            await ready.stop()
 
     def close(self) -> None:
         """Stop publishing: a handler still running keeps its message (not confirmed)."""

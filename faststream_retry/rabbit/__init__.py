@@ -10,6 +10,5 @@ What runs on them: ``live`` holds a started runtime's channels, publisher and re
 consumers, ``recheck`` re-checks a copy a delay tier hands back, ``consumer`` is the
 skeleton of the re-check and intake consumers (their consumers, deliveries in flight,
 settling, stopping), ``step`` publishes one step's copy, ``requeues`` counts the requeues
-of copies this process could not confirm, ``outages`` holds outage mode's gates, and
-``dlq_depths`` samples the dead-letter queues' depths.
+of copies this process could not confirm, and ``dlq_depths`` samples the dead-letter queues' depths.
 """

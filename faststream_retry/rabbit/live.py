@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from aiormq.exceptions import ChannelAccessRefused
 
 from faststream_retry.core.advice import parse_refusal, refused
+from faststream_retry.outages import Outages
 from faststream_retry.rabbit.channels import ChannelPair
 from faststream_retry.rabbit.checks import declare_late_route
 from faststream_retry.rabbit.declare import declare_topology, redeclare
 from faststream_retry.rabbit.dlq_depths import DeadLetterDepths
-from faststream_retry.rabbit.outages import Outages
 from faststream_retry.rabbit.publisher import Publisher
 from faststream_retry.rabbit.recheck import RecheckConsumer
 from faststream_retry.rabbit.registry import record

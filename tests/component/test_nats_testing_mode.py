@@ -246,16 +246,24 @@ async def test_a_core_nats_subscriber_with_retries_off_is_left_to_faststream() -
     assert [e.queue for e in recorder.dead_letters] == ["ORDERS.workers"]
 
 
-async def test_outage_mode_fails_the_test_as_it_fails_the_start() -> None:
-    """``outage_after`` is refused on NATS at start, and so in test mode."""
-    retry, broker = make(outage_after=3)
+async def test_outage_mode_holds_nothing_in_test_mode() -> None:
+    """``outage_after`` starts on NATS; under ``TestNatsBroker`` no message is held and no
+    outage reported (as under ``TestRabbitBroker``): failures are retried as test mode does."""
+    retry, broker = make(outage_after=2)
+    calls: list[str] = []
 
     @broker.subscriber("orders.new", stream=ORDERS, durable="workers", pull_sub=PULL)
-    async def handle(body: str) -> None: ...
+    async def handle(body: str) -> None:
+        calls.append(body)
+        raise ConnectionError("down")
 
     async with TestNatsBroker(broker) as br:
-        with retry.testing(), pytest.raises(RetryConfigError, match="outage mode"):
+        with retry.testing(raise_on_dead_letter=False) as recorder:
             await br.publish("x", "orders.new", stream="ORDERS")
+            await br.publish("y", "orders.new", stream="ORDERS")
+    assert calls == ["x"] * 4 + ["y"] * 4
+    assert len(recorder.dead_letters) == 2
+    assert not [e for e in recorder.events if "outage" in str(e.kind)]
 
 
 async def test_an_ephemeral_subscriber_on_a_prefixed_router_is_covered() -> None:

@@ -23,7 +23,7 @@ from faststream_retry import EventKind, RetryEvent, Rule, Verdict
 from faststream_retry.core.classify import Classification
 from faststream_retry.core.decision import Action, Decision
 from faststream_retry.core.outage import Outage, OutageOptions
-from faststream_retry.rabbit.outages import Gate, Outages, Requeue
+from faststream_retry.outages import Gate, Outages, Requeue
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import ATTR, METRICS, Telemetry
 from tests.rabbit import eventually

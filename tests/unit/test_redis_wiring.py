@@ -149,14 +149,14 @@ def test_a_broker_of_covered_streams_only_passes_and_plans_them() -> None:
     assert sorted(plan.routes) == ["pre.a"], "retries off: not covered"
 
 
-def test_outage_mode_is_refused_on_redis() -> None:
-    """Outage mode holds messages by requeueing them: a stream has no requeue."""
+def test_outage_mode_is_accepted_on_redis() -> None:
+    """Outage mode holds entries at the gate and parks them in the schedule: no refusal."""
     broker = RedisBroker()
     broker.subscriber(stream=StreamSub("a", group="g", consumer="c"))(fresh())
     retry = RetryMiddleware(outage_after=5)
     broker.insert_middleware(retry)
-    with pytest.raises(RetryConfigError, match="is not available on Redis yet"):
-        runtime_of(broker, retry).check(retry)
+    plan = runtime_of(broker, retry).check(retry)
+    assert sorted(plan.routes) == ["a"]
 
 
 def test_ack_first_is_refused() -> None:

@@ -792,3 +792,37 @@ class TestTooLarge:
             "orders.dlq", "orders", None, None, failure(), reason=Reason.EXHAUSTED
         )
         assert steps.too_large(letter, None, now_ms=0) is None
+
+
+class TestParked:
+    def test_a_held_message_waits_round_the_tier_with_its_attempt_and_a_due_of_its_own(
+        self,
+    ) -> None:
+        """The copy keeps the attempt and the application's headers, goes to the tier's
+        retry queue (never home at once), and is due when the wait ends, not when an old
+        due time said."""
+        incoming = {**INCOMING, h.DUE: 99_999_999}
+        step = steps.parked(a_plan(), HOME, "m1", incoming, now_ms=10_000, wait_ms=2000)
+        assert step == Step(
+            RetryEvent.hop(
+                queue="orders",
+                message_id="m1",
+                attempt=1,
+                at_ms=10_000,
+                tier_ms=2000,
+                due_ms=12_000,
+            ),
+            Copy(
+                "p.delay.2000",
+                "orders.retry",
+                {"tenant": "acme", h.ATTEMPT: 1, h.DUE: 12_000},
+            ),
+            dlq="orders.dlq",
+        )
+        assert incoming[h.DUE] == 99_999_999, "the delivery's headers are left as they are"
+
+    def test_a_message_that_never_failed_is_parked_at_attempt_0(self) -> None:
+        step = steps.parked(a_plan(), HOME, None, None, now_ms=5, wait_ms=1000)
+        assert step.event.attempt == 0
+        assert step.copy.headers == {h.DUE: 1005}
+        assert step.event.due_ms == 1005

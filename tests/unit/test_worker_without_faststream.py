@@ -24,7 +24,7 @@ WORKER_MODULES = (
     "faststream_retry.rabbit.recheck",
     "faststream_retry.rabbit.consumer",
     "faststream_retry.rabbit.step",
-    "faststream_retry.rabbit.outages",
+    "faststream_retry.outages",
     "faststream_retry.cli.worker",
 )
 

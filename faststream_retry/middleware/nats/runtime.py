@@ -9,8 +9,17 @@ dead-letter stream per covered stream (``nats.streams``, ``nats.dead_letters``),
 FastStream start its subscribers, then starts a re-check consumer per tier and a
 hand-over per covered subscriber (``nats.live``). Under ``TestNatsBroker`` nothing
 starts: inside ``retry.testing()`` failures go to test mode's sink (``nats.test_mode``),
-once the subscribers passed the same checks (``Planned.check_in_test``). Not yet on NATS: outage
-mode (refused), and subscribers that join a running broker (left to FastStream).
+once the subscribers passed the same checks (``Planned.check_in_test``).
+
+Outage mode (``outage_after``) holds a covered subscriber's messages at its gate
+(``faststream_retry.outages``), each at most half its consumer's ``ack_wait`` (JetStream
+redelivers a message unacked longer: a duplicate) or ``outage_hold`` if shorter; one held
+longer, or held when the broker stops, is parked in the delay tier of the probe interval
+with its attempt unchanged (``nats.park``), never ``nak``'d (that spends ``max_deliver``).
+
+A subscriber that joins the running broker (``middleware.late``) is checked as the start
+checks the others before it consumes (a refusal raises from its start), and covered: its
+dead-letter stream made, its route planned, and its hand-over started once it consumes.
 """
 
 from __future__ import annotations
@@ -20,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import Handler, Route
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.middleware import _internals, checks, nats_subscribers
+from faststream_retry.middleware import _internals, checks, late, nats_subscribers
 from faststream_retry.middleware.nats.test_mode import NatsTestSink
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.nats import checks as nats_checks
 from faststream_retry.nats.checks import Finding
+from faststream_retry.outages import HandBacks, Outages
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -35,7 +45,7 @@ if TYPE_CHECKING:
     from faststream_retry.middleware.checks import Middleware
     from faststream_retry.middleware.testing import Testing
     from faststream_retry.nats.live import NatsLive
-    from faststream_retry.nats.sink import NatsSink
+    from faststream_retry.nats.sink import Message, NatsSink
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["NatsRuntime"]
@@ -56,6 +66,8 @@ class NatsRuntime(Planned):
         """Prepare; nothing touches the network before ``open``."""
         super().__init__(config, reporter, broker, testing)
         self.live: NatsLive | None = None
+        self._hand_backs = HandBacks()
+        self._js: Any = None
 
     def sink(self) -> NatsSink | NatsTestSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running.
@@ -71,16 +83,101 @@ class NatsRuntime(Planned):
 
         return NatsSink(live, self.reporter, self.config.pause_s)
 
-    async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
-        """A subscriber that joined the running broker: not covered on NATS yet (FastStream's)."""
-        return None
+    async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401 - a subscriber
+        """Return the route for a failure of ``sub``, which the plan does not cover (``late``)."""
+        return await late.cover_failed(self, sub)
+
+    @property
+    def running(self) -> bool:
+        """Whether the plugin runs on the broker: its re-checks and hand-overs started."""
+        return self.live is not None and self.live.consuming
+
+    async def join(self, sub: Any) -> bool:  # noqa: ANN401 - a JetStream subscriber
+        """Check a subscriber that joins the running broker, and cover it; ``True``: covered.
+
+        The start's checks of one subscriber: a core-NATS one with retries on, a consumer
+        whose ack policy cannot keep a failure (as the server holds it, if it exists),
+        ``ACK_FIRST``; warnings logged. Then its stream's dead-letter stream is made and
+        its route planned. A subscriber with retries off is left to FastStream.
+
+        Raises:
+            RetryConfigError: it is refused; it must not start.
+        """
+        live = self.live
+        if live is None:
+            return False
+        default = self.config.default
+        key = nats_subscribers.key_of(sub)
+        if key is None:
+            subject = nats_subscribers.subject_of(sub)
+            handlers = tuple(
+                Handler(_internals.handler_policy(item)) for item in getattr(sub, "calls", ())
+            )
+            if Route(subject, handlers).enabled(default):
+                _settle([_wiring(nats_checks.core_subscriber(subject), "core-nats")])
+            return False
+        route = _internals.route_of(sub)
+        stream = nats_subscribers.stream_of(sub)
+        if route is None or stream is None or not route.enabled(default):
+            return False
+        checks.refuse_ack_first_of(sub, route)
+        durable = nats_subscribers.durable_of(sub)
+        from faststream_retry.nats import survey  # noqa: PLC0415 - nats-py, on NATS only
+
+        on_server = await survey.consumers(self._js, [(stream, durable)]) if durable else {}
+        consumer = on_server.get((stream, durable or ""))
+        _settle(
+            nats_checks.consumer_findings(
+                key,
+                nats_subscribers.consumer_config(sub) if consumer is None else consumer,
+                self.config.topology.delivery_limit,
+                self.config.publish_timeout_s,
+                on_server=None if consumer is None else f"{stream}/{durable}",
+            )
+        )
+        if key not in live.plan.routes:
+            await live.cover(route, stream, nats_subscribers.replicas_of(sub) or 1)
+            self._plan = live.plan
+            if live.outages is not None:
+                wait = getattr(consumer, "ack_wait", None) or nats_subscribers.ack_wait_s(sub)
+                _cap(live.outages, key, wait)
+            log.info("faststream-retry (NATS): %s joined the running broker: covered", key)
+        return True
+
+    async def joined(self, sub: Any) -> None:  # noqa: ANN401 - a JetStream subscriber
+        """A covered subscriber that joined consumes now: start its hand-over."""
+        live = self.live
+        key = nats_subscribers.key_of(sub)
+        if live is None or key is None or key not in live.plan.routes:
+            return
+        from faststream_retry.nats.live import HandOver  # noqa: PLC0415 - nats-py, on NATS only
+
+        await live.hand_over(HandOver(key, sub.consume, nats_subscribers.ack_wait_s(sub)))
+
+    async def leave(self, sub: Any) -> None:  # noqa: ANN401 - a JetStream subscriber
+        """A subscriber stops while the broker runs: stop its hand-over, unless another needs it.
+
+        Its copies wait in the delay stream for its next start.
+        """
+        live = self.live
+        key = nats_subscribers.key_of(sub)
+        if live is None or key is None:
+            return
+        if any(
+            other is not sub
+            and getattr(other, "running", False)
+            and nats_subscribers.key_of(other) == key
+            for other in self.broker.subscribers
+        ):
+            return
+        await live.let_go(key)
 
     def check(self, middleware: Middleware) -> Plan:
         """Plan and check the broker's subscribers as declared; raise one error naming every fix.
 
         Raises:
             RetryConfigError: a core-NATS subscriber with retries on, a consumer whose
-                ack policy cannot keep a failure, ``ACK_FIRST``, two middlewares, outage mode.
+                ack policy cannot keep a failure, ``ACK_FIRST``, two middlewares.
         """
         topology, found = self.findings(middleware)
         _settle(found)
@@ -106,8 +203,6 @@ class NatsRuntime(Planned):
             )
             if (refusal := _refusal_of(refuse)) is not None
         ]
-        if self.config.outage is not None:
-            found.append(_wiring(nats_checks.outage_refused()))
         default = self.config.default
         for sub in self.broker.subscribers:
             if nats_subscribers.key_of(sub) is None:
@@ -173,7 +268,7 @@ class NatsRuntime(Planned):
         from faststream_retry.nats import survey  # noqa: PLC0415 - nats-py, on NATS only
         from faststream_retry.nats.live import NatsLive  # noqa: PLC0415
 
-        js = jetstream()
+        js = self._js = jetstream()
         durables = [(c.stream, c.durable) for c in self.covered(topology, {}) if c.durable]
         consumers = await survey.consumers(js, durables)
         if consumers:
@@ -190,6 +285,7 @@ class NatsRuntime(Planned):
         for c in self.covered(topology, consumers):
             declared[c.stream] = max(declared.get(c.stream, 1), c.declared_replicas or 1)
         await live.open(declared)
+        live.outages = self._outages(topology, consumers)
         streams = dict.fromkeys(declared)
         self.live = live
         self.started = True
@@ -213,6 +309,33 @@ class NatsRuntime(Planned):
             ", ".join(sorted(topology.routes)) or "none",
         )
 
+    def _outages(self, topology: Plan, consumers: Mapping[tuple[str, str], Any]) -> Outages | None:
+        """Outage mode's gates (``None``: off), each holding at most half its ``ack_wait``.
+
+        A message unacked for ``ack_wait`` is redelivered while it still waits at the gate
+        (a duplicate): half of it leaves room for the park's PubAck.
+        """
+        outages = Outages.of(self.config.outage, topology.tiers.tick_ms, self.reporter)
+        if outages is None:
+            return None
+        for covered in self.covered(topology, consumers):
+            _cap(outages, covered.key, getattr(covered.consumer, "ack_wait", None))
+        return outages
+
+    async def park(self, msg: Message, route: Route) -> bool:
+        """Hand a message held in outage mode back without a ``nak``; ``False``: not done.
+
+        A copy in the delay tier of the probe interval, its attempt unchanged
+        (``nats.park``), confirmed before the original is acked.
+        """
+        live = self.live
+        if live is None or live.outages is None:
+            return False
+        from faststream_retry.nats.park import park  # noqa: PLC0415 - nats-py, on NATS only
+
+        with self._hand_backs.one():
+            return await park(live, self.reporter, msg, route, wait_ms=live.outages.probe_ms)
+
     def _leave_to_faststream(self, why: str) -> None:
         self.bypass = why
         self.reporter.error_once(("bypass", id(self.broker)), "faststream-retry: %s", why)
@@ -235,8 +358,14 @@ class NatsRuntime(Planned):
         await live.start_consumers(hand_overs)
 
     async def stop_consumers(self) -> None:
-        """Stop the hand-overs and the re-check consumers."""
+        """Park the messages held in outage mode, stop the hand-overs and the re-checks.
+
+        The held ones first: a hand-over's stop, and FastStream's, wait for them.
+        """
         if self.live is not None:
+            if self.live.outages is not None:
+                held = self.live.outages.close()
+                await self._hand_backs.settle(held, 2 * self.config.publish_timeout_s + 1)
             await self.live.stop_consumers()
 
     async def stop(self) -> None:
@@ -244,6 +373,22 @@ class NatsRuntime(Planned):
         if self.live is not None:
             self.live.close()
         self.live = None
+
+
+def _cap(outages: Outages, key: str, ack_wait_s: object) -> None:
+    """Hold ``key``'s messages at most half its ``ack_wait``; warn if probes come rarer."""
+    wait = ack_wait_s if isinstance(ack_wait_s, (int, float)) and ack_wait_s > 0 else None
+    hold_ms = int((wait or nats_checks.DEFAULT_ACK_WAIT_S) * 1000) // 2
+    outages.cap(key, hold_ms)
+    if outages.probe_ms > outages.hold_ms(key):
+        log.warning(
+            "faststream-retry: in outage mode %s holds a message at most %s (half its "
+            "consumer's ack_wait), less than outage_probe (%s): every held message is parked "
+            "before a probe comes. Raise the consumer's ack_wait or shorten outage_probe",
+            key,
+            format_ms(outages.hold_ms(key)),
+            format_ms(outages.probe_ms),
+        )
 
 
 def _wiring(text: str, check: str = "wiring") -> Finding:

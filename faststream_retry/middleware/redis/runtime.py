@@ -18,15 +18,26 @@ Redis has no tiers: a copy waits in a sorted set scored by its due time, exact t
 millisecond, so the plan's ladder is built on a 1 ms tick (``exact_plan``): the core's
 decision rounds nothing and ``max_delay`` still bounds every delay. ``tick`` is not used.
 
-Not yet on Redis: outage mode (refused), and subscribers that join a running broker (left
-to FastStream).
+Outage mode (``outage_after``) holds a covered stream's entries at its gate
+(``faststream_retry.outages``), pending and kept alive against the claimer; one held for
+``outage_hold``, or held when the broker stops, is parked (``redis.park``): acknowledged
+and its copy scheduled a probe interval ahead, its attempt unchanged, in one script. The
+probe interval is ``outage_probe``, else ``tick``, else 1 s (there are no tiers to take
+it from).
+
+A subscriber that joins the running broker (``middleware.late``) is checked as the start
+checks the others before it reads (a refusal raises from its start), and covered by an
+engine of its own on the plugin's client (its mover, its claimer keeping its consumer's
+entries alive), started once it reads and stopped when it stops. Its failures go to
+that engine's steps (``_Sinks``); the start's engine and its in-flight handlers are left
+as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from faststream.message import AckStatus
@@ -36,24 +47,29 @@ from faststream_retry.core.policy import effective_policy
 from faststream_retry.core.tiers import Tiers
 from faststream_retry.core.topology import Handler, Plan, Route, merge_routes
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.middleware import _internals, checks, redis_subscribers
+from faststream_retry.middleware import _internals, checks, late, redis_subscribers
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.middleware.redis.test_mode import RedisTestSink
+from faststream_retry.outages import HandBacks, Outages
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
 
     from faststream_retry.core.config import RetryConfig
+    from faststream_retry.core.decision import Decision
     from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.middleware.checks import Middleware
     from faststream_retry.middleware.testing import Testing
     from faststream_retry.redis.dlq_depths import RedisDeadLetterDepths
     from faststream_retry.redis.engine import RedisRetryEngine
-    from faststream_retry.redis.sink import RedisSink
+    from faststream_retry.redis.sink import Message, RedisSink
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["RedisLive", "RedisRuntime", "exact_plan"]
+
+DEFAULT_PROBE_MS = 1000
+"""Outage mode's probe interval on Redis when neither ``outage_probe`` nor ``tick`` is set."""
 
 CLAIMER = "faststream-retry-claimer"
 """The consumer name an entry claimed from a lost consumer is pending under while settled."""
@@ -61,6 +77,48 @@ CLAIMER = "faststream-retry-claimer"
 _IMPORTED = time.monotonic()
 """When this process imported the plugin: before any of its subscribers read, and after
 every delivery an earlier process under the same consumer names had."""
+
+
+def _refusals(sub: Any, topology: Plan, default: RetryPolicy, refusals: Any) -> list[str]:  # noqa: ANN401
+    """What the start refuses of ``sub`` in ``topology`` (``refusals``: ``redis.refusals``)."""
+    found: list[str] = []
+    key = redis_subscribers.key_of(sub)
+    if key is None:
+        described = redis_subscribers.describe(sub)
+        handlers = tuple(
+            Handler(_internals.handler_policy(item)) for item in getattr(sub, "calls", ())
+        )
+        if described is None or not Route(described.name, handlers).enabled(default):
+            return found
+        if described.kind == "stream":
+            found.append(refusals.no_group(described.name))
+        else:
+            found.append(refusals.not_a_stream(described.kind, described.name))
+    elif key in topology.routes:
+        found += _covered_refusals(sub, key)
+    return found
+
+
+def _policy_of(route: Route, default: RetryPolicy) -> RetryPolicy:
+    """The policy a claimed entry of ``route``'s stream counts against.
+
+    A claimed entry has no handler to ask: its stream's first handler's policy (the only
+    one, unless filters share the stream).
+    """
+    return effective_policy(route.handlers[0].policy if route.handlers else None, default)
+
+
+def _refuse(found: list[str]) -> None:
+    """Raise the refusals in ``found``, together, in one error that names every fix.
+
+    Raises:
+        RetryConfigError: ``found`` is not empty.
+    """
+    if found:
+        raise RetryConfigError(
+            "faststream-retry cannot run on this RedisBroker:\n"
+            + "\n".join(f"- {text}" for text in found)
+        )
 
 
 def _acked_by_step(msg: Any) -> None:  # noqa: ANN401 - FastStream's Redis stream message
@@ -104,8 +162,52 @@ class RedisLive:
     dlq_depths: RedisDeadLetterDepths
     """Samples each covered stream's ``.dlq`` length when the metrics are read."""
     running: bool = True
-    outages: None = None
-    """Outage mode is refused on Redis (``check``): no gates."""
+    outages: Outages | None = None
+    """Outage mode's gates (``None``: off)."""
+    kept: frozenset[tuple[str, str]] = frozenset()
+    """``(stream, consumer)`` whose entries the start's engine keeps alive."""
+    late: dict[tuple[str, str], RedisRetryEngine] = field(default_factory=dict)
+    """The engine of each ``(stream, consumer)`` that joined the running broker."""
+    consuming: bool = False
+    """Whether the movers and claimers run (from ``start_consumers`` to the stop)."""
+
+    def engine_of(self, stream: str, consumer: str | None = None) -> RedisRetryEngine:
+        """Return the engine that covers ``stream`` (read by ``consumer``, if given)."""
+        if consumer is not None and (stream, consumer) in self.late:
+            return self.late[(stream, consumer)]
+        if not any(s == stream for s, _ in self.kept):
+            for (s, _), engine in self.late.items():
+                if s == stream:
+                    return engine
+        return self.engine
+
+
+class _Sinks:
+    """The live sink of a broker with late subscribers: each failure to its stream's engine."""
+
+    __slots__ = ("_live", "_reporter")
+
+    def __init__(self, live: RedisLive, reporter: Reporter) -> None:
+        self._live = live
+        self._reporter = reporter
+
+    def _of(self, route: Route) -> RedisSink:
+        from faststream_retry.redis.sink import RedisSink  # noqa: PLC0415 - redis-py, on Redis only
+
+        live = self._live
+        return RedisSink(live.engine_of(route.queue), live.plan, self._reporter, _acked_by_step)
+
+    async def retry(
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """As ``RedisSink.retry``, through ``route``'s stream's engine."""
+        return await self._of(route).retry(msg, route, decision, exc)
+
+    async def dead_letter(
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+    ) -> bool:
+        """As ``RedisSink.dead_letter``, through ``route``'s stream's engine."""
+        return await self._of(route).dead_letter(msg, route, decision, exc)
 
 
 class RedisRuntime(Planned):
@@ -127,13 +229,16 @@ class RedisRuntime(Planned):
         super().__init__(config, reporter, broker, testing)
         self.live: RedisLive | None = None
         self._stopped_at = _IMPORTED
+        self._client: Any = None
+        self._kept: frozenset[tuple[str, str]] = frozenset()
+        self._hand_backs = HandBacks()
 
     def replan(self) -> Plan:
         """Plan from the subscribers the broker has now, on an exact ladder (no network)."""
         self._plan = exact_plan(_internals.routes_of(self.broker), self.config.default, self.config)
         return self._plan
 
-    def sink(self) -> RedisSink | RedisTestSink | None:
+    def sink(self) -> RedisSink | _Sinks | RedisTestSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running.
 
         The live sink from the start to the stop; test mode's under ``TestRedisBroker``.
@@ -143,13 +248,102 @@ class RedisRuntime(Planned):
             return RedisTestSink(self.broker, self.plan, self.reporter, self._testing)
         if live is None or not live.running:
             return None
+        if live.late:
+            return _Sinks(live, self.reporter)
         from faststream_retry.redis.sink import RedisSink  # noqa: PLC0415 - redis-py, on Redis only
 
         return RedisSink(live.engine, live.plan, self.reporter, _acked_by_step)
 
-    async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
-        """A subscriber that joined the running broker: not covered on Redis yet (FastStream's)."""
-        return None
+    async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401 - a subscriber
+        """Return the route for a failure of ``sub``, which the plan does not cover (``late``)."""
+        return await late.cover_failed(self, sub)
+
+    @property
+    def running(self) -> bool:
+        """Whether the plugin runs on the broker: its mover and claimer started."""
+        return self.live is not None and self.live.consuming
+
+    async def join(self, sub: Any) -> bool:  # noqa: ANN401 - a Redis subscriber
+        """Check a subscriber that joins the running broker, and cover it; ``True``: covered.
+
+        The start's checks of one subscriber (a channel, a list, a stream without a group,
+        ``no_ack``, a batch, ``ACK_FIRST``, a second group on a covered stream, the server
+        for its stream); then an engine of its own for its stream and consumer, unless the
+        start's engine keeps that consumer already. Retries off: left to FastStream.
+
+        Raises:
+            RetryConfigError: it is refused; it must not start.
+            RetryTopologyError: the server cannot hold its retries.
+        """
+        live = self.live
+        if live is None or self._client is None:
+            return False
+        from faststream_retry.redis import refusals  # noqa: PLC0415 - the Redis side's texts
+
+        default = self.config.default
+        key, route = redis_subscribers.key_of(sub), _internals.route_of(sub)
+        covered = key is not None and route is not None and route.enabled(default)
+        plan = live.plan.with_route(route) if covered and route is not None else live.plan
+        _refuse(_refusals(sub, plan, default, refusals))
+        group, consumer = redis_subscribers.group_of(sub), redis_subscribers.consumer_of(sub)
+        if not covered or key is None or route is None or group is None or consumer is None:
+            return False
+        checks.refuse_ack_first_of(sub, route)
+        other = live.engine_of(key).group(key) if key in live.plan.routes else group
+        if other != group:
+            text = (
+                f"stream {key!r} is covered for group {other!r} and {group!r} joins it: a "
+                "retry's copy goes back into the stream, where both would read it; give "
+                "each group a stream of its own"
+            )
+            _refuse([text])
+        if (key, consumer) in live.kept or (key, consumer) in live.late:
+            return True
+        from faststream_retry.redis.engine import RedisRetryEngine  # noqa: PLC0415 - redis-py
+
+        engine = RedisRetryEngine(
+            self._client,
+            [(key, group)],
+            born=self._stopped_at,
+            consumer=CLAIMER,
+            own_consumers=[(key, consumer)],
+            claim_idle_ms=self.config.claim_idle_ms,
+            policy=default,
+            policies={key: _policy_of(route, default)},
+        )
+        await engine.check()
+        live.late[(key, consumer)] = engine
+        if key not in live.plan.routes:
+            live.plan = self._plan = live.plan.with_route(route)
+        log.info("faststream-retry (Redis): %s joined the running broker: covered", key)
+        return True
+
+    async def joined(self, sub: Any) -> None:  # noqa: ANN401 - a Redis subscriber
+        """A covered subscriber that joined reads now: start its engine's mover and claimer."""
+        live = self.live
+        key, consumer = redis_subscribers.key_of(sub), redis_subscribers.consumer_of(sub)
+        engine = None if live is None else live.late.get((key or "", consumer or ""))
+        if engine is not None:
+            await engine.start()
+
+    async def leave(self, sub: Any) -> None:  # noqa: ANN401 - a Redis subscriber
+        """A subscriber that joined stops while the broker runs: stop its engine's tasks.
+
+        Its copies wait in the schedule for its next start; its failures still in flight
+        are still settled (the steps need no task).
+        """
+        live = self.live
+        key, consumer = redis_subscribers.key_of(sub), redis_subscribers.consumer_of(sub)
+        engine = None if live is None else live.late.get((key or "", consumer or ""))
+        if engine is None or any(
+            other is not sub
+            and getattr(other, "running", False)
+            and redis_subscribers.key_of(other) == key
+            and redis_subscribers.consumer_of(other) == consumer
+            for other in self.broker.subscribers
+        ):
+            return
+        await engine.stop()
 
     def holding(
         self,
@@ -165,7 +359,7 @@ class RedisRuntime(Planned):
         consumer = redis_subscribers.consumer_of(sub)
         (entry_id,) = ids
         entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        return live.engine.holding(stream, consumer or "", entry)
+        return live.engine_of(stream, consumer).holding(stream, consumer or "", entry)
 
     def check(self, middleware: Middleware) -> Plan:
         """Plan and check the broker's subscribers; raise one error naming every fix.
@@ -174,38 +368,20 @@ class RedisRuntime(Planned):
             RetryConfigError: a channel, a list, or a stream read without a group, with
                 ``no_ack``, in batches or claiming pending entries itself, whose handlers
                 have retries on; two covered streams that would share a key;
-                ``ACK_FIRST``; two middlewares; outage mode.
+                ``ACK_FIRST``; two middlewares.
         """
         topology = self.replan()
         checks.refuse_ack_first(self.broker, topology)
         checks.refuse_other_instances(self.broker, middleware)
         from faststream_retry.redis import refusals  # noqa: PLC0415 - the Redis side's texts
 
-        found: list[str] = []
-        if self.config.outage is not None:
-            found.append(refusals.outage_refused())
-        default = self.config.default
-        for sub in self.broker.subscribers:
-            key = redis_subscribers.key_of(sub)
-            if key is None:
-                described = redis_subscribers.describe(sub)
-                handlers = tuple(
-                    Handler(_internals.handler_policy(item)) for item in getattr(sub, "calls", ())
-                )
-                if described is None or not Route(described.name, handlers).enabled(default):
-                    continue
-                if described.kind == "stream":
-                    found.append(refusals.no_group(described.name))
-                else:
-                    found.append(refusals.not_a_stream(described.kind, described.name))
-            elif key in topology.routes:
-                found += _covered_refusals(sub, key)
+        found = [
+            text
+            for sub in self.broker.subscribers
+            for text in _refusals(sub, topology, self.config.default, refusals)
+        ]
         found += refusals.key_problems(topology.routes)
-        if found:
-            raise RetryConfigError(
-                "faststream-retry cannot run on this RedisBroker:\n"
-                + "\n".join(f"- {text}" for text in found)
-            )
+        _refuse(found)
         return topology
 
     async def open(self, middleware: Middleware) -> None:
@@ -237,8 +413,15 @@ class RedisRuntime(Planned):
             raise
         from faststream_retry.redis.dlq_depths import RedisDeadLetterDepths  # noqa: PLC0415
 
-        depths = RedisDeadLetterDepths(client, self.reporter.telemetry, lambda: topology)
-        self.live = RedisLive(topology, engine, close, depths)
+        depths = RedisDeadLetterDepths(
+            client,
+            self.reporter.telemetry,
+            lambda: topology if self.live is None else self.live.plan,
+        )
+        tick_ms = self.config.topology.tick_ms or DEFAULT_PROBE_MS
+        outages = Outages.of(self.config.outage, tick_ms, self.reporter)
+        self._client = client
+        self.live = RedisLive(topology, engine, close, depths, outages=outages, kept=self._kept)
         self.started = True
         log.info(
             "faststream-retry (Redis): delays held to the ms up to %s, claim after %s, "
@@ -265,13 +448,9 @@ class RedisRuntime(Planned):
                 streams.append((key, group))
             if (key, consumer) not in own:
                 own.append((key, consumer))
+        self._kept = frozenset(own)
         default = self.config.default
-        # A claimed entry has no handler to ask: it counts against its stream's first
-        # handler's policy (the only one, unless filters share the stream).
-        policies = {
-            queue: effective_policy(route.handlers[0].policy if route.handlers else None, default)
-            for queue, route in topology.routes.items()
-        }
+        policies = {queue: _policy_of(route, default) for queue, route in topology.routes.items()}
         return RedisRetryEngine(
             client,
             streams,
@@ -289,6 +468,30 @@ class RedisRuntime(Planned):
             reporter=self.reporter,  # the claimer's dead letters reach the app's hooks
         )
 
+    async def park(self, msg: Message, route: Route) -> bool:
+        """Hand an entry held in outage mode back through the schedule; ``False``: not done.
+
+        Acknowledged and its copy scheduled a probe interval ahead, its attempt unchanged,
+        in one script (``redis.park``).
+        """
+        live = self.live
+        if live is None or not live.running or live.outages is None:
+            return False
+        from faststream_retry.redis.park import park  # noqa: PLC0415 - redis-py, on Redis only
+
+        with self._hand_backs.one():
+            done = await park(
+                live.engine_of(route.queue),
+                live.plan,
+                self.reporter,
+                msg,
+                route,
+                wait_ms=live.outages.probe_ms,
+            )
+        if done:
+            _acked_by_step(msg)
+        return done
+
     def _leave_to_faststream(self, why: str) -> None:
         self.bypass = why
         self.reporter.error_once(("bypass", id(self.broker)), "faststream-retry: %s", why)
@@ -301,6 +504,7 @@ class RedisRuntime(Planned):
         if self.live is not None:
             await self.live.engine.start()
             self.live.dlq_depths.start()
+            self.live.consuming = True
 
     async def stop_consumers(self) -> None:
         """Stop the sampling, the mover and the claimer.
@@ -308,8 +512,16 @@ class RedisRuntime(Planned):
         Failures of handlers still running are still settled.
         """
         if self.live is not None:
+            if self.live.outages is not None:
+                # Held entries are parked before the client closes (FastStream's stop
+                # would otherwise wait for them).
+                held = self.live.outages.close()
+                await self._hand_backs.settle(held, 2 * self.config.publish_timeout_s + 1)
+            self.live.consuming = False
             await self.live.dlq_depths.stop()
             await self.live.engine.stop()
+            for engine in self.live.late.values():
+                await engine.stop()
 
     async def stop(self) -> None:
         """Stop settling failures and close the engine's client."""

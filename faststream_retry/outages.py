@@ -1,6 +1,7 @@
-"""Outage mode, carried out: a gate per work queue that holds its messages (asyncio).
+"""Outage mode, carried out: a gate per work queue that holds its messages (asyncio, any broker).
 
-``outage.Outage`` decides; a ``Gate`` does what it says for one work queue of one broker.
+``outage.Outage`` decides; a ``Gate`` does what it says for one work queue of one broker,
+whichever transport it is on (RabbitMQ, NATS, Redis: it imports none of them).
 The middleware's per-message scope passes each message through ``Gate.enter`` before the
 handler runs:
 
@@ -11,8 +12,10 @@ handler runs:
   the whole line go at once. A message that waited ``outage_hold`` is requeued
   (``Requeue``), and so is every waiting one when the broker stops.
 
-Nothing here talks to the broker: the scope acks, nacks and publishes as before. The
-state lives in this process only; several processes consuming one queue each keep their
+Nothing here talks to the broker: the scope acks, nacks and publishes as before, and
+hands a ``Requeue``d message back as its transport does (RabbitMQ: ``nack``, requeued;
+NATS and Redis: parked as a copy that spends no attempt, ``nats.park``, ``redis.park``).
+The state lives in this process only; several processes consuming one queue each keep their
 own streak and gate and decide alone.
 """
 
@@ -29,12 +32,14 @@ from faststream_retry.core.events import RetryEvent
 from faststream_retry.core.outage import Outage, OutageOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from opentelemetry.trace import Span
 
     from faststream_retry.core.decision import Decision
     from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["Gate", "Outages", "Requeue"]
+__all__ = ["Gate", "HandBacks", "Outages", "Requeue"]
 
 
 class Requeue(Exception):  # noqa: N818 - what the scope does with the message, not an error
@@ -171,19 +176,25 @@ class Gate:
                 waiter.set_result(False)
         self._report_end(message_id, left.duration_ms, left.probes, left.failures)
 
-    def close(self) -> None:
-        """The broker stops: requeue every waiting message; nothing is held from now on."""
+    def close(self) -> int:
+        """The broker stops: requeue every waiting message; nothing is held from now on.
+
+        Return how many were waiting (each now raises ``Requeue`` in its own task).
+        """
         if self._closed:
-            return
+            return 0
         self._closed = True
         self._cancel_timer()
         line, self._line = self._line, collections.deque()
+        requeued = 0
         for waiter in line:
             if not waiter.done():
                 waiter.set_exception(Requeue("the broker stops"))
+                requeued += 1
         left = self.outage.stopped(_now_ms())
         if left is not None:
             self._report_end(None, left.duration_ms, left.probes, left.failures)
+        return requeued
 
     def _report_end(
         self, message_id: str | None, duration_ms: int, probes: int, failures: int
@@ -240,6 +251,19 @@ class Outages:
         self.probe_ms = probe_ms
         self._reporter = reporter
         self._gates: dict[str, Gate] = {}
+        self._caps: dict[str, int] = {}
+
+    def cap(self, queue: str, hold_ms: int) -> None:
+        """Hold ``queue``'s messages at most ``hold_ms``, if that is shorter than ``outage_hold``.
+
+        For a transport that redelivers a message held too long (NATS: the consumer's
+        ``ack_wait``); set before the queue's first message.
+        """
+        self._caps[queue] = max(1, min(hold_ms, self._caps.get(queue, hold_ms)))
+
+    def hold_ms(self, queue: str) -> int:
+        """Return how long ``queue``'s messages may wait at its gate."""
+        return min(self.options.hold_ms, self._caps.get(queue, self.options.hold_ms))
 
     @classmethod
     def of(cls, options: OutageOptions | None, tick_ms: int, reporter: Reporter) -> Outages | None:
@@ -257,13 +281,53 @@ class Outages:
             gate = self._gates[queue] = Gate(
                 queue,
                 Outage(options.after, self.probe_ms),
-                hold_ms=options.hold_ms,
+                hold_ms=self.hold_ms(queue),
                 after=options.after,
                 reporter=self._reporter,
             )
         return gate
 
-    def close(self) -> None:
-        """Requeue every held message, of every queue (the broker stops)."""
-        for gate in self._gates.values():
-            gate.close()
+    def close(self) -> int:
+        """Requeue every held message, of every queue (the broker stops); return how many."""
+        return sum(gate.close() for gate in self._gates.values())
+
+
+class HandBacks:
+    """The held messages a transport hands back by a step of its own (a park), counted.
+
+    A stop requeues every held message (``Outages.close``) and must not close the
+    connection under their parks: it waits (``settle``) until as many have started
+    as were held, and none runs.
+    """
+
+    __slots__ = ("_changed", "_running", "_started")
+
+    def __init__(self) -> None:
+        """Count from 0."""
+        self._started = 0
+        self._running = 0
+        self._changed = asyncio.Event()
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[None]:
+        """Count one hand-back while it runs."""
+        self._started += 1
+        self._running += 1
+        self._changed.set()
+        try:
+            yield
+        finally:
+            self._running -= 1
+            self._changed.set()
+
+    async def settle(self, held: int, timeout_s: float) -> None:
+        """Wait until ``held`` more hand-backs started and none runs, at most ``timeout_s``."""
+        target = self._started + held
+
+        async def settled() -> None:
+            while self._started < target or self._running:
+                self._changed.clear()
+                await self._changed.wait()
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(settled(), timeout_s)
