@@ -322,6 +322,102 @@ async def test_a_core_nats_subscriber_with_retries_off_starts(nats_url: str, nam
         await eventually(lambda: calls == ["x"], what="the call")
 
 
+async def test_a_batch_pull_subscriber_is_refused_at_start(nats_url: str, names: Names) -> None:
+    """``PullSub(batch=True)``: one call for a whole batch, so a failure cannot be kept
+    message by message. The start fails with one error naming the fix; nothing is pulled."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=3, batch=True, timeout=0.5),
+    )
+    async def handle(body: list[str]) -> None:
+        raise ConnectionError("batch")
+
+    broker.middlewares[0].install(broker)  # type: ignore[attr-defined]
+    with pytest.raises(RetryConfigError) as refused:
+        await broker.start()
+    await broker.stop()
+    text = str(refused.value)
+    assert "PullSub(batch=True)" in text
+    assert subject in text
+    assert "PullSub(batch_size=N)" in text
+    assert "@retry_policy(enabled=False)" in text
+
+
+async def test_keys_that_read_alike_keep_their_own_retries(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Stream ``s_x`` durable ``d`` and stream ``s`` durable ``x_d`` (keys ``s_x.d`` and
+    ``s.x_d``, the same once made consumer-name safe): each fails once and gets its own
+    retry, in its own handler (their hand-over consumers shared one name)."""
+    tag = names.tag
+    s1, s2 = f"s{tag}_x", f"s{tag}"
+    names.streams += [s1, s2]
+    sub1, sub2 = f"{tag}.one", f"{tag}.two"
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    one: list[str] = []
+    two: list[str] = []
+
+    @broker.subscriber(sub1, stream=JStream(s1, subjects=[sub1]), durable="d")
+    async def first(body: str) -> None:
+        one.append(body)
+        if len(one) == 1:
+            raise ConnectionError("once")
+
+    @broker.subscriber(sub2, stream=JStream(s2, subjects=[sub2]), durable="x_d")
+    async def second(body: str) -> None:
+        two.append(body)
+        if len(two) == 1:
+            raise ConnectionError("once")
+
+    async with running(broker):
+        await js.publish(sub1, b"a", stream=s1)
+        await js.publish(sub2, b"b", stream=s2)
+        await eventually(lambda: len(one) >= 2 and len(two) >= 2, what="both retries")
+        await asyncio.sleep(0.5)
+    assert (one, two) == (["a", "a"], ["b", "b"])
+    await drained(js, names.prefix)
+
+
+async def test_two_services_without_durable_names_keep_their_own_retries(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Two apps (one prefix) each with a subscriber without a durable name on the same
+    subject: A fails each of 20 messages once, B never fails. A sees each retry; B each
+    message once (their keys were the stream and subject only: B took A's retries)."""
+    stream, subject = names.stream(), names.subject()
+    a_calls: list[str] = []
+    b_calls: list[str] = []
+    a = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    b = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+
+    @a.subscriber(subject, stream=JStream(stream, subjects=[subject]))
+    async def service_a(body: str) -> None:
+        a_calls.append(body)
+        if a_calls.count(body) == 1:
+            raise ConnectionError("once")
+
+    @b.subscriber(subject, stream=JStream(stream, subjects=[subject]))
+    async def service_b(body: str) -> None:
+        b_calls.append(body)
+
+    async with running(a), running(b):
+        sent = [f"m{i}" for i in range(20)]
+        for body in sent:
+            await js.publish(subject, body.encode(), stream=stream)
+        await eventually(
+            lambda: len(a_calls) >= 40 and len(b_calls) >= 20, what="A's retries and B's calls"
+        )
+        await asyncio.sleep(1.0)  # nothing more comes
+    assert sorted(a_calls) == sorted(sent * 2)
+    assert sorted(b_calls) == sorted(sent)
+    await drained(js, names.prefix)
+
+
 @pytest.mark.timeout(240)
 async def test_failures_waiting_out_a_long_delay_never_stall_the_consumer(
     nats_url: str, names: Names, js: JetStreamContext

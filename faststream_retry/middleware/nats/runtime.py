@@ -110,13 +110,18 @@ class NatsRuntime(Planned):
             found.append(_wiring(nats_checks.outage_refused()))
         default = self.config.default
         for sub in self.broker.subscribers:
-            if nats_subscribers.key_of(sub) is None:
+            core, batch = nats_subscribers.key_of(sub) is None, nats_subscribers.is_batch(sub)
+            if core or batch:
                 handlers = tuple(
                     Handler(_internals.handler_policy(item)) for item in getattr(sub, "calls", ())
                 )
                 subject = nats_subscribers.subject_of(sub)
-                if Route(subject, handlers).enabled(default):
+                if not Route(subject, handlers).enabled(default):
+                    continue
+                if core:
                     found.append(_wiring(nats_checks.core_subscriber(subject), "core-nats"))
+                else:
+                    found.append(_wiring(nats_checks.batch_subscriber(subject), "batch"))
         options = self.config.topology
         for covered in self.covered(topology, consumers or {}):
             on_server = (consumers or {}).get((covered.stream, covered.durable or ""))
