@@ -22,7 +22,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.events import EventKind
 from faststream_retry.core.topology import Route
-from faststream_retry.nats import naming, wire
+from faststream_retry.nats import fitting, naming, wire
 from faststream_retry.nats.fetch import fetch, stop_loop
 from faststream_retry.nats.publisher import confirmed, copy_id
 from faststream_retry.nats.streams import RECHECK_ACK_WAIT_S
@@ -159,8 +159,21 @@ class Recheck:
         ident = copy_id(meta, kind)
 
         async def send(copy: Copy) -> bool:
+            # A copy fits as it was placed; a release or hop adds a little, and a copy
+            # placed by hand may be anything (``nats.fitting``).
+            fit = fitting.prepared(
+                copy.headers,
+                msg.headers,
+                msg.data,
+                msg_id=ident,
+                limit=fitting.max_payload_of(msg),
+                room=copy.room,
+            )
+            if fit is None:
+                return False
+            headers, sent_id = fit
             outcome = await self._publisher.publish(
-                subject, msg.data, copy.headers, msg_id=ident, stream=stream
+                subject, msg.data, headers, msg_id=sent_id, stream=stream
             )
             return confirmed(outcome)
 

@@ -25,6 +25,7 @@ from faststream_retry.middleware.middleware import RetryMiddleware
 from tests.nats.helpers import (
     drained,
     make_delay_stream,
+    raw_hpub,
     running,
     stream_count,
     stream_messages,
@@ -559,6 +560,79 @@ async def test_hostile_headers_neither_crash_nor_misroute_a_retry(
         await asyncio.sleep(0.3)
     assert calls == [0, 1]
     assert subjects == [subject, subject]
+    await drained(js, names.prefix)
+
+
+async def test_a_header_name_nats_py_refuses_is_renamed_in_the_copy_and_the_dead_letter(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A message from another client with a header ``x/y`` (legal on the wire, refused by
+    nats-py) that always fails, 2 attempts: its retry and its dead letter are written with
+    the header as ``x%2Fy``, and the retry's ``retry-error`` says so (neither was: the handler ran at
+    every redelivery, for ever)."""
+    stream, subject = names.stream(), names.subject()
+    dlq = f"{names.prefix}-dlq-{stream}"
+    policy = RetryPolicy(max_attempts=2, backoff=Fixed(timedelta(milliseconds=200)))
+    broker = NatsBroker(nats_url, middlewares=[middleware(names, policy)], logger=None)
+    calls: list[dict[str, str]] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(dict(msg.headers))
+        raise ConnectionError("always")
+
+    async with running(broker):
+        await raw_hpub(nats_url, subject, b"x/y: 1\r\n", b"hostile")
+        await until(lambda: counted(js, dlq, 1), 15, "the dead letter")
+        await asyncio.sleep(0.5)  # nothing more comes
+    assert len(calls) == 2
+    assert calls[0]["x/y"] == "1"
+    retried = calls[1]
+    assert retried["x%2Fy"] == "1"
+    assert "x/y" not in retried
+    assert "renamed: 'x/y' as 'x%2Fy'" in retried["retry-error"]
+    [(_, body, headers)] = await stream_messages(js, dlq)
+    assert body == b"hostile"
+    assert headers["x%2Fy"] == "1"
+    assert "x/y" not in headers
+    await drained(js, names.prefix)
+
+
+async def test_a_copy_over_max_payload_is_dead_lettered_without_cutting_the_connection(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A message 64 bytes under the server's max_payload fails: its copy (with the retry-*
+    headers) would not fit, so it is dead-lettered at once, body untouched, without the
+    headers that do not fit; the app's connection is never cut (nats-py checks the body
+    only, and the server closed the connection at every attempt)."""
+    stream, subject = names.stream(), names.subject()
+    dlq = f"{names.prefix}-dlq-{stream}"
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=1),
+    )
+    async def handle(body: bytes) -> None:
+        calls.append(len(body))
+        raise ConnectionError("always")
+
+    async with running(broker):
+        limit = js._nc.max_payload
+        big = b"x" * (limit - 64)
+        await js.publish(subject, big, stream=stream, timeout=BULK)
+        await until(lambda: counted(js, dlq, 1), 15, "the dead letter")
+        await asyncio.sleep(0.5)  # nothing more comes
+        connection = broker._connection
+        assert connection is not None
+        reconnects = connection.stats["reconnects"]
+    assert reconnects == 0
+    assert calls == [limit - 64]
+    [(_, body, _)] = await stream_messages(js, dlq)
+    assert body == big
     await drained(js, names.prefix)
 
 
