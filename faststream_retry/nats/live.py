@@ -17,7 +17,7 @@ from faststream_retry.nats.dead_letters import declare_dead_letter_stream
 from faststream_retry.nats.dlq_depths import NatsDeadLetterDepths
 from faststream_retry.nats.publisher import Publisher
 from faststream_retry.nats.ready import Ready
-from faststream_retry.nats.recheck import Recheck
+from faststream_retry.nats.recheck import Recheck, RetiredTiers
 from faststream_retry.nats.streams import covered_replicas, declare_delay_stream
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class NatsLive:
         self._reporter = reporter
         self._rechecks: list[Recheck] = []
         self._readies: list[Ready] = []
+        self._retired: RetiredTiers | None = None
         self.dlq_depths = NatsDeadLetterDepths(
             js, self.prefix, reporter.telemetry, lambda: self.plan
         )
@@ -102,13 +103,23 @@ class NatsLive:
         ]
         await asyncio.gather(*(r.start() for r in self._rechecks))
         await asyncio.gather(*(r.start() for r in self._readies))
+        self._retired = RetiredTiers(
+            lambda t: Recheck(
+                self._js, self.publisher, self._reporter, lambda: self.plan, t, pause_s=pause
+            ),
+            self._js,
+            self.prefix,
+        )
+        await self._retired.start(self.plan.tiers.ttls_ms)
         self.dlq_depths.start()
 
     async def stop_consumers(self) -> None:
         """Stop the hand-overs (they feed handlers), then the re-checks and the sampling."""
         await asyncio.gather(*(r.stop() for r in self._readies))
         await asyncio.gather(*(r.stop() for r in self._rechecks))
-        self._readies, self._rechecks = [], []
+        if self._retired is not None:
+            await self._retired.stop()
+        self._readies, self._rechecks, self._retired = [], [], None
         await self.dlq_depths.stop()
 
     def close(self) -> None:

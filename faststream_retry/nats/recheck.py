@@ -29,7 +29,7 @@ from faststream_retry.nats.streams import RECHECK_ACK_WAIT_S
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from nats.aio.msg import Msg
     from nats.js import JetStreamContext
@@ -39,12 +39,14 @@ if TYPE_CHECKING:
     from faststream_retry.nats.publisher import Publisher
     from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["FETCH", "Recheck", "stored_ms"]
+__all__ = ["FETCH", "RESCAN_S", "Recheck", "RetiredTiers", "stored_ms"]
 
 FETCH = 200
 """Copies one fetch takes: at most this many are held while the head is waited for."""
 
 _KEEP_ALIVE_S = RECHECK_ACK_WAIT_S / 3
+RESCAN_S = 60.0
+"""How often the delay stream is looked at for copies in tiers the plan no longer has."""
 
 
 def stored_ms(msg: Msg) -> int:
@@ -200,3 +202,70 @@ class Recheck:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+class RetiredTiers:
+    """Re-checks the tiers copies wait in that the plan no longer has (a deploy changed them).
+
+    A new ``max_delay`` or ``tick`` makes other tiers; a copy placed by the app before
+    (or by a replica of the old version still running) waits in a tier that no re-check of
+    this plan reads. At start, and every ``RESCAN_S``, the delay stream's subjects are
+    read (their counts, nothing consumed), and each tier that holds a copy gets a re-check
+    of its own, which releases or hops its copies as the plan says (``core.steps.recheck``),
+    and stays until the app stops.
+    """
+
+    def __init__(self, make: Callable[[int], Recheck], js: JetStreamContext, prefix: str) -> None:
+        """Start a re-check of a tier with ``make``; ``prefix``: the delay stream's."""
+        self._make = make
+        self._js = js
+        self._prefix = prefix
+        self._known: set[int] = set()
+        self.started: list[Recheck] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, tiers: Iterable[int]) -> None:
+        """Re-check the stranded tiers found now; look again every ``RESCAN_S``."""
+        self._known = set(tiers)
+        await self.scan()
+        self._task = asyncio.create_task(self._loop(), name="faststream-retry retired tiers")
+
+    async def stop(self) -> None:
+        """Stop looking, and stop the re-checks it started."""
+        await stop_loop(self._task, None, cancel=True)
+        self._task = None
+        await asyncio.gather(*(r.stop() for r in self.started))
+        self.started = []
+
+    async def scan(self) -> None:
+        """Start a re-check for each tier with copies waiting that none reads; never raises."""
+        delay = naming.delay_stream(self._prefix)
+        try:
+            info = await self._js.stream_info(delay, subjects_filter=f"{self._prefix}.delay.>")
+        except Exception as exc:  # a hiccup: the next scan looks again
+            log.warning("faststream-retry: looking for retired tiers in %r: %r", delay, exc)
+            return
+        found = set()
+        for subject in info.state.subjects or {}:
+            parsed = naming.split_delay_subject(self._prefix, subject)
+            if parsed is not None and parsed[0] not in self._known:
+                found.add(parsed[0])
+        for tier in sorted(found):
+            recheck = self._make(tier)
+            try:
+                await recheck.start()
+            except Exception as exc:
+                log.warning("faststream-retry: re-check of retired tier %d: %r", tier, exc)
+                continue
+            log.warning(
+                "faststream-retry: copies wait in tier %s, which the plan no longer has "
+                "(max_delay or tick changed): re-checked until they are released",
+                tier,
+            )
+            self._known.add(tier)
+            self.started.append(recheck)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(RESCAN_S)
+            await self.scan()

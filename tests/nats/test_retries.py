@@ -677,6 +677,43 @@ async def test_a_copy_the_server_keeps_refusing_is_dead_lettered_as_stuck(
     assert await stream_count(js, f"{names.prefix}-delay") == 1
 
 
+async def test_a_copy_in_a_tier_the_next_version_does_not_have_comes_back(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """v1 (tick 1 s, max_delay 10 s) leaves a RetryLater(4 s) copy in tier 4000 and stops;
+    v2 of the app (max_delay 3 s: tiers 1000 and 2000) starts: the copy comes back to its
+    handler, once (no re-check read tier 4000 any more: it waited for ever)."""
+    stream, subject = names.stream(), names.subject()
+    calls: list[str] = []
+
+    def app(max_delay: float) -> NatsBroker:
+        policy = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=1)))
+        retry = RetryMiddleware(
+            policy, prefix=names.prefix, tick=timedelta(seconds=1), max_delay=max_delay
+        )
+        broker = NatsBroker(nats_url, middlewares=[retry], logger=None)
+
+        @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+        async def handle(body: str) -> None:
+            calls.append(body)
+            if len(calls) == 1:
+                raise RetryLater(4)
+
+        retry.install(broker)  # v2 gets no new message: the plugin starts with the broker
+        return broker
+
+    async with running(app(10)):
+        await js.publish(subject, b"x", stream=stream)
+        await until(lambda: counted(js, f"{names.prefix}-delay", 1), 10, "the copy in its tier")
+    info = await js.stream_info(f"{names.prefix}-delay", subjects_filter=f"{names.prefix}.>")
+    assert list(info.state.subjects or {}) == [f"{names.prefix}.delay.4000.{stream}.d"]
+    async with running(app(3)):
+        await eventually(lambda: len(calls) == 2, timeout=20, what="the retry in v2")
+        await asyncio.sleep(0.5)
+    assert calls == ["x", "x"]
+    await drained(js, names.prefix)
+
+
 async def test_two_processes_of_one_app_share_the_retries(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:
