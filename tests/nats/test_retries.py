@@ -677,6 +677,36 @@ async def test_a_copy_the_server_keeps_refusing_is_dead_lettered_as_stuck(
     assert await stream_count(js, f"{names.prefix}-delay") == 1
 
 
+async def test_a_handler_longer_than_ack_wait_runs_once_then_retries_once(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A push consumer with ``ack_wait`` 1 s, a handler that takes 3 s and fails once: the
+    message is kept alive while it runs (``in_progress``), so the handler runs once, then
+    once for its retry (JetStream delivered it again mid-run: three runs or more)."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        config=ConsumerConfig(ack_wait=1),
+    )
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(attempt_of(msg))
+        await asyncio.sleep(3)
+        if len(calls) == 1:
+            raise ConnectionError("once")
+
+    async with running(broker):
+        await js.publish(subject, b"x", stream=stream)
+        await eventually(lambda: len(calls) >= 2, timeout=20, what="the retry")
+        await asyncio.sleep(4)  # a redelivery would come within ack_wait
+    assert calls == [0, 1]
+    await drained(js, names.prefix)
+
+
 async def test_a_copy_in_a_tier_the_next_version_does_not_have_comes_back(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:

@@ -15,6 +15,7 @@ mode (refused), and subscribers that join a running broker (left to FastStream).
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core.durations import format_ms
@@ -70,6 +71,19 @@ class NatsRuntime(Planned):
         from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
 
         return NatsSink(live, self.reporter, self.config.pause_s)
+
+    def holding(
+        self,
+        msg: Any,  # noqa: ANN401 - FastStream's NatsMessage
+        sub: Any,  # noqa: ANN401 - its subscriber
+    ) -> contextlib.AbstractContextManager[None]:
+        """Keep ``msg`` alive (``in_progress``) while its handler runs and its failure is placed."""
+        raw = getattr(msg, "raw_message", None)
+        if self.live is None or sub is None or not getattr(raw, "reply", None):
+            return contextlib.nullcontext()
+        from faststream_retry.nats.keepalive import kept_alive  # noqa: PLC0415 - nats-py's side
+
+        return kept_alive(raw, nats_subscribers.ack_wait_s(sub))
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
         """A subscriber that joined the running broker: not covered on NATS yet (FastStream's)."""
