@@ -68,6 +68,8 @@ class NatsLive:
         self._rechecks: list[Recheck] = []
         self._readies: list[Ready] = []
         self._retired: RetiredTiers | None = None
+        self._streams: dict[str, int] = {}
+        self._hand_overs: list[HandOver] = []
         self.dlq_depths = NatsDeadLetterDepths(
             js, self.prefix, reporter.telemetry, lambda: self.plan
         )
@@ -80,6 +82,7 @@ class NatsLive:
         dead-letter stream gets its covered stream's replicas (the server's if it exists),
         the delay stream the most of any.
         """
+        self._streams = dict(streams)
         replicas = await covered_replicas(self._js, streams)
         await declare_delay_stream(self._js, self.prefix, max(replicas.values(), default=1))
         await asyncio.gather(
@@ -92,6 +95,22 @@ class NatsLive:
 
     async def start_consumers(self, hand_overs: list[HandOver]) -> None:
         """Start a re-check consumer per tier and a hand-over per covered subscriber."""
+        self._hand_overs = hand_overs
+        await self._start_pulling()
+        pause = self._config.pause_s
+        self._retired = RetiredTiers(
+            lambda t: Recheck(
+                self._js, self.publisher, self._reporter, lambda: self.plan, t, pause_s=pause
+            ),
+            self._js,
+            self.prefix,
+            dead_letters=[naming.dlq_stream(self.prefix, s) for s in self._streams],
+            repair=self._repair,
+        )
+        await self._retired.start(self.plan.tiers.ttls_ms)
+        self.dlq_depths.start()
+
+    async def _start_pulling(self) -> None:
         pause = self._config.pause_s
         self._rechecks = [
             Recheck(self._js, self.publisher, self._reporter, lambda: self.plan, t, pause_s=pause)
@@ -99,19 +118,18 @@ class NatsLive:
         ]
         self._readies = [
             Ready(self._js, self.prefix, o.key, o.consume, ack_wait_s=o.ack_wait_s, pause_s=pause)
-            for o in hand_overs
+            for o in self._hand_overs
         ]
         await asyncio.gather(*(r.start() for r in self._rechecks))
         await asyncio.gather(*(r.start() for r in self._readies))
-        self._retired = RetiredTiers(
-            lambda t: Recheck(
-                self._js, self.publisher, self._reporter, lambda: self.plan, t, pause_s=pause
-            ),
-            self._js,
-            self.prefix,
-        )
-        await self._retired.start(self.plan.tiers.ttls_ms)
-        self.dlq_depths.start()
+
+    async def _repair(self, delay_gone: bool) -> None:
+        """Make the plugin's streams again; on a new delay stream, its consumers too."""
+        await self.open(self._streams)
+        if delay_gone:
+            await asyncio.gather(*(r.stop() for r in self._readies))
+            await asyncio.gather(*(r.stop() for r in self._rechecks))
+            await self._start_pulling()
 
     async def stop_consumers(self) -> None:
         """Stop the hand-overs (they feed handlers), then the re-checks and the sampling."""

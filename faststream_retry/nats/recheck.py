@@ -17,6 +17,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
@@ -29,7 +30,7 @@ from faststream_retry.nats.streams import RECHECK_ACK_WAIT_S
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable
 
     from nats.aio.msg import Msg
     from nats.js import JetStreamContext
@@ -45,8 +46,10 @@ FETCH = 200
 """Copies one fetch takes: at most this many are held while the head is waited for."""
 
 _KEEP_ALIVE_S = RECHECK_ACK_WAIT_S / 3
-RESCAN_S = 60.0
-"""How often the delay stream is looked at for copies in tiers the plan no longer has."""
+RESCAN_S = 5.0
+"""How often the delay stream is looked at for copies in tiers the plan no longer has, and
+the plugin's streams for one an operator deleted (within a held copy's ``delivery_limit``
+tries, 20 s by default)."""
 
 
 def stored_ms(msg: Msg) -> int:
@@ -205,28 +208,46 @@ def _text(value: object) -> str | None:
 
 
 class RetiredTiers:
-    """Re-checks the tiers copies wait in that the plan no longer has (a deploy changed them).
+    """Watches the delay stream: tiers the plan no longer has, and streams an operator deleted.
 
     A new ``max_delay`` or ``tick`` makes other tiers; a copy placed by the app before
     (or by a replica of the old version still running) waits in a tier that no re-check of
     this plan reads. At start, and every ``RESCAN_S``, the delay stream's subjects are
     read (their counts, nothing consumed), and each tier that holds a copy gets a re-check
     of its own, which releases or hops its copies as the plan says (``core.steps.recheck``),
-    and stays until the app stops.
+    and stays until the app stops. The same look finds the delay stream or a dead-letter
+    stream deleted while the app runs (``nats stream rm``): ``repair`` makes them again
+    (told whether the delay stream, and so every consumer of it, was gone), with an ERROR.
     """
 
-    def __init__(self, make: Callable[[int], Recheck], js: JetStreamContext, prefix: str) -> None:
-        """Start a re-check of a tier with ``make``; ``prefix``: the delay stream's."""
+    def __init__(
+        self,
+        make: Callable[[int], Recheck],
+        js: JetStreamContext,
+        prefix: str,
+        *,
+        dead_letters: Iterable[str] = (),
+        repair: Callable[[bool], Awaitable[None]] | None = None,
+    ) -> None:
+        """Start a re-check of a tier with ``make``; ``prefix``: the delay stream's.
+
+        ``dead_letters``: the dead-letter streams to look for; ``repair``: makes the
+        missing streams again.
+        """
         self._make = make
         self._js = js
         self._prefix = prefix
+        self._dead_letters = sorted(dead_letters)
+        self._repair = repair
+        self._planned: set[int] = set()
         self._known: set[int] = set()
         self.started: list[Recheck] = []
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, tiers: Iterable[int]) -> None:
         """Re-check the stranded tiers found now; look again every ``RESCAN_S``."""
-        self._known = set(tiers)
+        self._planned = set(tiers)
+        self._known = set(self._planned)
         await self.scan()
         self._task = asyncio.create_task(self._loop(), name="faststream-retry retired tiers")
 
@@ -234,27 +255,53 @@ class RetiredTiers:
         """Stop looking, and stop the re-checks it started."""
         await stop_loop(self._task, None, cancel=True)
         self._task = None
+        await self._forget()
+
+    async def _forget(self) -> None:
         await asyncio.gather(*(r.stop() for r in self.started))
         self.started = []
+        self._known = set(self._planned)
 
     async def scan(self) -> None:
-        """Start a re-check for each tier with copies waiting that none reads; never raises."""
+        """Repair deleted streams; start a re-check for each tier none reads; never raises."""
         delay = naming.delay_stream(self._prefix)
-        try:
-            info = await self._js.stream_info(delay, subjects_filter=f"{self._prefix}.delay.>")
-        except Exception as exc:  # a hiccup: the next scan looks again
-            log.warning("faststream-retry: looking for retired tiers in %r: %r", delay, exc)
+        found = await asyncio.gather(
+            self._js.stream_info(delay, subjects_filter=f"{self._prefix}.delay.>"),
+            *(self._js.stream_info(name) for name in self._dead_letters),
+            return_exceptions=True,
+        )
+        gone = [
+            name
+            for name, info in zip([delay, *self._dead_letters], found, strict=True)
+            if isinstance(info, NotFoundError)
+        ]
+        if gone and self._repair is not None:
+            log.error(
+                "faststream-retry: the stream(s) %s were deleted while the app runs: made "
+                "again (what they held is gone; what waits to be placed is placed there)",
+                ", ".join(gone),
+            )
+            try:
+                await self._repair(delay in gone)
+            except Exception as exc:  # looked at again at the next scan
+                log.warning("faststream-retry: making %s again: %r", ", ".join(gone), exc)
+            if delay in gone:
+                await self._forget()  # their consumers went with the stream
             return
-        found = set()
+        info = found[0]
+        if isinstance(info, BaseException):  # a hiccup: the next scan looks again
+            log.warning("faststream-retry: looking for retired tiers in %r: %r", delay, info)
+            return
+        tiers = set()
         for subject in info.state.subjects or {}:
             parsed = naming.split_delay_subject(self._prefix, subject)
             if parsed is not None and parsed[0] not in self._known:
-                found.add(parsed[0])
-        for tier in sorted(found):
+                tiers.add(parsed[0])
+        for tier in sorted(tiers):
             recheck = self._make(tier)
             try:
                 await recheck.start()
-            except Exception as exc:
+            except Exception as exc:  # looked at again at the next scan
                 log.warning("faststream-retry: re-check of retired tier %d: %r", tier, exc)
                 continue
             log.warning(

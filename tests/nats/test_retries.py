@@ -707,6 +707,42 @@ async def test_a_handler_longer_than_ack_wait_runs_once_then_retries_once(
     await drained(js, names.prefix)
 
 
+async def test_the_plugins_streams_deleted_while_the_app_runs_are_made_again(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """An operator deletes the delay stream and the dead-letter stream of a running app:
+    they are made again (with the re-checks and the hand-over), and a message that fails
+    once comes back while one that fails for good is dead-lettered (nothing was made
+    again until the next start: no retry came back in 30 s)."""
+    stream, subject = names.stream(), names.subject()
+    dlq, delay = f"{names.prefix}-dlq-{stream}", f"{names.prefix}-delay"
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[str] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str) -> None:
+        calls.append(body)
+        if body == "bad":
+            raise PermanentError(body)
+        if calls.count(body) == 1:
+            raise ConnectionError("once")
+
+    broker.middlewares[0].install(broker)  # type: ignore[attr-defined]
+    async with running(broker):
+        await js.delete_stream(delay)
+        await js.delete_stream(dlq)
+        await js.publish(subject, b"flaky", stream=stream)
+        await js.publish(subject, b"bad", stream=stream)
+        await eventually(lambda: calls.count("flaky") == 2, timeout=30, what="the retry")
+        await until(lambda: counted(js, dlq, 1), 30, "the dead letter")
+        await asyncio.sleep(0.5)
+    assert sorted(calls) == ["bad", "flaky", "flaky"]
+    [(_, body, headers)] = await stream_messages(js, dlq)
+    assert body == b"bad"
+    assert headers["retry-reason"] == "permanent"
+    await drained(js, names.prefix)
+
+
 async def test_a_copy_in_a_tier_the_next_version_does_not_have_comes_back(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:
