@@ -227,8 +227,9 @@ def consumer_findings(
                 what=f"{where} has max_deliver={max_deliver}",
                 why=(
                     "a retry is a new message and never spends it, but a redelivery does "
-                    "(ack_wait expired, a copy the server would not take, a crash), and at "
-                    "max_deliver JetStream drops the message with an advisory and no dead letter"
+                    "(ack_wait expired, a copy the server would not take, a crash), and "
+                    "JetStream delivers a message no more at max_deliver: the plugin "
+                    "dead-letters its last delivery as stuck, unhandled"
                 ),
                 fix=(
                     "Leave max_deliver unset (-1) or at least delivery_limit "

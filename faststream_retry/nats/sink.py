@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.decision import Action
-from faststream_retry.core.events import EventKind
+from faststream_retry.core.events import EventKind, Reason
 from faststream_retry.nats import fitting, naming, wire
 from faststream_retry.nats.publisher import Outcome, confirmed, copy_id
 from faststream_retry.reporting.log import log
@@ -38,6 +38,8 @@ TOO_LARGE_ERROR = (
     "without its history: its own headers leave no room"
 )
 """``retry-error`` of a message dead-lettered as ``HeadersTooLarge`` on NATS."""
+_MAX_DELIVER = "faststream_retry.nats.MaxDeliver"
+"""``retry-exception`` of a message dead-lettered at its consumer's ``max_deliver``."""
 
 
 class Message(Protocol):
@@ -88,6 +90,29 @@ class NatsSink:
         """Publish the dead letter to the stream's dead-letter stream, then settle the original."""
         await self._send(msg, route, decision, exc)
         return True
+
+    async def last_delivery(self, msg: Message, route: Route, delivered: int) -> bool:
+        """Dead-letter the consumer's last allowed delivery as ``stuck``; ``False``: not placed.
+
+        Its handler does not run (``middleware.nats.runtime.settle_first``).
+        """
+        raw = msg.raw_message
+        incoming = wire.failed(raw.headers, subject=raw.subject, message_id=msg.message_id)
+        now = h.now_ms()
+        failure = h.FailureRecord(
+            attempt=h.read_attempt(incoming),
+            at_ms=now,
+            exception=_MAX_DELIVER,
+            error=(
+                f"delivered {delivered} times, the consumer's max_deliver: JetStream would "
+                "deliver it no more (a handler that crashed its process, or outlived "
+                "ack_wait, at each delivery); dead-lettered before its handler ran"
+            ),
+        )
+        letter = steps.dead_letter(
+            route.dlq, route.queue, msg.message_id, incoming, failure, reason=Reason.STUCK
+        )
+        return await self._place(msg, letter, incoming, RuntimeError(failure.error))
 
     async def _send(
         self, msg: Message, route: Route, decision: Decision, exc: BaseException

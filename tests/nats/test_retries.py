@@ -743,6 +743,49 @@ async def test_the_plugins_streams_deleted_while_the_app_runs_are_made_again(
     await drained(js, names.prefix)
 
 
+async def test_the_last_delivery_max_deliver_allows_is_dead_lettered_as_stuck(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A consumer with ``max_deliver`` 3 whose message was delivered twice and never acked
+    (a process that died in its handler, twice): at its third delivery it is dead-lettered
+    as ``stuck``, its handler not run (JetStream delivers it no more: it stopped, silently)."""
+    stream, subject = names.stream(), names.subject()
+    dlq = f"{names.prefix}-dlq-{stream}"
+    config = ConsumerConfig(durable_name="d", max_deliver=3, ack_wait=1.0)
+    await js.add_stream(name=stream, subjects=[subject])
+    await js.publish(subject, b"crash", stream=stream)
+    crashed = await js.pull_subscribe(subject, durable="d", stream=stream, config=config)
+    for _ in range(2):  # two deliveries that die with their process: never acked
+        [msg] = await crashed.fetch(1, timeout=5)
+        await asyncio.sleep(1.2)
+    await crashed.unsubscribe()
+    assert msg.metadata.num_delivered == 2
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[str] = []
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=1),
+        config=config,
+    )
+    async def handle(body: str) -> None:
+        calls.append(body)
+
+    broker.middlewares[0].install(broker)  # type: ignore[attr-defined]
+    async with running(broker):
+        await until(lambda: counted(js, dlq, 1), 15, "the dead letter")
+        await asyncio.sleep(1.5)  # nothing more comes
+        info = await js.consumer_info(stream, "d")
+    assert calls == []
+    assert info.num_ack_pending == 0
+    [(_, body, headers)] = await stream_messages(js, dlq)
+    assert body == b"crash"
+    assert headers["retry-reason"] == "stuck"
+    assert "max_deliver" in headers["retry-error"]
+
+
 async def test_a_copy_in_a_tier_the_next_version_does_not_have_comes_back(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:

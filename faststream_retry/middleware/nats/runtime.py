@@ -85,6 +85,34 @@ class NatsRuntime(Planned):
 
         return kept_alive(raw, nats_subscribers.ack_wait_s(sub))
 
+    async def settle_first(
+        self,
+        msg: Any,  # noqa: ANN401 - FastStream's NatsMessage
+        sub: Any,  # noqa: ANN401 - its subscriber
+    ) -> bool:
+        """Dead-letter the last delivery ``max_deliver`` allows as ``stuck``, before its handler.
+
+        JetStream delivers a message no more after it (an advisory, no dead letter): a
+        message redelivered until then by a crash loop (the process dies in its handler)
+        would silently stop. A retried copy is the plugin's (no ``max_deliver``): not this.
+        """
+        live = self.live
+        key = None if sub is None else nats_subscribers.key_of(sub)
+        limit = getattr(nats_subscribers.consumer_config(sub), "max_deliver", None)
+        if live is None or not live.running or key is None or not isinstance(limit, int):
+            return False
+        meta = getattr(getattr(msg, "raw_message", None), "metadata", None)
+        delivered = getattr(meta, "num_delivered", None)
+        if limit <= 0 or not isinstance(delivered, int) or delivered < limit:
+            return False
+        route = live.plan.route(key)
+        if route is None or getattr(meta, "stream", None) != nats_subscribers.stream_of(sub):
+            return False
+        from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
+
+        sink = NatsSink(live, self.reporter, self.config.pause_s)
+        return await sink.last_delivery(msg, route, delivered)
+
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401, ARG002 - a subscriber
         """A subscriber that joined the running broker: not covered on NATS yet (FastStream's)."""
         return None
