@@ -62,6 +62,17 @@ def attempt_of(msg: NatsMessage) -> int:
     return int(msg.headers.get("retry-attempt", "0"))
 
 
+async def refusal_of(broker: NatsBroker) -> str:
+    """What the broker's start raises once the plugin is installed (it must refuse)."""
+    retry = broker.middlewares[0]
+    assert isinstance(retry, RetryMiddleware)
+    retry.install(broker)
+    with pytest.raises(RetryConfigError) as refused:
+        await broker.start()
+    await broker.stop()
+    return str(refused.value)
+
+
 async def test_a_transient_failure_is_retried_until_it_succeeds(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:
@@ -293,13 +304,7 @@ async def test_a_core_nats_subscriber_is_refused_at_start(nats_url: str, names: 
     async def handle(body: str) -> None:
         raise ConnectionError(body)
 
-    retry = broker.middlewares[0]
-    assert isinstance(retry, RetryMiddleware)
-    retry.install(broker)
-    with pytest.raises(RetryConfigError) as refused:
-        await broker.start()
-    await broker.stop()
-    text = str(refused.value)
+    text = await refusal_of(broker)
     assert "core-NATS subscriber" in text
     assert subject in text
     assert "stream=JStream(" in text
@@ -338,11 +343,7 @@ async def test_a_batch_pull_subscriber_is_refused_at_start(nats_url: str, names:
     async def handle(body: list[str]) -> None:
         raise ConnectionError("batch")
 
-    broker.middlewares[0].install(broker)  # type: ignore[attr-defined]
-    with pytest.raises(RetryConfigError) as refused:
-        await broker.start()
-    await broker.stop()
-    text = str(refused.value)
+    text = await refusal_of(broker)
     assert "PullSub(batch=True)" in text
     assert subject in text
     assert "PullSub(batch_size=N)" in text
