@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.core.topology import Route
     from faststream_retry.middleware.nats.runtime import NatsRuntime
+    from faststream_retry.middleware.planned import Planned
     from faststream_retry.middleware.rabbit.runtime import Runtime
     from faststream_retry.middleware.redis.runtime import RedisRuntime
     from faststream_retry.middleware.sink import Sink
@@ -385,15 +386,31 @@ class _RetryScope(BaseMiddleware):
                 with contextlib.suppress(Exception):
                     await msg.nack()
                 raise
-        held = (
-            contextlib.nullcontext()
-            if runtime is None
-            else runtime.holding(msg, _internals.current_subscriber(self.context))
-        )
+        held, call = await self._held(runtime, msg, call_next)
         with held:
             if self._plugin.config.outage is not None:
-                return await self._through_gate(call_next, msg)
-            return await self._handle(call_next, msg)
+                return await self._through_gate(call, msg)
+            return await self._handle(call, msg)
+
+    async def _held(
+        self,
+        runtime: Planned | None,
+        msg: StreamMessage[Any],
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+    ) -> tuple[
+        contextlib.AbstractContextManager[None], Callable[[StreamMessage[Any]], Awaitable[Any]]
+    ]:
+        """What wraps the handler's call (``Planned.holding``), and the call.
+
+        A message the transport settled before its handler (``Planned.settle_first``) gets
+        a call that does nothing.
+        """
+        if runtime is None:
+            return contextlib.nullcontext(), call_next
+        sub = _internals.current_subscriber(self.context)
+        if await runtime.settle_first(msg, sub):
+            return contextlib.nullcontext(), _settled_first
+        return runtime.holding(msg, sub), call_next
 
     async def _handle(
         self,
@@ -860,3 +877,8 @@ def _warn_if_capped(
         max_delay_ms,
         decision.delay_ms,
     )
+
+
+async def _settled_first(msg: StreamMessage[Any]) -> None:
+    """The call of a message settled before its handler: nothing to run."""
+    del msg

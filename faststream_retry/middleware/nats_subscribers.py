@@ -17,6 +17,8 @@ __all__ = [
     "broker_url",
     "consumer_config",
     "durable_of",
+    "handlers_of",
+    "is_batch",
     "is_nats",
     "is_nats_subscriber",
     "key_of",
@@ -39,6 +41,13 @@ def is_nats(broker: object) -> bool:
 def is_nats_subscriber(sub: object) -> bool:
     """Whether ``sub`` is one of FastStream's NATS subscribers."""
     return type(sub).__module__.startswith("faststream.nats")
+
+
+def is_batch(sub: object) -> bool:
+    """Whether ``sub`` is a batch pull subscriber (``PullSub(batch=True)``): one call per batch."""
+    return is_nats_subscriber(sub) and any(
+        cls.__name__.startswith("Batch") for cls in type(sub).__mro__
+    )
 
 
 def under_test_nats(broker: Any) -> bool:  # noqa: ANN401 - a NatsBroker
@@ -72,12 +81,34 @@ def consumer_config(sub: Any) -> Any:  # noqa: ANN401 - nats-py's ConsumerConfig
 
 
 def durable_of(sub: Any) -> str | None:  # noqa: ANN401 - a NATS subscriber
-    """The durable name of a JetStream subscriber's consumer; ``None``: ephemeral."""
+    """The durable name of a JetStream subscriber's consumer; ``None``: ephemeral.
+
+    A push subscriber's ``queue`` (deliver group) is its durable name when it sets none
+    (nats-py names the consumer after it).
+    """
     options = getattr(sub, "extra_options", None) or {}
     durable = options.get("durable") if isinstance(options, dict) else None
     if not durable:
         durable = getattr(consumer_config(sub), "durable_name", None)
+    if not durable and is_nats_subscriber(sub):
+        durable = getattr(sub, "queue", None)
     return durable if isinstance(durable, str) and durable else None
+
+
+def handlers_of(sub: Any) -> tuple[str, ...]:  # noqa: ANN401 - a NATS subscriber
+    """The qualified names (module included) of a subscriber's handlers, as declared."""
+    names = []
+    for item in getattr(sub, "calls", ()):
+        handler = getattr(item, "handler", None)
+        function = (
+            getattr(handler, "_declared_call", None)
+            or getattr(handler, "_original_call", None)
+            or handler
+        )
+        module = getattr(function, "__module__", None)
+        name = getattr(function, "__qualname__", None) or getattr(function, "__name__", None)
+        names.append(f"{module}:{name}")
+    return tuple(names)
 
 
 def key_of(sub: Any) -> str | None:  # noqa: ANN401 - a NATS subscriber
@@ -85,7 +116,10 @@ def key_of(sub: Any) -> str | None:  # noqa: ANN401 - a NATS subscriber
     stream = stream_of(sub)
     if stream is None:
         return None
-    return naming.key_of(stream, durable_of(sub), subject_of(sub))
+    durable = durable_of(sub)
+    if durable:
+        return naming.key_of(stream, durable, "")
+    return naming.key_of(stream, None, subject_of(sub), handlers_of(sub))
 
 
 def ack_wait_s(sub: Any) -> float:  # noqa: ANN401 - a NATS subscriber

@@ -127,6 +127,17 @@ class Planned:
         """
         return contextlib.nullcontext()
 
+    async def settle_first(
+        self,
+        msg: Any,  # noqa: ANN401, ARG002 - FastStream's message
+        sub: Any,  # noqa: ANN401, ARG002 - its subscriber
+    ) -> bool:
+        """Settle ``msg`` before its handler runs, if the transport must; ``False``: it runs.
+
+        NATS: the last delivery a consumer's ``max_deliver`` allows is dead-lettered first.
+        """
+        return False
+
     def route(self, queue: str) -> Route | None:
         """Return the route of ``queue`` if the plugin covers it: the live plan's once started."""
         live = self.live

@@ -29,6 +29,7 @@ __all__ = [
     "Finding",
     "Streams",
     "ack_wait_s",
+    "batch_subscriber",
     "consumer_findings",
     "core_subscriber",
     "longest_wait_s",
@@ -55,7 +56,7 @@ class Finding:
     refuse: bool
     check: str
     """Which check found it: ack-policy, max-deliver, ack-wait, duplicate-window, max-msg-size,
-    replicas, core-nats, wiring."""
+    replicas, core-nats, batch, wiring."""
     subject: str
     """The consumer (its key) or the stream it is about."""
     what: str
@@ -115,6 +116,18 @@ def core_subscriber(subject: str) -> str:
         "failed message has nowhere to wait for its retry and would be lost. Give it a "
         f"JetStream stream: @broker.subscriber({subject!r}, stream=JStream(...), durable=...), "
         "or switch its retries off with @retry_policy(enabled=False)"
+    )
+
+
+def batch_subscriber(subject: str) -> str:
+    """The refusal of a batch pull subscriber (``PullSub(batch=True)``) with retries on."""
+    return (
+        f"the subscriber of {subject!r} takes its messages in batches (PullSub(batch=True)): "
+        "its handler is called once for a whole batch, so a failure cannot be kept, retried "
+        "or dead-lettered message by message, and the plugin would lose or repeat the rest "
+        "of the batch. Drop batch=True (PullSub(batch_size=N) still pulls N at a time, each "
+        "handled and retried on its own), or switch its retries off with "
+        "@retry_policy(enabled=False)"
     )
 
 
@@ -214,8 +227,9 @@ def consumer_findings(
                 what=f"{where} has max_deliver={max_deliver}",
                 why=(
                     "a retry is a new message and never spends it, but a redelivery does "
-                    "(ack_wait expired, a copy the server would not take, a crash), and at "
-                    "max_deliver JetStream drops the message with an advisory and no dead letter"
+                    "(ack_wait expired, a copy the server would not take, a crash), and "
+                    "JetStream delivers a message no more at max_deliver: the plugin "
+                    "dead-letters its last delivery as stuck, unhandled"
                 ),
                 fix=(
                     "Leave max_deliver unset (-1) or at least delivery_limit "

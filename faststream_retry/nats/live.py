@@ -19,7 +19,7 @@ from faststream_retry.nats.dead_letters import declare_dead_letter_stream
 from faststream_retry.nats.dlq_depths import NatsDeadLetterDepths
 from faststream_retry.nats.publisher import Publisher
 from faststream_retry.nats.ready import Ready
-from faststream_retry.nats.recheck import Recheck
+from faststream_retry.nats.recheck import Recheck, RetiredTiers
 from faststream_retry.nats.streams import covered_replicas, declare_delay_stream
 
 if TYPE_CHECKING:
@@ -70,6 +70,9 @@ class NatsLive:
         self._reporter = reporter
         self._rechecks: list[Recheck] = []
         self._readies: dict[str, Ready] = {}
+        self._retired: RetiredTiers | None = None
+        self._streams: dict[str, int] = {}
+        self._hand_overs: dict[str, HandOver] = {}
         self.consuming = False
         """Whether the re-checks and hand-overs run (from ``start_consumers`` to the stop)."""
         self.dlq_depths = NatsDeadLetterDepths(
@@ -84,7 +87,8 @@ class NatsLive:
         dead-letter stream gets its covered stream's replicas (the server's if it exists),
         the delay stream the most of any.
         """
-        replicas = await covered_replicas(self._js, streams)
+        self._streams = {**self._streams, **streams}
+        replicas = await covered_replicas(self._js, self._streams)
         await declare_delay_stream(self._js, self.prefix, max(replicas.values(), default=1))
         await asyncio.gather(
             *(
@@ -98,28 +102,58 @@ class NatsLive:
 
     async def start_consumers(self, hand_overs: list[HandOver]) -> None:
         """Start a re-check consumer per tier and a hand-over per covered subscriber."""
+        self._hand_overs = {o.key: o for o in hand_overs}
+        await self._start_pulling()
+        pause = self._config.pause_s
+        self._retired = RetiredTiers(
+            lambda t: Recheck(
+                self._js, self.publisher, self._reporter, lambda: self.plan, t, pause_s=pause
+            ),
+            self._js,
+            self.prefix,
+            dead_letters=[naming.dlq_stream(self.prefix, s) for s in self._streams],
+            repair=self._repair,
+        )
+        await self._retired.start(self.plan.tiers.ttls_ms)
+        self.dlq_depths.start()
+        self.consuming = True
+
+    async def _start_pulling(self) -> None:
         pause = self._config.pause_s
         self._rechecks = [
             Recheck(self._js, self.publisher, self._reporter, lambda: self.plan, t, pause_s=pause)
             for t in self.plan.tiers.ttls_ms
         ]
-        self._readies = {
-            o.key: Ready(
-                self._js, self.prefix, o.key, o.consume, ack_wait_s=o.ack_wait_s, pause_s=pause
-            )
-            for o in hand_overs
-        }
+        self._readies = {o.key: self._ready(o) for o in self._hand_overs.values()}
         await asyncio.gather(*(r.start() for r in self._rechecks))
         await asyncio.gather(*(r.start() for r in self._readies.values()))
-        self.dlq_depths.start()
-        self.consuming = True
+
+    def _ready(self, o: HandOver) -> Ready:
+        return Ready(
+            self._js,
+            self.prefix,
+            o.key,
+            o.consume,
+            ack_wait_s=o.ack_wait_s,
+            pause_s=self._config.pause_s,
+        )
+
+    async def _repair(self, delay_gone: bool) -> None:
+        """Make the plugin's streams again; on a new delay stream, its consumers too."""
+        await self.open(self._streams)
+        if delay_gone:
+            await asyncio.gather(*(r.stop() for r in self._readies.values()))
+            await asyncio.gather(*(r.stop() for r in self._rechecks))
+            await self._start_pulling()
 
     async def stop_consumers(self) -> None:
         """Stop the hand-overs (they feed handlers), then the re-checks and the sampling."""
         self.consuming = False
         await asyncio.gather(*(r.stop() for r in self._readies.values()))
         await asyncio.gather(*(r.stop() for r in self._rechecks))
-        self._readies, self._rechecks = {}, []
+        if self._retired is not None:
+            await self._retired.stop()
+        self._readies, self._rechecks, self._retired = {}, [], None
         await self.dlq_depths.stop()
 
     async def cover(self, route: Route, stream: str, declared_replicas: int) -> None:
@@ -128,26 +162,24 @@ class NatsLive:
         The delay stream and the tiers stay as they are: their consumers are running.
         """
         replicas = await covered_replicas(self._js, {stream: declared_replicas})
-        await declare_dead_letter_stream(self._js, self.prefix, stream, replicas[stream])
+        await declare_dead_letter_stream(
+            self._js, self.prefix, stream, replicas[stream], self._config.dlq_max_length
+        )
+        self._streams.setdefault(stream, declared_replicas)
         self.plan = self.plan.with_route(route)
 
     async def hand_over(self, o: HandOver) -> None:
         """Start handing ``o.key``'s ready copies to ``o.consume``, unless that runs already."""
         if o.key in self._readies:
             return
-        ready = Ready(
-            self._js,
-            self.prefix,
-            o.key,
-            o.consume,
-            ack_wait_s=o.ack_wait_s,
-            pause_s=self._config.pause_s,
-        )
+        self._hand_overs[o.key] = o
+        ready = self._ready(o)
         self._readies[o.key] = ready
         await ready.start()
 
     async def let_go(self, key: str) -> None:
         """Stop handing ``key``'s copies over (its subscriber stopped): they wait in the stream."""
+        self._hand_overs.pop(key, None)
         ready = self._readies.pop(key, None)
         if ready is not None:
             await ready.stop()

@@ -1,10 +1,11 @@
 """Names on NATS: the plugin's streams, subjects, consumers and message ids (pure).
 
 A covered JetStream subscriber is known by its *key*: ``<stream>.<durable>``, or
-``<stream>._<hash of its subject>`` for one without a durable name (stream and durable
-names cannot hold ``.``, ``*``, ``>`` or whitespace, so the key is two subject tokens).
-The key is the ``queue`` of its route, its events and its dead letters'
-``retry-origin-queue``.
+``<stream>._<hash of its subject and handlers>`` for one without a durable name (stream
+and durable names cannot hold ``.``, ``*``, ``>`` or whitespace, so the key is two subject
+tokens). The key is the ``queue`` of its route, its events and its dead letters'
+``retry-origin-queue``. Where a key goes into a consumer name, whose characters are
+fewer, it keeps a hash of itself, so that two keys never share a consumer.
 """
 
 from __future__ import annotations
@@ -36,16 +37,26 @@ def stream_safe(text: str) -> str:
     return _UNSAFE.sub("_", text)
 
 
-def key_of(stream: str, durable: str | None, subject: str) -> str:
-    """Return the key of a JetStream subscriber of ``stream``."""
+def key_of(stream: str, durable: str | None, subject: str, handlers: tuple[str, ...] = ()) -> str:
+    """Return the key of a JetStream subscriber of ``stream``.
+
+    ``handlers``: the qualified names of its handlers (module included), which tell one
+    service's subscriber without a durable name from another's of the same subject.
+    """
     if durable:
         return f"{stream}.{durable}"
-    return ephemeral_key(stream, subject)
+    return ephemeral_key(stream, subject, handlers)
 
 
-def ephemeral_key(stream: str, subject: str) -> str:
-    """The key of a subscriber without a durable name: the same for the same subject."""
-    digest = hashlib.sha256(subject.encode()).hexdigest()[:12]
+def ephemeral_key(stream: str, subject: str, handlers: tuple[str, ...] = ()) -> str:
+    """The key of a subscriber without a durable name: its subject's and its handlers'.
+
+    The same for every process of one app (they share its waiting retries, as they
+    share a durable consumer's); another app's subscriber of the same subject has other
+    handlers, so another key: its retries are never handed to this one.
+    """
+    named = "\n".join((subject, *handlers))
+    digest = hashlib.sha256(named.encode()).hexdigest()[:12]
     return f"{stream}._{digest}"
 
 
@@ -93,8 +104,14 @@ def recheck_durable(prefix: str, tier_ms: int) -> str:
 
 
 def ready_durable(prefix: str, key: str) -> str:
-    """The durable name of the consumer that hands ``key``'s ready copies over."""
-    return f"{stream_safe(prefix)}-ready-{stream_safe(key)}"
+    """The durable name of the consumer that hands ``key``'s ready copies over.
+
+    The key made readable (``stream_safe``) then a hash of the key itself: ``s_x.d`` and
+    ``s.x_d`` read the same, and must not share a consumer (each would take the other's
+    retries).
+    """
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return f"{stream_safe(prefix)}-ready-{stream_safe(key)}-{digest}"
 
 
 def dlq_stream(prefix: str, stream: str) -> str:

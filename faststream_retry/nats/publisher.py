@@ -56,13 +56,14 @@ class Publisher:
         body: bytes,
         headers: Mapping[str, Any],
         *,
-        msg_id: str,
+        msg_id: str | None,
         stream: str,
     ) -> Outcome:
         """Publish ``body`` with ``headers`` (as ``wire.encode`` puts them) to ``subject``.
 
         ``stream``: the stream that must take it (the server refuses the publish if the
-        subject is another stream's).
+        subject is another stream's). ``msg_id`` ``None``: none (a dead letter whose body
+        leaves no room for a header).
         """
         try:
             ack = await self._js.publish(

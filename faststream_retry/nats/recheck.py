@@ -17,19 +17,20 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.events import EventKind
 from faststream_retry.core.topology import Route
-from faststream_retry.nats import naming, wire
+from faststream_retry.nats import fitting, naming, wire
 from faststream_retry.nats.fetch import fetch, stop_loop
 from faststream_retry.nats.publisher import confirmed, copy_id
 from faststream_retry.nats.streams import RECHECK_ACK_WAIT_S
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable, Iterable
 
     from nats.aio.msg import Msg
     from nats.js import JetStreamContext
@@ -39,12 +40,16 @@ if TYPE_CHECKING:
     from faststream_retry.nats.publisher import Publisher
     from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["FETCH", "Recheck", "stored_ms"]
+__all__ = ["FETCH", "RESCAN_S", "Recheck", "RetiredTiers", "stored_ms"]
 
 FETCH = 200
 """Copies one fetch takes: at most this many are held while the head is waited for."""
 
 _KEEP_ALIVE_S = RECHECK_ACK_WAIT_S / 3
+RESCAN_S = 5.0
+"""How often the delay stream is looked at for copies in tiers the plan no longer has, and
+the plugin's streams for one an operator deleted (within a held copy's ``delivery_limit``
+tries, 20 s by default)."""
 
 
 def stored_ms(msg: Msg) -> int:
@@ -159,8 +164,21 @@ class Recheck:
         ident = copy_id(meta, kind)
 
         async def send(copy: Copy) -> bool:
+            # A copy fits as it was placed; a release or hop adds a little, and a copy
+            # placed by hand may be anything (``nats.fitting``).
+            fit = fitting.prepared(
+                copy.headers,
+                msg.headers,
+                msg.data,
+                msg_id=ident,
+                limit=fitting.max_payload_of(msg),
+                room=copy.room,
+            )
+            if fit is None:
+                return False
+            headers, sent_id = fit
             outcome = await self._publisher.publish(
-                subject, msg.data, copy.headers, msg_id=ident, stream=stream
+                subject, msg.data, headers, msg_id=sent_id, stream=stream
             )
             return confirmed(outcome)
 
@@ -187,3 +205,114 @@ class Recheck:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+class RetiredTiers:
+    """Watches the delay stream: tiers the plan no longer has, and streams an operator deleted.
+
+    A new ``max_delay`` or ``tick`` makes other tiers; a copy placed by the app before
+    (or by a replica of the old version still running) waits in a tier that no re-check of
+    this plan reads. At start, and every ``RESCAN_S``, the delay stream's subjects are
+    read (their counts, nothing consumed), and each tier that holds a copy gets a re-check
+    of its own, which releases or hops its copies as the plan says (``core.steps.recheck``),
+    and stays until the app stops. The same look finds the delay stream or a dead-letter
+    stream deleted while the app runs (``nats stream rm``): ``repair`` makes them again
+    (told whether the delay stream, and so every consumer of it, was gone), with an ERROR.
+    """
+
+    def __init__(
+        self,
+        make: Callable[[int], Recheck],
+        js: JetStreamContext,
+        prefix: str,
+        *,
+        dead_letters: Iterable[str] = (),
+        repair: Callable[[bool], Awaitable[None]] | None = None,
+    ) -> None:
+        """Start a re-check of a tier with ``make``; ``prefix``: the delay stream's.
+
+        ``dead_letters``: the dead-letter streams to look for; ``repair``: makes the
+        missing streams again.
+        """
+        self._make = make
+        self._js = js
+        self._prefix = prefix
+        self._dead_letters = sorted(dead_letters)
+        self._repair = repair
+        self._planned: set[int] = set()
+        self._known: set[int] = set()
+        self.started: list[Recheck] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, tiers: Iterable[int]) -> None:
+        """Re-check the stranded tiers found now; look again every ``RESCAN_S``."""
+        self._planned = set(tiers)
+        self._known = set(self._planned)
+        await self.scan()
+        self._task = asyncio.create_task(self._loop(), name="faststream-retry retired tiers")
+
+    async def stop(self) -> None:
+        """Stop looking, and stop the re-checks it started."""
+        await stop_loop(self._task, None, cancel=True)
+        self._task = None
+        await self._forget()
+
+    async def _forget(self) -> None:
+        await asyncio.gather(*(r.stop() for r in self.started))
+        self.started = []
+        self._known = set(self._planned)
+
+    async def scan(self) -> None:
+        """Repair deleted streams; start a re-check for each tier none reads; never raises."""
+        delay = naming.delay_stream(self._prefix)
+        found = await asyncio.gather(
+            self._js.stream_info(delay, subjects_filter=f"{self._prefix}.delay.>"),
+            *(self._js.stream_info(name) for name in self._dead_letters),
+            return_exceptions=True,
+        )
+        gone = [
+            name
+            for name, info in zip([delay, *self._dead_letters], found, strict=True)
+            if isinstance(info, NotFoundError)
+        ]
+        if gone and self._repair is not None:
+            log.error(
+                "faststream-retry: the stream(s) %s were deleted while the app runs: made "
+                "again (what they held is gone; what waits to be placed is placed there)",
+                ", ".join(gone),
+            )
+            try:
+                await self._repair(delay in gone)
+            except Exception as exc:  # looked at again at the next scan
+                log.warning("faststream-retry: making %s again: %r", ", ".join(gone), exc)
+            if delay in gone:
+                await self._forget()  # their consumers went with the stream
+            return
+        info = found[0]
+        if isinstance(info, BaseException):  # a hiccup: the next scan looks again
+            log.warning("faststream-retry: looking for retired tiers in %r: %r", delay, info)
+            return
+        tiers = set()
+        for subject in info.state.subjects or {}:
+            parsed = naming.split_delay_subject(self._prefix, subject)
+            if parsed is not None and parsed[0] not in self._known:
+                tiers.add(parsed[0])
+        for tier in sorted(tiers):
+            recheck = self._make(tier)
+            try:
+                await recheck.start()
+            except Exception as exc:  # looked at again at the next scan
+                log.warning("faststream-retry: re-check of retired tier %d: %r", tier, exc)
+                continue
+            log.warning(
+                "faststream-retry: copies wait in tier %s, which the plan no longer has "
+                "(max_delay or tick changed): re-checked until they are released",
+                tier,
+            )
+            self._known.add(tier)
+            self.started.append(recheck)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(RESCAN_S)
+            await self.scan()

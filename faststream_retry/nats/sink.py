@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.decision import Action
-from faststream_retry.core.events import EventKind
-from faststream_retry.nats import naming, wire
+from faststream_retry.core.events import EventKind, Reason
+from faststream_retry.nats import fitting, naming, wire
 from faststream_retry.nats.publisher import Outcome, confirmed, copy_id
+from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
     from faststream_retry.core.decision import Decision
@@ -30,7 +31,15 @@ if TYPE_CHECKING:
     from faststream_retry.nats.live import NatsLive
     from faststream_retry.reporting.reporter import Reporter
 
-__all__ = ["Message", "NatsSink"]
+__all__ = ["TOO_LARGE_ERROR", "Message", "NatsSink"]
+
+TOO_LARGE_ERROR = (
+    "with the retry headers its copy would not fit in the server's max_payload, even "
+    "without its history: its own headers leave no room"
+)
+"""``retry-error`` of a message dead-lettered as ``HeadersTooLarge`` on NATS."""
+_MAX_DELIVER = "faststream_retry.nats.MaxDeliver"
+"""``retry-exception`` of a message dead-lettered at its consumer's ``max_deliver``."""
 
 
 class Message(Protocol):
@@ -82,6 +91,29 @@ class NatsSink:
         await self._send(msg, route, decision, exc)
         return True
 
+    async def last_delivery(self, msg: Message, route: Route, delivered: int) -> bool:
+        """Dead-letter the consumer's last allowed delivery as ``stuck``; ``False``: not placed.
+
+        Its handler does not run (``middleware.nats.runtime.settle_first``).
+        """
+        raw = msg.raw_message
+        incoming = wire.failed(raw.headers, subject=raw.subject, message_id=msg.message_id)
+        now = h.now_ms()
+        failure = h.FailureRecord(
+            attempt=h.read_attempt(incoming),
+            at_ms=now,
+            exception=_MAX_DELIVER,
+            error=(
+                f"delivered {delivered} times, the consumer's max_deliver: JetStream would "
+                "deliver it no more (a handler that crashed its process, or outlived "
+                "ack_wait, at each delivery); dead-lettered before its handler ran"
+            ),
+        )
+        letter = steps.dead_letter(
+            route.dlq, route.queue, msg.message_id, incoming, failure, reason=Reason.STUCK
+        )
+        return await self._place(msg, letter, incoming, RuntimeError(failure.error))
+
     async def _send(
         self, msg: Message, route: Route, decision: Decision, exc: BaseException
     ) -> None:
@@ -100,8 +132,16 @@ class NatsSink:
         held = 0
         while True:
             outcomes: list[Outcome] = []
-            if await self._place(msg, step, incoming, exc, outcomes):
+            too_large: list[bool] = []
+            if await self._place(msg, step, incoming, exc, outcomes, too_large=too_large):
                 return
+            if too_large:
+                # A retry whose copy cannot fit in max_payload even lean would never be
+                # placed: dead-lettered at once, its own largest headers left out to fit.
+                letter = steps.too_large(step, incoming, now_ms=h.now_ms(), error=TOO_LARGE_ERROR)
+                if letter is not None:
+                    step = letter
+                    continue
             held += 1
             if not live.running or held >= live.delivery_limit:
                 break
@@ -131,8 +171,15 @@ class NatsSink:
         incoming: dict[str, Any],
         exc: BaseException,
         outcomes: list[Outcome] | None = None,
+        *,
+        too_large: list[bool] | None = None,
     ) -> bool:
-        """Publish ``step``'s copy, report it, and settle ``msg`` once it is confirmed."""
+        """Publish ``step``'s copy, report it, and settle ``msg`` once it is confirmed.
+
+        The copy's header names are made sendable and its size fitted to the server's
+        ``max_payload`` (``nats.fitting``); one that cannot fit is not published, and
+        ``too_large`` is told.
+        """
         live = self._live
         raw = msg.raw_message
         prefix, key = live.prefix, step.event.queue
@@ -149,8 +196,34 @@ class NatsSink:
         seen: list[Outcome] = [] if outcomes is None else outcomes
 
         async def send(copy: Copy) -> bool:
+            limit = fitting.max_payload_of(raw)
+            fit = fitting.prepared(
+                copy.headers, raw.headers, raw.data, msg_id=ident, limit=limit, room=copy.room
+            )
+            if fit is None:
+                log.warning(
+                    "faststream-retry: message %s: its copy to %r would not fit in the "
+                    "server's max_payload (%d bytes) even without its history",
+                    msg.message_id,
+                    subject,
+                    limit,
+                )
+                if too_large is not None:
+                    too_large.append(True)
+                return False
+            headers, sent_id = fit
+            left = [k for k in copy.headers if k not in headers and fitting.is_token(k)]
+            if left or sent_id is None:
+                log.warning(
+                    "faststream-retry: message %s: its copy to %r would not fit in the "
+                    "server's max_payload (%d bytes): sent without %s",
+                    msg.message_id,
+                    subject,
+                    limit,
+                    ", ".join(sorted(left)) or "its Nats-Msg-Id",
+                )
             outcome = await live.publisher.publish(
-                subject, raw.data, copy.headers, msg_id=ident, stream=stream
+                subject, raw.data, headers, msg_id=sent_id, stream=stream
             )
             seen.append(outcome)
             return confirmed(outcome)

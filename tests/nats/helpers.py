@@ -3,9 +3,11 @@ and running an app's broker for the length of a block."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from nats.js.api import RetentionPolicy, StreamConfig
 from nats.js.errors import NotFoundError
@@ -17,6 +19,23 @@ if TYPE_CHECKING:
 
     from faststream.nats import NatsBroker
     from nats.js import JetStreamContext
+
+
+async def raw_hpub(url: str, subject: str, header_lines: bytes, body: bytes) -> None:
+    """Publish as other clients can (Go, the nats CLI, raw protocol): any header name."""
+    parsed = urlparse(url)
+    reader, writer = await asyncio.open_connection(parsed.hostname, parsed.port)
+    await reader.readline()  # INFO
+    writer.write(b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"protocol":1}\r\n')
+    block = b"NATS/1.0\r\n" + header_lines + b"\r\n"
+    size = len(block) + len(body)
+    writer.write(
+        f"HPUB {subject} {len(block)} {size}\r\n".encode() + block + body + b"\r\nPING\r\n"
+    )
+    await writer.drain()
+    line = await reader.readline()
+    writer.close()
+    assert line.startswith(b"PONG"), line
 
 
 @contextlib.asynccontextmanager

@@ -25,6 +25,7 @@ from faststream_retry.middleware.middleware import RetryMiddleware
 from tests.nats.helpers import (
     drained,
     make_delay_stream,
+    raw_hpub,
     running,
     stream_count,
     stream_messages,
@@ -59,6 +60,17 @@ async def counted(js: JetStreamContext, stream: str, at_least: int) -> bool:
 
 def attempt_of(msg: NatsMessage) -> int:
     return int(msg.headers.get("retry-attempt", "0"))
+
+
+async def refusal_of(broker: NatsBroker) -> str:
+    """What the broker's start raises once the plugin is installed (it must refuse)."""
+    retry = broker.middlewares[0]
+    assert isinstance(retry, RetryMiddleware)
+    retry.install(broker)
+    with pytest.raises(RetryConfigError) as refused:
+        await broker.start()
+    await broker.stop()
+    return str(refused.value)
 
 
 async def test_a_transient_failure_is_retried_until_it_succeeds(
@@ -292,13 +304,7 @@ async def test_a_core_nats_subscriber_is_refused_at_start(nats_url: str, names: 
     async def handle(body: str) -> None:
         raise ConnectionError(body)
 
-    retry = broker.middlewares[0]
-    assert isinstance(retry, RetryMiddleware)
-    retry.install(broker)
-    with pytest.raises(RetryConfigError) as refused:
-        await broker.start()
-    await broker.stop()
-    text = str(refused.value)
+    text = await refusal_of(broker)
     assert "core-NATS subscriber" in text
     assert subject in text
     assert "stream=JStream(" in text
@@ -320,6 +326,98 @@ async def test_a_core_nats_subscriber_with_retries_off_starts(nats_url: str, nam
     async with running(broker):
         await broker.publish("x", subject)
         await eventually(lambda: calls == ["x"], what="the call")
+
+
+async def test_a_batch_pull_subscriber_is_refused_at_start(nats_url: str, names: Names) -> None:
+    """``PullSub(batch=True)``: one call for a whole batch, so a failure cannot be kept
+    message by message. The start fails with one error naming the fix; nothing is pulled."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=3, batch=True, timeout=0.5),
+    )
+    async def handle(body: list[str]) -> None:
+        raise ConnectionError("batch")
+
+    text = await refusal_of(broker)
+    assert "PullSub(batch=True)" in text
+    assert subject in text
+    assert "PullSub(batch_size=N)" in text
+    assert "@retry_policy(enabled=False)" in text
+
+
+async def test_keys_that_read_alike_keep_their_own_retries(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Stream ``s_x`` durable ``d`` and stream ``s`` durable ``x_d`` (keys ``s_x.d`` and
+    ``s.x_d``, the same once made consumer-name safe): each fails once and gets its own
+    retry, in its own handler (their hand-over consumers shared one name)."""
+    tag = names.tag
+    s1, s2 = f"s{tag}_x", f"s{tag}"
+    names.streams += [s1, s2]
+    sub1, sub2 = f"{tag}.one", f"{tag}.two"
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    one: list[str] = []
+    two: list[str] = []
+
+    @broker.subscriber(sub1, stream=JStream(s1, subjects=[sub1]), durable="d")
+    async def first(body: str) -> None:
+        one.append(body)
+        if len(one) == 1:
+            raise ConnectionError("once")
+
+    @broker.subscriber(sub2, stream=JStream(s2, subjects=[sub2]), durable="x_d")
+    async def second(body: str) -> None:
+        two.append(body)
+        if len(two) == 1:
+            raise ConnectionError("once")
+
+    async with running(broker):
+        await js.publish(sub1, b"a", stream=s1)
+        await js.publish(sub2, b"b", stream=s2)
+        await eventually(lambda: len(one) >= 2 and len(two) >= 2, what="both retries")
+        await asyncio.sleep(0.5)
+    assert (one, two) == (["a", "a"], ["b", "b"])
+    await drained(js, names.prefix)
+
+
+async def test_two_services_without_durable_names_keep_their_own_retries(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """Two apps (one prefix) each with a subscriber without a durable name on the same
+    subject: A fails each of 20 messages once, B never fails. A sees each retry; B each
+    message once (their keys were the stream and subject only: B took A's retries)."""
+    stream, subject = names.stream(), names.subject()
+    a_calls: list[str] = []
+    b_calls: list[str] = []
+    a = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    b = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+
+    @a.subscriber(subject, stream=JStream(stream, subjects=[subject]))
+    async def service_a(body: str) -> None:
+        a_calls.append(body)
+        if a_calls.count(body) == 1:
+            raise ConnectionError("once")
+
+    @b.subscriber(subject, stream=JStream(stream, subjects=[subject]))
+    async def service_b(body: str) -> None:
+        b_calls.append(body)
+
+    async with running(a), running(b):
+        sent = [f"m{i}" for i in range(20)]
+        for body in sent:
+            await js.publish(subject, body.encode(), stream=stream)
+        await eventually(
+            lambda: len(a_calls) >= 40 and len(b_calls) >= 20, what="A's retries and B's calls"
+        )
+        await asyncio.sleep(1.0)  # nothing more comes
+    assert sorted(a_calls) == sorted(sent * 2)
+    assert sorted(b_calls) == sorted(sent)
+    await drained(js, names.prefix)
 
 
 @pytest.mark.timeout(240)
@@ -466,6 +564,79 @@ async def test_hostile_headers_neither_crash_nor_misroute_a_retry(
     await drained(js, names.prefix)
 
 
+async def test_a_header_name_nats_py_refuses_is_renamed_in_the_copy_and_the_dead_letter(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A message from another client with a header ``x/y`` (legal on the wire, refused by
+    nats-py) that always fails, 2 attempts: its retry and its dead letter are written with
+    the header as ``x%2Fy``, and the retry's ``retry-error`` says so (neither was: the handler ran at
+    every redelivery, for ever)."""
+    stream, subject = names.stream(), names.subject()
+    dlq = f"{names.prefix}-dlq-{stream}"
+    policy = RetryPolicy(max_attempts=2, backoff=Fixed(timedelta(milliseconds=200)))
+    broker = NatsBroker(nats_url, middlewares=[middleware(names, policy)], logger=None)
+    calls: list[dict[str, str]] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(dict(msg.headers))
+        raise ConnectionError("always")
+
+    async with running(broker):
+        await raw_hpub(nats_url, subject, b"x/y: 1\r\n", b"hostile")
+        await until(lambda: counted(js, dlq, 1), 15, "the dead letter")
+        await asyncio.sleep(0.5)  # nothing more comes
+    assert len(calls) == 2
+    assert calls[0]["x/y"] == "1"
+    retried = calls[1]
+    assert retried["x%2Fy"] == "1"
+    assert "x/y" not in retried
+    assert "renamed: 'x/y' as 'x%2Fy'" in retried["retry-error"]
+    [(_, body, headers)] = await stream_messages(js, dlq)
+    assert body == b"hostile"
+    assert headers["x%2Fy"] == "1"
+    assert "x/y" not in headers
+    await drained(js, names.prefix)
+
+
+async def test_a_copy_over_max_payload_is_dead_lettered_without_cutting_the_connection(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A message 64 bytes under the server's max_payload fails: its copy (with the retry-*
+    headers) would not fit, so it is dead-lettered at once, body untouched, without the
+    headers that do not fit; the app's connection is never cut (nats-py checks the body
+    only, and the server closed the connection at every attempt)."""
+    stream, subject = names.stream(), names.subject()
+    dlq = f"{names.prefix}-dlq-{stream}"
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=1),
+    )
+    async def handle(body: bytes) -> None:
+        calls.append(len(body))
+        raise ConnectionError("always")
+
+    async with running(broker):
+        limit = js._nc.max_payload
+        big = b"x" * (limit - 64)
+        await js.publish(subject, big, stream=stream, timeout=BULK)
+        await until(lambda: counted(js, dlq, 1), 15, "the dead letter")
+        await asyncio.sleep(0.5)  # nothing more comes
+        connection = broker._connection
+        assert connection is not None
+        reconnects = connection.stats["reconnects"]
+    assert reconnects == 0
+    assert calls == [limit - 64]
+    [(_, body, _)] = await stream_messages(js, dlq)
+    assert body == big
+    await drained(js, names.prefix)
+
+
 async def test_a_copy_the_server_keeps_refusing_is_dead_lettered_as_stuck(
     nats_url: str, names: Names, js: JetStreamContext
 ) -> None:
@@ -505,6 +676,152 @@ async def test_a_copy_the_server_keeps_refusing_is_dead_lettered_as_stuck(
     assert headers["retry-reason"] == "stuck"
     assert "placed again" in headers["retry-error"]
     assert await stream_count(js, f"{names.prefix}-delay") == 1
+
+
+async def test_a_handler_longer_than_ack_wait_runs_once_then_retries_once(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A push consumer with ``ack_wait`` 1 s, a handler that takes 3 s and fails once: the
+    message is kept alive while it runs (``in_progress``), so the handler runs once, then
+    once for its retry (JetStream delivered it again mid-run: three runs or more)."""
+    stream, subject = names.stream(), names.subject()
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[int] = []
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        config=ConsumerConfig(ack_wait=1),
+    )
+    async def handle(body: str, msg: NatsMessage) -> None:
+        calls.append(attempt_of(msg))
+        await asyncio.sleep(3)
+        if len(calls) == 1:
+            raise ConnectionError("once")
+
+    async with running(broker):
+        await js.publish(subject, b"x", stream=stream)
+        await eventually(lambda: len(calls) >= 2, timeout=20, what="the retry")
+        await asyncio.sleep(4)  # a redelivery would come within ack_wait
+    assert calls == [0, 1]
+    await drained(js, names.prefix)
+
+
+async def test_the_plugins_streams_deleted_while_the_app_runs_are_made_again(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """An operator deletes the delay stream and the dead-letter stream of a running app:
+    they are made again (with the re-checks and the hand-over), and a message that fails
+    once comes back while one that fails for good is dead-lettered (nothing was made
+    again until the next start: no retry came back in 30 s)."""
+    stream, subject = names.stream(), names.subject()
+    dlq, delay = f"{names.prefix}-dlq-{stream}", f"{names.prefix}-delay"
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[str] = []
+
+    @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+    async def handle(body: str) -> None:
+        calls.append(body)
+        if body == "bad":
+            raise PermanentError(body)
+        if calls.count(body) == 1:
+            raise ConnectionError("once")
+
+    broker.middlewares[0].install(broker)  # type: ignore[attr-defined]
+    async with running(broker):
+        await js.delete_stream(delay)
+        await js.delete_stream(dlq)
+        await js.publish(subject, b"flaky", stream=stream)
+        await js.publish(subject, b"bad", stream=stream)
+        await eventually(lambda: calls.count("flaky") == 2, timeout=30, what="the retry")
+        await until(lambda: counted(js, dlq, 1), 30, "the dead letter")
+        await asyncio.sleep(0.5)
+    assert sorted(calls) == ["bad", "flaky", "flaky"]
+    [(_, body, headers)] = await stream_messages(js, dlq)
+    assert body == b"bad"
+    assert headers["retry-reason"] == "permanent"
+    await drained(js, names.prefix)
+
+
+async def test_the_last_delivery_max_deliver_allows_is_dead_lettered_as_stuck(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """A consumer with ``max_deliver`` 3 whose message was delivered twice and never acked
+    (a process that died in its handler, twice): at its third delivery it is dead-lettered
+    as ``stuck``, its handler not run (JetStream delivers it no more: it stopped, silently)."""
+    stream, subject = names.stream(), names.subject()
+    dlq = f"{names.prefix}-dlq-{stream}"
+    config = ConsumerConfig(durable_name="d", max_deliver=3, ack_wait=1.0)
+    await js.add_stream(name=stream, subjects=[subject])
+    await js.publish(subject, b"crash", stream=stream)
+    crashed = await js.pull_subscribe(subject, durable="d", stream=stream, config=config)
+    for _ in range(2):  # two deliveries that die with their process: never acked
+        [msg] = await crashed.fetch(1, timeout=5)
+        await asyncio.sleep(1.2)
+    await crashed.unsubscribe()
+    assert msg.metadata.num_delivered == 2
+    broker = NatsBroker(nats_url, middlewares=[middleware(names)], logger=None)
+    calls: list[str] = []
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, subjects=[subject]),
+        durable="d",
+        pull_sub=PullSub(batch_size=1),
+        config=config,
+    )
+    async def handle(body: str) -> None:
+        calls.append(body)
+
+    broker.middlewares[0].install(broker)  # type: ignore[attr-defined]
+    async with running(broker):
+        await until(lambda: counted(js, dlq, 1), 15, "the dead letter")
+        await asyncio.sleep(1.5)  # nothing more comes
+        info = await js.consumer_info(stream, "d")
+    assert calls == []
+    assert info.num_ack_pending == 0
+    [(_, body, headers)] = await stream_messages(js, dlq)
+    assert body == b"crash"
+    assert headers["retry-reason"] == "stuck"
+    assert "max_deliver" in headers["retry-error"]
+
+
+async def test_a_copy_in_a_tier_the_next_version_does_not_have_comes_back(
+    nats_url: str, names: Names, js: JetStreamContext
+) -> None:
+    """v1 (tick 1 s, max_delay 10 s) leaves a RetryLater(4 s) copy in tier 4000 and stops;
+    v2 of the app (max_delay 3 s: tiers 1000 and 2000) starts: the copy comes back to its
+    handler, once (no re-check read tier 4000 any more: it waited for ever)."""
+    stream, subject = names.stream(), names.subject()
+    calls: list[str] = []
+
+    def app(max_delay: float) -> NatsBroker:
+        policy = RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=1)))
+        retry = RetryMiddleware(
+            policy, prefix=names.prefix, tick=timedelta(seconds=1), max_delay=max_delay
+        )
+        broker = NatsBroker(nats_url, middlewares=[retry], logger=None)
+
+        @broker.subscriber(subject, stream=JStream(stream, subjects=[subject]), durable="d")
+        async def handle(body: str) -> None:
+            calls.append(body)
+            if len(calls) == 1:
+                raise RetryLater(4)
+
+        retry.install(broker)  # v2 gets no new message: the plugin starts with the broker
+        return broker
+
+    async with running(app(10)):
+        await js.publish(subject, b"x", stream=stream)
+        await until(lambda: counted(js, f"{names.prefix}-delay", 1), 10, "the copy in its tier")
+    info = await js.stream_info(f"{names.prefix}-delay", subjects_filter=f"{names.prefix}.>")
+    assert list(info.state.subjects or {}) == [f"{names.prefix}.delay.4000.{stream}.d"]
+    async with running(app(3)):
+        await eventually(lambda: len(calls) == 2, timeout=20, what="the retry in v2")
+        await asyncio.sleep(0.5)
+    assert calls == ["x", "x"]
+    await drained(js, names.prefix)
 
 
 async def test_two_processes_of_one_app_share_the_retries(

@@ -115,6 +115,20 @@ def test_the_plugin_names_are_valid_stream_and_consumer_names() -> None:
         assert not set(name) & {".", "*", ">", " "}, name
 
 
+def test_keys_that_read_alike_never_share_a_hand_over_consumer() -> None:
+    """``s_x.d`` and ``s.x_d`` read the same once consumer-name safe; their names differ."""
+    assert naming.ready_durable("p", "s_x.d") != naming.ready_durable("p", "s.x_d")
+    assert naming.ready_durable("p", "s_x.d").startswith("p-ready-s_x_d-")
+
+
+def test_another_services_subscriber_of_the_subject_has_another_key() -> None:
+    """No durable name: the key is the subject's and the handlers', not the subject's alone."""
+    a = naming.key_of("ORDERS", None, "orders.*", ("billing:handle",))
+    assert a == naming.key_of("ORDERS", None, "orders.*", ("billing:handle",))
+    assert a != naming.key_of("ORDERS", None, "orders.*", ("shipping:handle",))
+    assert naming.key_of("ORDERS", "d", "orders.*", ("x:y",)) == "ORDERS.d"
+
+
 def config(**fields: object) -> SimpleNamespace:
     return SimpleNamespace(**fields)
 

@@ -24,6 +24,7 @@ dead-letter stream made, its route planned, and its hand-over started once it co
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from faststream_retry.core.durations import format_ms
@@ -172,6 +173,47 @@ class NatsRuntime(Planned):
             return
         await live.let_go(key)
 
+    def holding(
+        self,
+        msg: Any,  # noqa: ANN401 - FastStream's NatsMessage
+        sub: Any,  # noqa: ANN401 - its subscriber
+    ) -> contextlib.AbstractContextManager[None]:
+        """Keep ``msg`` alive (``in_progress``) while its handler runs and its failure is placed."""
+        raw = getattr(msg, "raw_message", None)
+        if self.live is None or sub is None or not getattr(raw, "reply", None):
+            return contextlib.nullcontext()
+        from faststream_retry.nats.keepalive import kept_alive  # noqa: PLC0415 - nats-py's side
+
+        return kept_alive(raw, nats_subscribers.ack_wait_s(sub))
+
+    async def settle_first(
+        self,
+        msg: Any,  # noqa: ANN401 - FastStream's NatsMessage
+        sub: Any,  # noqa: ANN401 - its subscriber
+    ) -> bool:
+        """Dead-letter the last delivery ``max_deliver`` allows as ``stuck``, before its handler.
+
+        JetStream delivers a message no more after it (an advisory, no dead letter): a
+        message redelivered until then by a crash loop (the process dies in its handler)
+        would silently stop. A retried copy is the plugin's (no ``max_deliver``): not this.
+        """
+        live = self.live
+        key = None if sub is None else nats_subscribers.key_of(sub)
+        limit = getattr(nats_subscribers.consumer_config(sub), "max_deliver", None)
+        if live is None or not live.running or key is None or not isinstance(limit, int):
+            return False
+        meta = getattr(getattr(msg, "raw_message", None), "metadata", None)
+        delivered = getattr(meta, "num_delivered", None)
+        if limit <= 0 or not isinstance(delivered, int) or delivered < limit:
+            return False
+        route = live.plan.route(key)
+        if route is None or getattr(meta, "stream", None) != nats_subscribers.stream_of(sub):
+            return False
+        from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
+
+        sink = NatsSink(live, self.reporter, self.config.pause_s)
+        return await sink.last_delivery(msg, route, delivered)
+
     def check(self, middleware: Middleware) -> Plan:
         """Plan and check the broker's subscribers as declared; raise one error naming every fix.
 
@@ -205,13 +247,18 @@ class NatsRuntime(Planned):
         ]
         default = self.config.default
         for sub in self.broker.subscribers:
-            if nats_subscribers.key_of(sub) is None:
+            core, batch = nats_subscribers.key_of(sub) is None, nats_subscribers.is_batch(sub)
+            if core or batch:
                 handlers = tuple(
                     Handler(_internals.handler_policy(item)) for item in getattr(sub, "calls", ())
                 )
                 subject = nats_subscribers.subject_of(sub)
-                if Route(subject, handlers).enabled(default):
+                if not Route(subject, handlers).enabled(default):
+                    continue
+                if core:
                     found.append(_wiring(nats_checks.core_subscriber(subject), "core-nats"))
+                else:
+                    found.append(_wiring(nats_checks.batch_subscriber(subject), "batch"))
         options = self.config.topology
         for covered in self.covered(topology, consumers or {}):
             on_server = (consumers or {}).get((covered.stream, covered.durable or ""))
