@@ -23,9 +23,10 @@ from faststream_retry.ops.common import (
     DEFAULT_REDIS_URL,
     DEFAULT_URL,
     OperationError,
+    broker_mismatch,
+    safe_broker_url,
 )
 from faststream_retry.ops.walk import PassStoppedError, stop_all
-from faststream_retry.rabbit.connection import safe_url
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -50,6 +51,7 @@ __all__ = [
     "print_json",
     "rule",
     "run",
+    "same_broker",
 ]
 
 T = TypeVar("T")
@@ -153,8 +155,17 @@ def broker_of(url: str | None, app: LoadedApp | None) -> tuple[str, str]:
 
 
 def examined(url: str, origin: str) -> str:
-    """Say which broker a command examined, without its password."""
-    return f"broker {safe_url(url)} ({origin})"
+    """Say which broker a command examined, without its password (or NATS token)."""
+    return f"broker {safe_broker_url(url)} ({origin})"
+
+
+def same_broker(url: str, app: LoadedApp | None) -> None:
+    """End the command if ``url`` is not the kind of server ``app``'s broker needs."""
+    if app is None:
+        return
+    system = "nats" if app.nats else "redis" if app.redis else "rabbitmq"
+    if (problem := broker_mismatch(url, app.spec, system)) is not None:
+        fail(problem)
 
 
 def rule(title: str) -> None:

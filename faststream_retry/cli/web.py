@@ -9,14 +9,23 @@ from typing import Annotated
 
 import typer
 
-from faststream_retry.cli._common import AppUrl, Factory, Prefix, broker_of, err, examined, fail
+from faststream_retry.cli._common import (
+    AppUrl,
+    Factory,
+    Prefix,
+    broker_of,
+    err,
+    examined,
+    fail,
+    same_broker,
+)
 from faststream_retry.cli.status import (  # noqa: TC001 - typer reads them at runtime
     AppOption,
     ManagementUrl,
 )
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.ops.app import load_app
-from faststream_retry.ops.common import OperationError, is_nats_url, not_on_nats, safe_nats_url
+from faststream_retry.ops.common import OperationError
 
 __all__ = ["register"]
 
@@ -75,7 +84,8 @@ def web(
 
     Read-only unless --allow-actions: then replay (one, a selection or a group, to
     its queue or another) and purge (typed confirmation), with the dlq commands'
-    guarantees. Each action is logged as one audit line.
+    guarantees. Each action is logged as one audit line. On NATS and Redis (--url
+    nats://... or redis://..., or the app's broker) a read consumes nothing.
     """
     try:
         import uvicorn  # noqa: PLC0415 - the web extra's
@@ -87,12 +97,11 @@ def web(
     loaded = None
     if app is not None:
         try:
-            loaded = load_app(app, cwd=Path.cwd(), factory=factory)
+            loaded = load_app(app, cwd=Path.cwd(), factory=factory, nats=True, redis=True)
         except OperationError as exc:
             fail(str(exc))
     url, origin = broker_of(url, loaded)
-    if is_nats_url(url):
-        fail(not_on_nats(f"the dead-letter page, given {safe_nats_url(url)},"))
+    same_broker(url, loaded)
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
         err.print(f"a token for this page (not on loopback): {token}")
