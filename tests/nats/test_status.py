@@ -110,7 +110,8 @@ async def test_status_counts_waiting_copies_and_dead_letters_per_key(
 async def test_status_app_reads_its_own_nats_server(
     nats_url: str, names: Names, js: JetStreamContext, tmp_path: Path
 ) -> None:
-    """``status --app`` of a NatsBroker app reads the app's server and plan (was refused)."""
+    """``status --app`` and ``dlq list --app`` of a NatsBroker app read the app's server,
+    plan and prefix (status refused the app; dlq had no --app)."""
     stream, key = await failing_app(nats_url, names, js)
     (tmp_path / "natsapp.py").write_text(
         textwrap.dedent(
@@ -139,6 +140,11 @@ async def test_status_app_reads_its_own_nats_server(
     assert found["tiers_from"] == ["app", "server"]
     assert [r["queue"] for r in found["queues"]] == [key]
     assert found["queues"][0]["dlq"]["messages"] == 3
+    listed = await run_cli(
+        "dlq", "list", stream, "--app", "natsapp:broker", "--json", url=None, cwd=tmp_path
+    )
+    assert listed.status == 0, listed.stderr
+    assert len(listed.json()["dead_letters"]) == 3, "the app's server and prefix, no --url"
     wrong = await run_cli(
         "status",
         "--app",

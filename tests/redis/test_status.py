@@ -108,7 +108,8 @@ async def test_status_counts_scheduled_copies_and_dead_letters(
 async def test_status_app_reads_its_own_redis_server(
     redis_url: str, stream: str, client: Redis, tmp_path: Path
 ) -> None:
-    """``status --app`` of a RedisBroker app reads the app's server, its group (was refused)."""
+    """``status --app`` and ``dlq list --app`` of a RedisBroker app read the app's server and
+    group (status refused the app; dlq had no --app)."""
     await failing_app(redis_url, stream, client)
     (tmp_path / "redisapp.py").write_text(
         textwrap.dedent(
@@ -128,6 +129,11 @@ async def test_status_app_reads_its_own_redis_server(
     assert found["queues_from"] == ["app"]
     assert [r["queue"] for r in found["queues"]] == [stream]
     assert found["queues"][0]["dlq"]["messages"] == 3
+    listed = await run_cli(
+        "dlq", "list", stream, "--app", "redisapp:broker", "--json", url=None, cwd=tmp_path
+    )
+    assert listed.status == 0, listed.stderr
+    assert len(listed.json()["dead_letters"]) == 3, "the app's server, no --url"
     wrong = await run_cli(
         "status", "--app", "redisapp:broker", "--url", "nats://127.0.0.1:1", url=None, cwd=tmp_path
     )
