@@ -101,9 +101,9 @@ AppUrl = Annotated[
         envvar="RABBITMQ_URL",
         show_default=False,
         help=(
-            "The broker's AMQP URL (or the RABBITMQ_URL environment variable); default: "
-            "the app's broker, else amqp://guest:guest@localhost:5672/. doctor takes a "
-            "nats:// URL too."
+            "The broker: amqp://..., nats://... or redis://... (or the RABBITMQ_URL "
+            "environment variable, for RabbitMQ); default: the app's broker, else "
+            "amqp://guest:guest@localhost:5672/."
         ),
     ),
 ]
