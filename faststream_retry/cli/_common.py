@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -43,6 +44,7 @@ __all__ = [
     "Json",
     "Prefix",
     "Url",
+    "app_and_broker",
     "broker_of",
     "err",
     "examined",
@@ -157,6 +159,27 @@ def broker_of(url: str | None, app: LoadedApp | None) -> tuple[str, str]:
 def examined(url: str, origin: str) -> str:
     """Say which broker a command examined, without its password (or NATS token)."""
     return f"broker {safe_broker_url(url)} ({origin})"
+
+
+def app_and_broker(
+    spec: str | None, url: str | None, *, factory: bool
+) -> tuple[LoadedApp | None, str, str]:
+    """Load ``spec`` (``--app``), if given, and pick the broker as ``broker_of`` does.
+
+    Returns the app, the broker's URL and where it came from; ends the command when the
+    app cannot be loaded or ``url`` is another kind of server than its broker.
+    """
+    from faststream_retry.ops.app import load_app  # noqa: PLC0415 - imports the app's FastStream
+
+    loaded = None
+    if spec is not None:
+        try:
+            loaded = load_app(spec, cwd=Path.cwd(), factory=factory, nats=True, redis=True)
+        except OperationError as exc:
+            fail(str(exc))
+    found, origin = broker_of(url, loaded)
+    same_broker(found, loaded)
+    return loaded, found, origin
 
 
 def same_broker(url: str, app: LoadedApp | None) -> None:

@@ -20,13 +20,12 @@ from faststream_retry.cli._common import (
     EXIT_ERROR,
     Factory,
     Json,
-    broker_of,
+    app_and_broker,
     err,
     fail,
     out,
     print_json,
     run,
-    same_broker,
 )
 from faststream_retry.cli._files import STDOUT, FileRefusedError, check_target, written
 from faststream_retry.core import headers as h
@@ -34,7 +33,6 @@ from faststream_retry.core.durations import format_ms
 from faststream_retry.core.topology import dlq_of, looks_like_intake
 from faststream_retry.ops import dlq as ops
 from faststream_retry.ops import dlq_store as stores
-from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError, connect
 from faststream_retry.ops.dlq_open import is_store_url, open_store
 from faststream_retry.ops.records import (
@@ -136,14 +134,7 @@ def _broker(url: str | None, app: str | None, prefix: str, *, factory: bool) -> 
     With ``--app``, its broker is used unless ``--url`` (or, for a RabbitMQ app,
     ``RABBITMQ_URL``) names one, and its ``RetryMiddleware``'s prefix.
     """
-    loaded = None
-    if app is not None:
-        try:
-            loaded = load_app(app, cwd=Path.cwd(), factory=factory, nats=True, redis=True)
-        except OperationError as exc:
-            fail(str(exc))
-    found, _ = broker_of(url, loaded)
-    same_broker(found, loaded)
+    loaded, found, _ = app_and_broker(app, url, factory=factory)
     return found, prefix if loaded is None else loaded.plan.options.prefix
 
 

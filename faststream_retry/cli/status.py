@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -20,18 +19,16 @@ from faststream_retry.cli._common import (
     Factory,
     Json,
     Prefix,
-    broker_of,
+    app_and_broker,
     examined,
     fail,
     out,
     print_json,
     rule,
     run,
-    same_broker,
 )
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.topology import looks_like_intake
-from faststream_retry.ops.app import load_app
 from faststream_retry.ops.common import OperationError, safe_broker_url
 from faststream_retry.ops.explanation import format_ms
 from faststream_retry.ops.status_open import status_of
@@ -41,7 +38,6 @@ if TYPE_CHECKING:
 
     from rich.console import RenderableType
 
-    from faststream_retry.middleware.app import LoadedApp
     from faststream_retry.ops.status import Depth, Status
 
 __all__ = ["register"]
@@ -98,14 +94,7 @@ def status(
     otherwise. On NATS (--url nats://..., or a NatsBroker app) a row is a covered
     subscriber's key (STREAM.DURABLE); on Redis (redis://...) a covered stream.
     """
-    loaded: LoadedApp | None = None
-    if app is not None:
-        try:
-            loaded = load_app(app, cwd=Path.cwd(), factory=factory, nats=True, redis=True)
-        except OperationError as exc:
-            fail(str(exc))
-    url, origin = broker_of(url, loaded)
-    same_broker(url, loaded)
+    loaded, url, origin = app_and_broker(app, url, factory=factory)
     once = functools.partial(
         status_of,
         url,

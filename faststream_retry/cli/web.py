@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,19 +12,16 @@ from faststream_retry.cli._common import (
     AppUrl,
     Factory,
     Prefix,
-    broker_of,
+    app_and_broker,
     err,
     examined,
     fail,
-    same_broker,
 )
 from faststream_retry.cli.status import (  # noqa: TC001 - typer reads them at runtime
     AppOption,
     ManagementUrl,
 )
 from faststream_retry.core.defaults import PREFIX
-from faststream_retry.ops.app import load_app
-from faststream_retry.ops.common import OperationError
 
 __all__ = ["register"]
 
@@ -94,14 +90,7 @@ def web(
         from faststream_retry.web.guard import is_loopback  # noqa: PLC0415
     except ImportError as exc:
         fail(f"the page needs the web extra: pip install 'faststream-retry[web]' ({exc})")
-    loaded = None
-    if app is not None:
-        try:
-            loaded = load_app(app, cwd=Path.cwd(), factory=factory, nats=True, redis=True)
-        except OperationError as exc:
-            fail(str(exc))
-    url, origin = broker_of(url, loaded)
-    same_broker(url, loaded)
+    loaded, url, origin = app_and_broker(app, url, factory=factory)
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
         err.print(f"a token for this page (not on loopback): {token}")
