@@ -24,7 +24,7 @@ from faststream_retry.ops.common import (
     safe_broker_url,
     shown_name,
 )
-from faststream_retry.ops.dlq_open import open_store
+from faststream_retry.ops.dlq_open import count, open_store
 from faststream_retry.ops.status_open import status_of
 from faststream_retry.rabbit.probe import depth
 
@@ -303,8 +303,7 @@ class StoreBroker:
 
     async def depth(self, queue: str) -> int | None:
         """The store's count (stream info, or ``XLEN``): reads no dead letter."""
-        async with open_store(self.url, queue, prefix=self._prefix) as store:
-            return await store.total()
+        return await count(self.url, queue, prefix=self._prefix)
 
     async def list(
         self,

@@ -54,6 +54,9 @@ async def test_the_page_lists_without_consuming_and_replays_to_the_subscriber(
             queue_page = await client.get(f"/queues/{segment(app.key)}")
             assert "Holds 5 dead letter(s) now" in queue_page.text
             assert "consumes nothing" in queue_page.text
+            missing = await client.get(f"/queues/none_{names.tag}.d")
+            assert missing.status_code == 404, "no such dead-letter stream: a 404, as on RabbitMQ"
+            assert "does not exist" in missing.text
             listing = await api_read(client, app.key)
             assert listing["queue"] == app.dlq
             assert listing["complete"] is True
