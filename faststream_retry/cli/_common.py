@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -23,9 +24,10 @@ from faststream_retry.ops.common import (
     DEFAULT_REDIS_URL,
     DEFAULT_URL,
     OperationError,
+    broker_mismatch,
+    safe_broker_url,
 )
 from faststream_retry.ops.walk import PassStoppedError, stop_all
-from faststream_retry.rabbit.connection import safe_url
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -42,6 +44,7 @@ __all__ = [
     "Json",
     "Prefix",
     "Url",
+    "app_and_broker",
     "broker_of",
     "err",
     "examined",
@@ -50,6 +53,7 @@ __all__ = [
     "print_json",
     "rule",
     "run",
+    "same_broker",
 ]
 
 T = TypeVar("T")
@@ -99,9 +103,9 @@ AppUrl = Annotated[
         envvar="RABBITMQ_URL",
         show_default=False,
         help=(
-            "The broker's AMQP URL (or the RABBITMQ_URL environment variable); default: "
-            "the app's broker, else amqp://guest:guest@localhost:5672/. doctor takes a "
-            "nats:// URL too."
+            "The broker: amqp://..., nats://... or redis://... (or the RABBITMQ_URL "
+            "environment variable, for RabbitMQ); default: the app's broker, else "
+            "amqp://guest:guest@localhost:5672/."
         ),
     ),
 ]
@@ -153,8 +157,38 @@ def broker_of(url: str | None, app: LoadedApp | None) -> tuple[str, str]:
 
 
 def examined(url: str, origin: str) -> str:
-    """Say which broker a command examined, without its password."""
-    return f"broker {safe_url(url)} ({origin})"
+    """Say which broker a command examined, without its password (or NATS token)."""
+    return f"broker {safe_broker_url(url)} ({origin})"
+
+
+def app_and_broker(
+    spec: str | None, url: str | None, *, factory: bool
+) -> tuple[LoadedApp | None, str, str]:
+    """Load ``spec`` (``--app``), if given, and pick the broker as ``broker_of`` does.
+
+    Returns the app, the broker's URL and where it came from; ends the command when the
+    app cannot be loaded or ``url`` is another kind of server than its broker.
+    """
+    from faststream_retry.ops.app import load_app  # noqa: PLC0415 - imports the app's FastStream
+
+    loaded = None
+    if spec is not None:
+        try:
+            loaded = load_app(spec, cwd=Path.cwd(), factory=factory, nats=True, redis=True)
+        except OperationError as exc:
+            fail(str(exc))
+    found, origin = broker_of(url, loaded)
+    same_broker(found, loaded)
+    return loaded, found, origin
+
+
+def same_broker(url: str, app: LoadedApp | None) -> None:
+    """End the command if ``url`` is not the kind of server ``app``'s broker needs."""
+    if app is None:
+        return
+    system = "nats" if app.nats else "redis" if app.redis else "rabbitmq"
+    if (problem := broker_mismatch(url, app.spec, system)) is not None:
+        fail(problem)
 
 
 def rule(title: str) -> None:

@@ -16,10 +16,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from faststream_retry.cli._common import (
-    DEFAULT_URL,
     EXIT_ACTION,
     EXIT_ERROR,
+    Factory,
     Json,
+    app_and_broker,
     err,
     fail,
     out,
@@ -67,14 +68,24 @@ Queue = Annotated[
     ),
 ]
 DlqUrl = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--url",
         envvar="RABBITMQ_URL",
+        show_default=False,
         help=(
             "The broker: amqp://..., nats://... or redis://... (or the RABBITMQ_URL "
-            "environment variable, for RabbitMQ)."
+            "environment variable, for RabbitMQ); default: --app's broker, else "
+            "amqp://guest:guest@localhost:5672/."
         ),
+    ),
+]
+DlqApp = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        metavar="MODULE:APP",
+        help="Work on this app's broker (and its RetryMiddleware's prefix) unless --url says.",
     ),
 ]
 Ids = Annotated[
@@ -115,6 +126,16 @@ DecoderOption = Annotated[
 def register(app: typer.Typer) -> None:
     """Add the ``dlq`` group to ``app``."""
     app.add_typer(dlq, name="dlq")
+
+
+def _broker(url: str | None, app: str | None, prefix: str, *, factory: bool) -> tuple[str, str]:
+    """The broker's URL and the plugin's prefix: ``--url`` and ``--prefix``, else ``--app``'s.
+
+    With ``--app``, its broker is used unless ``--url`` (or, for a RabbitMQ app,
+    ``RABBITMQ_URL``) names one, and its ``RetryMiddleware``'s prefix.
+    """
+    loaded, found, _ = app_and_broker(app, url, factory=factory)
+    return found, prefix if loaded is None else loaded.plan.options.prefix
 
 
 def _when(ms: object, *, short: bool = False, clock: bool = False) -> str:
@@ -286,7 +307,9 @@ def list_(
     until: Until = None,
     decoder: DecoderOption = None,
     as_json: Json = False,
-    url: DlqUrl = DEFAULT_URL,
+    url: DlqUrl = None,
+    app: DlqApp = None,
+    factory: Factory = False,
     prefix: StorePrefix = "retry",
 ) -> None:
     """One row per dead letter, head first. Removes nothing and spends no delivery count.
@@ -298,6 +321,7 @@ def list_(
     the queue rotated (what it went through behind the rest). On NATS and Redis the
     dead-letter stream is read by sequence (NATS) or XRANGE (Redis): nothing moves.
     """
+    url, prefix = _broker(url, app, prefix, factory=factory)
     chosen = _select(ids, reasons, exceptions, since, until)
     decode = _decoder(decoder)
 
@@ -346,13 +370,16 @@ def show(
     ],
     decoder: DecoderOption = None,
     as_json: Json = False,
-    url: DlqUrl = DEFAULT_URL,
+    url: DlqUrl = None,
+    app: DlqApp = None,
+    factory: Factory = False,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Everything about one dead letter: properties, headers, history, traceback, body.
 
     It reads the queue as dlq list does (see its help, and what a kill -9 can do).
     """
+    url, prefix = _broker(url, app, prefix, factory=factory)
     decode = _decoder(decoder)
 
     async def go() -> DeadLetter | None:
@@ -465,7 +492,9 @@ def replay(
         str | None, typer.Option("--to", help="Send them to this queue instead of the work queue.")
     ] = None,
     as_json: Json = False,
-    url: DlqUrl = DEFAULT_URL,
+    url: DlqUrl = None,
+    app: DlqApp = None,
+    factory: Factory = False,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Send dead letters back to their work queue with a fresh attempt count.
@@ -473,6 +502,7 @@ def replay(
     Each copy is confirmed before its dead letter is acked. The old retry state is
     kept in a retry-replayed header. Dead letters that do not match stay, in order.
     """
+    url, prefix = _broker(url, app, prefix, factory=factory)
     chosen = _select(ids, reasons, exceptions, since, until)
     if to is None and not is_store_url(url) and looks_like_intake(queue):
         # The retry worker's intake takes only dead-lettered messages: a replay into it
@@ -564,7 +594,9 @@ def purge(
     limit: Limit = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
     as_json: Json = False,
-    url: DlqUrl = DEFAULT_URL,
+    url: DlqUrl = None,
+    app: DlqApp = None,
+    factory: Factory = False,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Remove dead letters for good; those that do not match stay, in order.
@@ -572,6 +604,7 @@ def purge(
     After a dlq export, --from-export FILE removes exactly the dead letters FILE holds
     (by their content: body, properties and headers), even while new ones arrive.
     """
+    url, prefix = _broker(url, app, prefix, factory=factory)
     chosen = _select(ids, reasons, exceptions, since, until)
     if from_export is not None:
         if not chosen.everything or limit is not None:
@@ -639,7 +672,9 @@ def export(
         typer.Option("--force", help="Replace FILE if it exists (once the export is complete)."),
     ] = False,
     as_json: Json = False,
-    url: DlqUrl = DEFAULT_URL,
+    url: DlqUrl = None,
+    app: DlqApp = None,
+    factory: Factory = False,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Save dead letters as JSON Lines, every byte and header; they stay in the queue.
@@ -650,6 +685,7 @@ def export(
     dlq list does (see its help, and what a kill -9 can do). purge --from-export FILE
     then removes exactly what FILE holds.
     """
+    url, prefix = _broker(url, app, prefix, factory=factory)
     chosen = _select(ids, reasons, exceptions, since, until)
     if as_json and file == STDOUT:
         fail("--json prints a summary on stdout, which carries the export: give a file")
@@ -714,10 +750,13 @@ def import_(
         typer.Option("--to", help="Publish to this queue instead of the one each came from."),
     ] = None,
     as_json: Json = False,
-    url: DlqUrl = DEFAULT_URL,
+    url: DlqUrl = None,
+    app: DlqApp = None,
+    factory: Factory = False,
     prefix: StorePrefix = "retry",
 ) -> None:
     """Publish exported messages back, each confirmed by the broker."""
+    url, prefix = _broker(url, app, prefix, factory=factory)
 
     async def go(stream: TextIO) -> ops.Imported:
         if is_store_url(url):

@@ -47,7 +47,9 @@ def explain(spec: AppSpec, json: Json = False, factory: Factory = False) -> None
     handler runs and how long each hop takes.
     """
     try:
-        explanation = explain_app(load_app(spec, cwd=Path.cwd(), factory=factory))
+        explanation = explain_app(
+            load_app(spec, cwd=Path.cwd(), factory=factory, nats=True, redis=True)
+        )
     except OperationError as exc:
         fail(str(exc))
     if json:
@@ -59,12 +61,21 @@ def explain(spec: AppSpec, json: Json = False, factory: Factory = False) -> None
 def _render(explanation: Explanation) -> None:
     out.print(f"[bold]{escape(explanation.app)}[/bold]")
     tiers = ", ".join(format_ms(ttl) for ttl in explanation.tiers_ms)
+    kind = (
+        f"{explanation.queue_type} queues"
+        if explanation.queue_type is not None
+        else {"nats": "NATS JetStream", "redis": "Redis Streams"}.get(explanation.system, "")
+    )
+    prefix = "" if explanation.prefix is None else f", prefix {escape(explanation.prefix)!r}"
     out.print(
         f"tick {format_ms(explanation.tick_ms)}, max_delay {format_ms(explanation.max_delay_ms)}, "
-        f"{explanation.queue_type} queues, prefix {escape(explanation.prefix)!r}"
+        f"{kind}{prefix}"
     )
-    out.print(f"tiers ({len(explanation.tiers_ms)}, shared by every queue): {tiers}")
-    tier_names = {tier_name(explanation.prefix, ttl) for ttl in explanation.tiers_ms}
+    if explanation.tiers_ms:
+        out.print(f"tiers ({len(explanation.tiers_ms)}, shared by every queue): {tiers}")
+    for note in explanation.notes:
+        out.print(f"note: {escape(note)}", style="dim")
+    tier_names = {tier_name(explanation.prefix or "", ttl) for ttl in explanation.tiers_ms}
     others = [
         o
         for o in explanation.shared
@@ -77,12 +88,14 @@ def _render(explanation: Explanation) -> None:
     if first is not None:
         # Every tier is declared alike but for its TTL: one line says it for all of them.
         arguments = {**first.fields["arguments"], "x-message-ttl": "<ms>"}
+        prefix = escape(explanation.prefix or "")
         out.print(
-            f"each tier: a durable fanout exchange {escape(explanation.prefix)}.delay.<ms> bound "
+            f"each tier: a durable fanout exchange {prefix}.delay.<ms> bound "
             "(routing key '') to a durable queue of the same name with "
             f"{escape(_arguments(arguments))}"
         )
-    out.print(_objects_table("also declared once per broker", tuple(others)))
+    if others:
+        out.print(_objects_table("also declared once per broker", tuple(others)))
     for queue in explanation.queues:
         _render_queue(queue)
 
@@ -97,17 +110,22 @@ def _render_queue(queue: QueueExplanation) -> None:
             "releases)"
         )
         return
-    if not queue.home_from_tier:
+    if queue.home_from_tier is False:
         out.print(
             "declared with x-overflow reject-publish: a copy's last tier delivers it to "
             f"{escape(retry_queue_name(queue.queue))}, and the re-check consumer releases it"
         )
+    # Redis: no tiers; a copy waits in the stream's schedule, then goes back to the stream.
+    waits = next(
+        (f"{o.fields['name']} → {queue.queue}" for o in queue.objects if o.kind == "sorted set"),
+        None,
+    )
     for handler in queue.handlers:
-        _render_handler(handler)
+        _render_handler(handler, waits)
     out.print(_objects_table(f"declared for {queue.queue}", queue.objects))
 
 
-def _render_handler(handler: HandlerExplanation) -> None:
+def _render_handler(handler: HandlerExplanation, waits: str | None = None) -> None:
     source = "@retry_policy" if handler.own_policy else "the middleware default"
     name = escape(handler.name)
     if not handler.retries:
@@ -121,7 +139,7 @@ def _render_handler(handler: HandlerExplanation) -> None:
     )
     if handler.rules is not None:
         out.print(_rules_table(handler.rules))
-    out.print(_schedule_table(handler))
+    out.print(_schedule_table(handler, waits))
     out.print(
         f"  dead-lettered {_range(handler.dead_letter_min_ms, handler.dead_letter_max_ms)} "
         "after the first failure if every attempt fails transiently (a RetryLater waits "
@@ -165,9 +183,11 @@ def _arguments(arguments: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in arguments.items()) or "-"
 
 
-def _schedule_table(handler: HandlerExplanation) -> Table:
+def _schedule_table(handler: HandlerExplanation, waits: str | None = None) -> Table:
+    """The schedule; ``waits``: where a copy waits instead of tiers (Redis)."""
     table = Table(title="schedule", title_justify="left")
-    for column in ("attempt", "then", "delay", "elapsed", "tiers (ms) → destination"):
+    last = "waits in → then" if waits else "tiers (ms) → destination"
+    for column in ("attempt", "then", "delay", "elapsed", last):
         table.add_column(column, justify="right" if column == "attempt" else "left")
     for step in handler.schedule:
         then = {
@@ -177,7 +197,9 @@ def _schedule_table(handler: HandlerExplanation) -> Table:
         }[step.action]
         delay = _range(step.delay_min_ms, step.delay_max_ms) if step.delay_max_ms else "-"
         hops = _legs(step.legs_min)
-        if step.legs_max != step.legs_min:
+        if waits and step.action == "retry_later":
+            hops = escape(waits)
+        elif step.legs_max != step.legs_min:
             hops += f"\nup to {_legs(step.legs_max)}"
         table.add_row(
             str(step.attempt),
@@ -209,8 +231,13 @@ def _objects_table(title: str, objects: tuple[Declared, ...]) -> Table:
             arguments = f"routing_key {fields['routing_key']!r}"
         elif obj.kind == "exchange":
             name, arguments = fields["name"], f"{fields['type']}, durable"
-        else:
+        elif "arguments" in fields:
             name = fields["name"]
             arguments = f"durable, {_arguments(fields['arguments'])}"
+        else:  # NATS's streams and consumers, Redis's keys
+            name = fields.get("name") or fields.get("durable") or ""
+            arguments = ", ".join(
+                f"{k} {v}" for k, v in fields.items() if k not in {"name", "durable"}
+            )
         table.add_row(obj.kind, escape(name), escape(arguments))
     return table

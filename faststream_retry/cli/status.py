@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -20,7 +19,7 @@ from faststream_retry.cli._common import (
     Factory,
     Json,
     Prefix,
-    broker_of,
+    app_and_broker,
     examined,
     fail,
     out,
@@ -30,20 +29,15 @@ from faststream_retry.cli._common import (
 )
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.topology import looks_like_intake
-from faststream_retry.ops.app import load_app
-from faststream_retry.ops.common import OperationError, connect
+from faststream_retry.ops.common import OperationError, safe_broker_url
 from faststream_retry.ops.explanation import format_ms
-from faststream_retry.ops.management import vhost_of
-from faststream_retry.ops.status import status as gather
-from faststream_retry.rabbit.connection import safe_url
+from faststream_retry.ops.status_open import status_of
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from aio_pika.abc import AbstractConnection
     from rich.console import RenderableType
 
-    from faststream_retry.middleware.app import LoadedApp
     from faststream_retry.ops.status import Depth, Status
 
 __all__ = ["register"]
@@ -97,65 +91,52 @@ def status(
 
     Changes nothing on the broker. Exits 0 unless the broker or the app cannot be read.
     With --app, the app's own broker is read unless --url (or RABBITMQ_URL) says
-    otherwise.
+    otherwise. On NATS (--url nats://..., or a NatsBroker app) a row is a covered
+    subscriber's key (STREAM.DURABLE); on Redis (redis://...) a covered stream.
     """
-    loaded: LoadedApp | None = None
-    if app is not None:
-        try:
-            loaded = load_app(app, cwd=Path.cwd(), factory=factory)
-        except OperationError as exc:
-            fail(str(exc))
-    url, origin = broker_of(url, loaded)
-
-    ask = functools.partial(
-        gather,
-        queues=queues or [],
+    loaded, url, origin = app_and_broker(app, url, factory=factory)
+    once = functools.partial(
+        status_of,
+        url,
+        queues or [],
         app=loaded,
         management_url=management_url,
-        vhost=vhost_of(url),
         prefix=prefix,
     )
-
-    async def once() -> Status:
-        async with connect(url) as connection:
-            return await ask(connection)
-
     if not watch:
         found = run(once())
         if json:
-            print_json({**found.to_json(), "broker": safe_url(url)})
+            print_json({**found.to_json(), "broker": safe_broker_url(url)})
         else:
             out.print(_render(found, header=examined(url, origin)))
         return
     if json:
         fail("--watch shows a live table; leave out --json")
     try:
-        asyncio.run(_watch(url, ask, examined(url, origin)))
+        asyncio.run(_watch(once, examined(url, origin)))
     except KeyboardInterrupt:
         return  # Ctrl-C is how a watch ends: a success, and nothing was changed
     except OperationError as exc:
         fail(str(exc))
 
 
-async def _watch(
-    url: str, ask: Callable[[AbstractConnection], Awaitable[Status]], header: str
-) -> None:
+async def _watch(ask: Callable[[], Awaitable[Status]], header: str) -> None:
+    """Ask again every ``REFRESH_S``, on a connection of its own each time."""
     footer = f"refreshing every {REFRESH_S:g} s; Ctrl-C ends"
-    async with connect(url) as connection:
-        if not out.is_terminal:
-            # Piped or logged: Live would print only at the end; a snapshot per refresh
-            # makes a readable log instead.
-            while True:
-                found = await ask(connection)
-                rule(time.strftime("%H:%M:%S"))
-                out.print(_render(found, header=header))
-                out.file.flush()
-                await asyncio.sleep(REFRESH_S)
-        with Live(console=out, auto_refresh=False) as live:
-            while True:
-                found = await ask(connection)
-                live.update(_render(found, header=header, footer=footer), refresh=True)
-                await asyncio.sleep(REFRESH_S)
+    if not out.is_terminal:
+        # Piped or logged: Live would print only at the end; a snapshot per refresh
+        # makes a readable log instead.
+        while True:
+            found = await ask()
+            rule(time.strftime("%H:%M:%S"))
+            out.print(_render(found, header=header))
+            out.file.flush()
+            await asyncio.sleep(REFRESH_S)
+    with Live(console=out, auto_refresh=False) as live:
+        while True:
+            found = await ask()
+            live.update(_render(found, header=header, footer=footer), refresh=True)
+            await asyncio.sleep(REFRESH_S)
 
 
 def _count(found: Depth) -> str:
@@ -177,11 +158,15 @@ def _render(found: Status, header: str = "", footer: str | None = None) -> Rende
             _count(row.work),
             "" if row.work.consumers is None else str(row.work.consumers),
             "-" if intake else _count(row.retry),
-            "" if row.retry.consumers is None else str(row.retry.consumers),
+            "-"
+            if row.retry.consumers is None and found.system != "rabbitmq"
+            else ""
+            if row.retry.consumers is None
+            else str(row.retry.consumers),
             _count(row.dlq),
         )
     parts.append(queues if found.queues else Text("no work queues found"))
-    if found.tiers:
+    if found.tiers and found.prefix is not None:
         tiers = Table(
             title=f"delay tiers {found.prefix}.delay.<ms> (from {' and '.join(found.tiers_from)})",
             title_justify="left",

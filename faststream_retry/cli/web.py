@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import logging
 import secrets
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from faststream_retry.cli._common import AppUrl, Factory, Prefix, broker_of, err, examined, fail
+from faststream_retry.cli._common import (
+    AppUrl,
+    Factory,
+    Prefix,
+    app_and_broker,
+    err,
+    examined,
+    fail,
+)
 from faststream_retry.cli.status import (  # noqa: TC001 - typer reads them at runtime
     AppOption,
     ManagementUrl,
 )
 from faststream_retry.core.defaults import PREFIX
-from faststream_retry.ops.app import load_app
-from faststream_retry.ops.common import OperationError, is_nats_url, not_on_nats, safe_nats_url
 
 __all__ = ["register"]
 
@@ -75,7 +80,8 @@ def web(
 
     Read-only unless --allow-actions: then replay (one, a selection or a group, to
     its queue or another) and purge (typed confirmation), with the dlq commands'
-    guarantees. Each action is logged as one audit line.
+    guarantees. Each action is logged as one audit line. On NATS and Redis (--url
+    nats://... or redis://..., or the app's broker) a read consumes nothing.
     """
     try:
         import uvicorn  # noqa: PLC0415 - the web extra's
@@ -84,15 +90,7 @@ def web(
         from faststream_retry.web.guard import is_loopback  # noqa: PLC0415
     except ImportError as exc:
         fail(f"the page needs the web extra: pip install 'faststream-retry[web]' ({exc})")
-    loaded = None
-    if app is not None:
-        try:
-            loaded = load_app(app, cwd=Path.cwd(), factory=factory)
-        except OperationError as exc:
-            fail(str(exc))
-    url, origin = broker_of(url, loaded)
-    if is_nats_url(url):
-        fail(not_on_nats(f"the dead-letter page, given {safe_nats_url(url)},"))
+    loaded, url, origin = app_and_broker(app, url, factory=factory)
     if token is None and not is_loopback(host):
         token = secrets.token_urlsafe(24)
         err.print(f"a token for this page (not on loopback): {token}")

@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_URL",
     "OperationError",
     "amqp_of",
+    "broker_mismatch",
     "check_name",
     "connect",
     "exclusive",
@@ -33,6 +34,7 @@ __all__ = [
     "name_problem",
     "not_on_nats",
     "not_on_redis",
+    "safe_broker_url",
     "safe_nats_url",
     "safe_redis_url",
     "shown_name",
@@ -85,21 +87,45 @@ def safe_nats_url(url: str) -> str:
     return ",".join(shown)
 
 
-def not_on_nats(what: str) -> str:
-    """Say that ``what`` is not on NATS yet, and what is."""
+def safe_broker_url(url: str) -> str:
+    """Return ``url`` (AMQP, NATS or Redis) without its credentials: a NATS token goes whole."""
+    if is_nats_url(url) or is_redis_url(url):
+        return safe_nats_url(url)
+    return safe_url(url)
+
+
+def broker_mismatch(url: str, app: str, system: str) -> str | None:
+    """Why ``url`` is not the server of ``app``, whose broker is of ``system``; ``None``: it is.
+
+    ``system``: ``rabbitmq``, ``nats`` or ``redis``.
+    """
+    found = "nats" if is_nats_url(url) else "redis" if is_redis_url(url) else "rabbitmq"
+    if found == system:
+        return None
+    kinds = {"rabbitmq": "RabbitBroker", "nats": "NatsBroker", "redis": "RedisBroker"}
+    schemes = {"rabbitmq": "amqp://", "nats": "nats://", "redis": "redis://"}
     return (
-        f"{what} does not work on NATS yet (issue 39: the NATS JetStream transport); of "
-        "the faststream-retry commands only `doctor` and `dlq` do so far. Read the NATS "
-        "streams with the nats CLI meanwhile (nats stream ls; nats stream info <stream>)"
+        f"{app}'s broker is a {kinds[system]} and {safe_broker_url(url)} is not its kind of "
+        f"server: give the app's own ({schemes[system]}...) with --url, or leave --url out"
+    )
+
+
+def not_on_nats(what: str) -> str:
+    """Say that ``what`` is RabbitMQ's only, and what to use on NATS."""
+    return (
+        f"{what} works on RabbitMQ only: `migrate` moves a RabbitMQ queue to new "
+        "arguments, and NATS JetStream has no such queues (a stream's settings change with "
+        "the nats CLI: nats stream edit <stream>). On NATS, status, explain, doctor, dlq "
+        "and web take --url nats://... or the app"
     )
 
 
 def not_on_redis(what: str) -> str:
-    """Say that ``what`` is not on Redis yet, and what is."""
+    """Say that ``what`` is RabbitMQ's only, and what to use on Redis."""
     return (
-        f"{what} does not work on Redis yet (issue 40: the Redis Streams transport); of "
-        "the faststream-retry commands only `doctor` does so far. Read the dead letters "
-        "with redis-cli meanwhile (XLEN '{<stream>}.dlq'; XRANGE '{<stream>}.dlq' - + COUNT 10)"
+        f"{what} works on RabbitMQ only: `migrate` moves a RabbitMQ queue to new "
+        "arguments, and the plugin's Redis keys have none to change. On Redis, status, "
+        "explain, doctor, dlq and web take --url redis://... or the app"
     )
 
 
@@ -166,6 +192,8 @@ async def connect(
     """
     if is_nats_url(url):
         raise OperationError(not_on_nats(f"this command, given {safe_nats_url(url)},"))
+    if is_redis_url(url):
+        raise OperationError(not_on_redis(f"this command, given {safe_redis_url(url)},"))
     if not url.startswith(("amqp://", "amqps://")):
         raise OperationError(f"the broker's URL starts amqp:// or amqps://, got {safe_url(url)}")
     try:

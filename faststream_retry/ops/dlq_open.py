@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from faststream_retry.ops.dlq_store import Store
 
-__all__ = ["REDIS_SCHEMES", "is_store_url", "open_store"]
+__all__ = ["REDIS_SCHEMES", "count", "is_store_url", "open_store"]
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 """The URL schemes redis-py's ``from_url`` takes."""
@@ -25,6 +25,30 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 def is_store_url(url: str) -> bool:
     """Whether ``url`` names a NATS or Redis server (a ``Store``), not RabbitMQ."""
     return is_nats_url(url) or url.strip().lower().startswith(REDIS_SCHEMES)
+
+
+async def count(url: str, queue: str, *, prefix: str) -> int | None:
+    """How many dead letters ``queue`` names, reading none; ``None``: no dead-letter stream.
+
+    NATS: the dead-letter stream's info (``None`` when the stream does not exist); Redis:
+    ``XLEN``, 0 for a ``.dlq`` not made yet (the plugin makes it at the first dead letter).
+
+    Raises:
+        OperationError: the server cannot be reached, or the key is not a stream.
+    """
+    if is_nats_url(url):
+        from nats.js.errors import NotFoundError  # noqa: PLC0415 - needs nats-py
+
+        from faststream_retry.ops import nats_dlq  # noqa: PLC0415 - needs nats-py
+
+        async with nats_dlq.connect(url) as client:
+            stream = nats_dlq.NatsStore(client.jetstream(), queue, prefix)
+            try:
+                return await stream.total()
+            except NotFoundError:
+                return None
+    async with open_store(url, queue, prefix=prefix) as store:
+        return await store.total()
 
 
 @asynccontextmanager

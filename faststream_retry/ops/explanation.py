@@ -232,12 +232,13 @@ class QueueExplanation:
 
     ``covered`` False: every handler has retries off and nothing is declared for it.
     ``home_from_tier`` False (a queue declared with ``x-overflow`` ``reject-publish``):
-    a copy's last tier delivers it to ``.retry``, and the re-check consumer releases it.
+    a copy's last tier delivers it to ``.retry``, and the re-check consumer releases it;
+    ``None`` on NATS and Redis, where no tier delivers anywhere by itself.
     """
 
     queue: str
     covered: bool
-    home_from_tier: bool
+    home_from_tier: bool | None
     handlers: tuple[HandlerExplanation, ...]
     objects: tuple[Declared, ...]
 
@@ -254,17 +255,24 @@ class QueueExplanation:
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """What the plugin does for an application: see ``to_json`` for the stable shape."""
+    """What the plugin does for an application: see ``to_json`` for the stable shape.
+
+    ``system``: ``rabbitmq``, ``nats`` or ``redis``. What has no meaning on a broker is
+    ``None`` (``queue_type`` on NATS and Redis, ``prefix`` on Redis) or empty (Redis has
+    no tiers), and ``notes`` say what differs there.
+    """
 
     app: str
-    prefix: str
-    queue_type: str
+    prefix: str | None
+    queue_type: str | None
     tick_ms: int
     max_delay_ms: int
     tiers_ms: tuple[int, ...]
     shared: tuple[Declared, ...]
     """The tiers and the registry: declared once per broker, shared by every queue."""
     queues: tuple[QueueExplanation, ...]
+    system: str = "rabbitmq"
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """Return the explanation as JSON-able data, format ``FORMAT``.
@@ -274,16 +282,18 @@ class Explanation:
         """
         return {
             "format": FORMAT,
+            "system": self.system,
             "app": self.app,
             "prefix": self.prefix,
             "queue_type": self.queue_type,
             "tick_ms": self.tick_ms,
             "max_delay_ms": self.max_delay_ms,
             "tiers": [
-                {"name": tier_name(self.prefix, ttl), "ttl_ms": ttl} for ttl in self.tiers_ms
+                {"name": tier_name(self.prefix or "", ttl), "ttl_ms": ttl} for ttl in self.tiers_ms
             ],
             "shared_objects": [o.to_json() for o in self.shared],
             "queues": [q.to_json() for q in self.queues],
+            "notes": list(self.notes),
         }
 
 
@@ -458,12 +468,15 @@ def explain_plan(
     plan: Plan,
     default: RetryPolicy,
     subscribers: Sequence[tuple[Route, Sequence[str]]],
+    *,
+    declared: bool = True,
 ) -> Explanation:
     """Explain ``plan`` for the subscribers ``(route, handler names)`` of app ``app``.
 
     Subscribers of one queue are joined in order, as the plan joins them; queues are
     sorted by name, so the output does not depend on FastStream's order. A custom
-    ``Backoff`` whose ``delay_ms`` raises makes this raise too.
+    ``Backoff`` whose ``delay_ms`` raises makes this raise too. ``declared`` False: the
+    plan declares no RabbitMQ objects (NATS, Redis), and none are listed.
     """
     joined: dict[str, tuple[Route, list[str]]] = {}
     for route, names in subscribers:
@@ -481,7 +494,7 @@ def explain_plan(
             _handler(name, h.policy, default, plan.tiers, effective)
             for name, h in zip(names, effective.handlers, strict=True)
         )
-        objects = _queue_objects(plan, effective) if covered is not None else ()
+        objects = _queue_objects(plan, effective) if covered is not None and declared else ()
         queues.append(
             QueueExplanation(
                 queue, covered is not None, effective.home_from_tier, handlers, objects
@@ -494,6 +507,6 @@ def explain_plan(
         tick_ms=plan.tiers.tick_ms,
         max_delay_ms=plan.tiers.max_delay_ms,
         tiers_ms=plan.tiers.ttls_ms,
-        shared=_shared_objects(plan),
+        shared=_shared_objects(plan) if declared else (),
         queues=tuple(queues),
     )

@@ -105,19 +105,23 @@ class Status:
     ``queues_from``: ``arguments``, ``app`` or ``registry`` (plus ``management`` when
     its listing added queues). ``tiers_from``: ``app`` and/or ``management``; empty
     when the tiers could not be listed. ``notes`` say what the numbers cannot.
+    ``system``: ``rabbitmq``, ``nats`` or ``redis`` (``ops.nats_status``,
+    ``ops.redis_status``); ``prefix`` is ``None`` on Redis, whose keys have none.
     """
 
-    prefix: str
+    prefix: str | None
     queues_from: tuple[str, ...]
     tiers_from: tuple[str, ...]
     queues: tuple[QueueStatus, ...]
     tiers: tuple[TierStatus, ...]
     notes: tuple[str, ...]
+    system: str = "rabbitmq"
 
     def to_json(self) -> dict[str, Any]:
         """Return the status as JSON-able data, format ``FORMAT``."""
         return {
             "format": FORMAT,
+            "system": self.system,
             "prefix": self.prefix,
             "queues_from": list(self.queues_from),
             "tiers_from": list(self.tiers_from),

@@ -37,21 +37,11 @@ from starlette.staticfiles import StaticFiles
 
 from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.durations import format_ms
-from faststream_retry.core.topology import dlq_of, dlq_owner
 from faststream_retry.ops import dlq as ops
-from faststream_retry.ops.common import (
-    DEFAULT_URL,
-    OperationError,
-    connect,
-    name_problem,
-    shown_name,
-)
-from faststream_retry.ops.management import vhost_of
+from faststream_retry.ops.common import DEFAULT_URL, OperationError, shown_name
 from faststream_retry.ops.records import Selection, iso_time, moment, not_a_time
-from faststream_retry.ops.status import status as gather
 from faststream_retry.ops.wire import encode_value
-from faststream_retry.rabbit.connection import safe_url
-from faststream_retry.rabbit.probe import depth
+from faststream_retry.web.brokers import Broker, broker_for
 from faststream_retry.web.guard import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -136,10 +126,14 @@ def create_app(
     """Return the dead-letter page as an ASGI app, to serve or mount in your own.
 
     Args:
-        url: the broker (``amqp://``); each request opens a connection of its own.
+        url: the broker (``amqp://``, ``nats://`` or ``redis://``); each request opens a
+            connection of its own. On NATS and Redis a read consumes nothing
+            (``web.brokers``).
         app: the application whose queues to show (``faststream_retry.ops.load_app``);
-            without one, the queues the plugin's registry names.
-        management_url: RabbitMQ's management API, to find every ``.dlq`` and tier.
+            without one, the queues the plugin's registry names (RabbitMQ), or those
+            the server's streams and keys show (NATS, Redis).
+        management_url: RabbitMQ's management API, to find every ``.dlq`` and tier
+            (RabbitMQ only).
         allow_actions: replay and purge; without it the page only reads.
         token: required of every request (``/login?token=...`` sets a cookie). Without
             one, only clients on this machine are served, and only when
@@ -155,8 +149,8 @@ def create_app(
             does not know who its clients are, and serves only requests with the token.
 
     Raises:
-        ValueError: a host is not a name (``https://...``), or a trusted proxy is not an
-            address or a network.
+        ValueError: a host is not a name (``https://...``), a trusted proxy is not an
+            address or a network, or ``management_url`` was given for NATS or Redis.
     """
     odd = [h for h in hosts if not h or any(c in h for c in "/@?# ")]
     if odd:
@@ -316,7 +310,9 @@ def _checked_ids(ids: object, *, api: bool) -> frozenset[str]:
     return frozenset(ids)
 
 
-def _replay_input(data: dict[str, Any], *, api: bool) -> tuple[frozenset[str], str | None, bool]:
+def _replay_input(
+    data: dict[str, Any], broker: Broker, *, api: bool
+) -> tuple[frozenset[str], str | None, bool]:
     """Return a replay's ids, target (``None``: their own queue) and whether it is a dry run.
 
     Raises:
@@ -326,7 +322,7 @@ def _replay_input(data: dict[str, Any], *, api: bool) -> tuple[frozenset[str], s
     to = data.get("to") or None
     if to is not None and not isinstance(to, str):
         raise _BadInputError('bad request: "to" is a queue\'s name, or null')
-    if to is not None and (problem := name_problem(to)) is not None:
+    if to is not None and (problem := broker.target_problem(to)) is not None:
         raise _BadInputError(
             f"cannot replay to queue {shown_name(to)}: {problem}; nothing was replayed"
         )
@@ -341,6 +337,12 @@ class _Pages:
 
     def __init__(self, settings: _Settings) -> None:
         self.s = settings
+        self.b: Broker = broker_for(
+            settings.url,
+            app=settings.app,
+            management_url=settings.management_url,
+            prefix=settings.prefix,
+        )
         self.env = Environment(
             loader=FileSystemLoader(HERE / "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -371,6 +373,7 @@ class _Pages:
             csrf_field=CSRF_FIELD,
             actions=self.s.guard.actions,
             root=request.scope.get("root_path", ""),
+            system=self.b.system,
             **data,
         )
         response = HTMLResponse(html, status_code=status_code, headers=_PAGE_HEADERS)
@@ -396,17 +399,14 @@ class _Pages:
             return None
         return self._refused(request, refusal.why, api=api, status_code=refusal.status)
 
-    @staticmethod
-    def _queue(request: Request) -> str:
+    def _queue(self, request: Request) -> str:
         """The work queue a request names (by itself or by its ``.dlq``)."""
-        return dlq_owner(dlq_of(request.path_params["queue"]))
+        return self.b.work_queue(request.path_params["queue"])
 
     def _unnamed(self, request: Request, queue: str, *, api: bool) -> Response | None:
-        """A 404 when no queue can have ``queue``'s DLQ's name (``name_problem``), else None."""
-        dlq = dlq_of(queue)
-        if (problem := name_problem(dlq)) is None:
+        """A 404 when no dead letters can follow from ``queue``'s name, else None."""
+        if (why := self.b.problem(queue)) is None:
             return None
-        why = f"no queue {shown_name(dlq)} can exist: {problem}"
         return self._refused(request, why, api=api, status_code=404)
 
     def _trace_link(self, letter: DeadLetter) -> tuple[str | None, str | None]:
@@ -439,15 +439,7 @@ class _Pages:
         return response
 
     async def _gather(self) -> dict[str, Any]:
-        async with connect(self.s.url) as connection:
-            found = await gather(
-                connection,
-                app=self.s.app,
-                management_url=self.s.management_url,
-                vhost=vhost_of(self.s.url),
-                prefix=self.s.prefix,
-            )
-        data = found.to_json()
+        data = (await self.b.status()).to_json()
         self.history.record(data)
         return data
 
@@ -496,7 +488,7 @@ class _Pages:
             return refused
         try:
             # As `status --json` says it: which broker was read, without its password.
-            return _JSON({**await self._status(), "broker": safe_url(self.s.url)})
+            return _JSON({**await self._status(), "broker": self.b.shown_url()})
         except OperationError as exc:
             return _JSON({"error": str(exc)}, status_code=502)
 
@@ -508,7 +500,7 @@ class _Pages:
             else "read it (the button below) to see them"
         )
         return (
-            f"{shown_name(dlq_of(queue))} has not been read since the page started, or since "
+            f"{shown_name(self.b.dlq(queue))} has not been read since the page started, or since "
             f"a replay or a purge from the page changed it: {how}"
         )
 
@@ -529,12 +521,11 @@ class _Pages:
         if (refused := self._gate(request, api=False)) is not None:
             return refused
         queue = self._queue(request)
-        dlq = dlq_of(queue)
         if (unnamed := self._unnamed(request, queue, api=False)) is not None:
             return unnamed
+        dlq = self.b.dlq(queue)
         try:
-            async with connect(self.s.url) as connection:
-                now = await depth(connection, dlq)  # a passive declare: reads no message
+            now = await self.b.depth(queue)  # a count: reads no message
         except OperationError as exc:
             return self._refused(request, str(exc), api=False, status_code=502)
         if now is None:
@@ -548,7 +539,7 @@ class _Pages:
             queue=queue,
             dlq=dlq,
             read=read,
-            now=now.messages,
+            now=now,
             groups=read.groups if read is not None else [],
             total=len(letters),
             complete=read.outcome.complete if read is not None else True,
@@ -600,7 +591,7 @@ class _Pages:
                 read_queue=queue,
             )
         return self._render(
-            request, "group.html", queue=queue, dlq=dlq_of(queue), group=found, read=read[1]
+            request, "group.html", queue=queue, dlq=self.b.dlq(queue), group=found, read=read[1]
         )
 
     @staticmethod
@@ -619,7 +610,8 @@ class _Pages:
         if found is None:
             return self._refused(
                 request,
-                f"no dead letter {shown_name(key)} in the last read of {shown_name(dlq_of(queue))}",
+                f"no dead letter {shown_name(key)} in the last read of "
+                f"{shown_name(self.b.dlq(queue))}",
                 api=False,
                 status_code=404,
                 read_queue=queue,
@@ -630,7 +622,7 @@ class _Pages:
             request,
             "letter.html",
             queue=queue,
-            dlq=dlq_of(queue),
+            dlq=self.b.dlq(queue),
             letter=found,
             read=last,
             body=found.body.text,
@@ -651,7 +643,7 @@ class _Pages:
         key = self._key(request)
         found = read[1].letter(key)
         if found is None:
-            dlq = dlq_of(read[0])
+            dlq = self.b.dlq(read[0])
             why = f"no dead letter {shown_name(key)} in the last read of {shown_name(dlq)}"
             return _JSON({"error": why}, status_code=404)
         return _JSON(read[1].details(found))
@@ -667,19 +659,17 @@ class _Pages:
 
         async def run(job: Job | None) -> dict[str, Any]:
             keeper = self.reads.keeper()
-            async with connect(self.s.url) as connection:
-                found = await ops.list_dead_letters(
-                    connection,
-                    queue,
-                    limit=LIST_LIMIT,
-                    progress=None if job is None else job.progress,
-                    keep=keeper,
-                )
+            found = await self.b.list(
+                queue,
+                limit=LIST_LIMIT,
+                progress=None if job is None else job.progress,
+                keep=keeper,
+            )
             done = found.done
             audit(
                 "%s read %s: %d dead letter(s) kept of %d gone through%s",
                 who,
-                shown_name(dlq_of(queue)),
+                shown_name(self.b.dlq(queue)),
                 len(found.taken),
                 done.visited if done else 0,
                 "" if done is None or done.in_place else ", each republished to its tail",
@@ -691,7 +681,7 @@ class _Pages:
             try:
                 await run(None)
             except OperationError as exc:
-                audit("%s read %s failed: %s", who, shown_name(dlq_of(queue)), exc)
+                audit("%s read %s failed: %s", who, shown_name(self.b.dlq(queue)), exc)
                 return _JSON({"error": str(exc)}, status_code=409)
             got = self.reads.get(queue)
             return _JSON(got.listing() if got is not None else {})
@@ -721,13 +711,14 @@ class _Pages:
             spool.write(line.encode())
 
         try:
-            async with connect(self.s.url) as connection:
-                found = await ops.export_dead_letters(connection, queue, write)
+            found = await self.b.export(queue, write)
         except OperationError as exc:
             spool.close()
-            audit("%s export %s failed: %s", who, shown_name(dlq_of(queue)), exc)
+            audit("%s export %s failed: %s", who, shown_name(self.b.dlq(queue)), exc)
             return self._refused(request, str(exc), api=api, status_code=409)
-        audit("%s export %s: %d dead letter(s)", who, shown_name(dlq_of(queue)), len(found.taken))
+        audit(
+            "%s export %s: %d dead letter(s)", who, shown_name(self.b.dlq(queue)), len(found.taken)
+        )
         spool.seek(0)
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -737,7 +728,7 @@ class _Pages:
             finally:
                 spool.close()
 
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", dlq_of(queue))[:200]
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", self.b.dlq(queue))[:200]
         return StreamingResponse(
             chunks(),
             media_type="application/x-ndjson",
@@ -828,7 +819,7 @@ class _Pages:
             return asked
         data, api, queue = asked
         try:
-            ids, to, dry_run = _replay_input(data, api=api)
+            ids, to, dry_run = _replay_input(data, self.b, api=api)
         except _BadInputError as exc:
             return self._refused(request, str(exc), api=api, status_code=exc.status)
         if not ids:
@@ -844,16 +835,14 @@ class _Pages:
 
         async def run(job: Job | None) -> dict[str, Any]:
             try:
-                async with connect(self.s.url) as connection:
-                    outcome = await ops.replay_dead_letters(
-                        connection,
-                        queue,
-                        selection=Selection(ids=ids),
-                        to=to,
-                        dry_run=dry_run,
-                        rate=RATE,
-                        progress=None if job is None else job.progress,
-                    )
+                outcome = await self.b.replay(
+                    queue,
+                    selection=Selection(ids=ids),
+                    to=to,
+                    dry_run=dry_run,
+                    rate=RATE,
+                    progress=None if job is None else job.progress,
+                )
             finally:
                 if not dry_run:
                     self.reads.forget(queue, f"a replay from this page at {_now_text()}")
@@ -861,7 +850,7 @@ class _Pages:
             audit(
                 "%s replay %s -> %s: %d of %d named%s",
                 who,
-                shown_name(dlq_of(queue)),
+                shown_name(self.b.dlq(queue)),
                 shown_name(outcome.target or ""),
                 moved,
                 len(ids),
@@ -877,11 +866,11 @@ class _Pages:
         if isinstance(asked, Response):
             return asked
         data, api, queue = asked
-        if data.get("confirm") != dlq_of(queue):
+        if data.get("confirm") != self.b.dlq(queue):
             why = (
-                f'bad request: "confirm" must be the queue\'s name, {dlq_of(queue)}'
+                f'bad request: "confirm" must be the queue\'s name, {self.b.dlq(queue)}'
                 if api
-                else f"type the queue's name, {dlq_of(queue)}, to confirm the purge"
+                else f"type the queue's name, {self.b.dlq(queue)}, to confirm the purge"
             )
             return self._refused(request, plain(why), api=api, status_code=400)
         try:
@@ -892,19 +881,17 @@ class _Pages:
 
         async def run(job: Job | None) -> dict[str, Any]:
             try:
-                async with connect(self.s.url) as connection:
-                    outcome = await ops.purge_dead_letters(
-                        connection,
-                        queue,
-                        selection=Selection(ids=ids) if ids else None,
-                        progress=None if job is None else job.progress,
-                    )
+                outcome = await self.b.purge(
+                    queue,
+                    selection=Selection(ids=ids) if ids else None,
+                    progress=None if job is None else job.progress,
+                )
             finally:
                 self.reads.forget(queue, f"a purge from this page at {_now_text()}")
             audit(
                 "%s purge %s: %d removed (%s)",
                 who,
-                shown_name(dlq_of(queue)),
+                shown_name(self.b.dlq(queue)),
                 len(outcome.taken),
                 f"{len(ids)} named" if ids else "all",
             )
@@ -943,7 +930,7 @@ class _Pages:
         if found is None:
             return self._refused(request, "no such job (any more)", api=False, status_code=404)
         return self._render(
-            request, "job.html", job=found, queue=found.queue, dlq=dlq_of(found.queue)
+            request, "job.html", job=found, queue=found.queue, dlq=self.b.dlq(found.queue)
         )
 
     async def api_job(self, request: Request) -> Response:

@@ -1,5 +1,5 @@
-"""The operator commands on a Redis app, before any connection: ``doctor`` takes it (and a
-``redis://`` URL alone); the others say they are not on Redis yet, never with a traceback."""
+"""The operator commands on a Redis app, before any server answers: each takes it (``doctor``
+also a ``redis://`` URL alone); ``migrate``, RabbitMQ's only, says so; never a traceback."""
 
 from __future__ import annotations
 
@@ -28,22 +28,25 @@ async def handle(body: str) -> None: ...
 """
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("status", "--app", "redisapp:broker"),
-        ("explain", "redisapp:broker"),
-        ("web", "--app", "redisapp:broker"),
-    ],
-    ids=lambda args: " ".join(args[:2]),
-)
-def test_a_command_not_on_redis_yet_says_so(tmp_path: Path, args: tuple[str, ...]) -> None:
-    """Exit 3, one line that names issue 40 and the one command that works; no password."""
-    (tmp_path / "redisapp.py").write_text(APP)
-    done = command(tmp_path, *args)
+def test_migrate_is_rabbitmqs_only_and_says_what_to_use(tmp_path: Path) -> None:
+    """Exit 3, one line: why migrate has no meaning on Redis, and the commands that do work."""
+    done = command(
+        tmp_path, "migrate", "orders", "--queue-type", "classic", "--url",
+        "redis://:secret@127.0.0.1:1", "--yes",
+    )  # fmt: skip
     assert done.returncode == 3, done.stderr
-    assert "does not work on Redis yet (issue 40" in done.stderr
-    assert "only `doctor` does" in done.stderr
+    assert "works on RabbitMQ only" in done.stderr
+    assert "status, explain, doctor, dlq and web take --url redis://" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "secret" not in done.stderr
+
+
+def test_status_of_the_apps_own_server_not_there_is_one_line(tmp_path: Path) -> None:
+    """status reads the app's RedisBroker(url) (not RABBITMQ_URL): not there, exit 3, no password."""
+    (tmp_path / "redisapp.py").write_text(APP)
+    done = command(tmp_path, "status", "--app", "redisapp:broker", "--json")
+    assert done.returncode == 3, done.stderr
+    assert "127.0.0.1:1" in done.stderr
     assert "Traceback" not in done.stderr
     assert "secret" not in done.stderr
 
