@@ -113,7 +113,7 @@ if refused then return refused end
 local outcome = 1
 if not pending(KEYS[1], ARGV[1], ARGV[2]) then
   if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then
-    return {3, tonumber(redis.call('ZSCORE', KEYS[2], ARGV[3]))}
+    return {3, tonumber(redis.call('ZSCORE', KEYS[2], ARGV[3]) or 0)}
   end
   if present(KEYS[1], ARGV[2]) then return {0, -1} end
   outcome = 2
