@@ -7,10 +7,9 @@ eviction policy, which may drop a schedule or a dead-letter stream when memory i
 full; a read-only replica; and a covered stream read by more than one consumer group:
 a copy goes back into the stream, and every group reads it, so the groups that
 handled the message well would handle it again. ``noeviction`` (Redis' default) is
-fine: a full server refuses new messages, still lets a step through whole (a script
-that has written, here its copy, may finish past ``maxmemory``, so a step is never
-half done), and refuses the mover's ``XADD``, so copies wait in the schedule until
-memory is freed.
+fine: a full server refuses new messages and a retry step whole (its entry stays
+pending), lets a dead-letter step through whole (``lua``), and refuses the mover's
+``XADD``, so copies wait in the schedule until memory is freed.
 Everything is read with ``INFO``, ``EVAL`` and ``XINFO GROUPS``; ``CONFIG`` (often
 renamed or denied on managed services) is not needed.
 """

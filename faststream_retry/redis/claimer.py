@@ -142,7 +142,8 @@ class Claimer:
         self._settle = settle
         self._unsettled: set[str] = set()
         self._interval_s = min(5.0, max(0.1, idle_ms / 4000))
-        self._tasks: list[asyncio.Task[None]] = []
+        self._alive: asyncio.Task[None] | None = None
+        self._claiming: asyncio.Task[None] | None = None
         self._abandoned: dict[str, set[str]] = {}
         self._reading: dict[tuple[str, str], _Reading] = {}
         self.claimed = 0
@@ -155,19 +156,56 @@ class Claimer:
 
         Two tasks, so that settling a large claim never delays the keep-alive.
         """
-        if self._tasks:
+        if self._alive is not None or self._claiming is not None:
             return
         if self._own:
-            self._tasks.append(
-                asyncio.create_task(self._keep_alive(), name="faststream-retry alive")
-            )
+            self._alive = asyncio.create_task(self._keep_alive(), name="faststream-retry alive")
         if self._targets:
-            self._tasks.append(asyncio.create_task(self._run(), name="faststream-retry claimer"))
+            self._claiming = asyncio.create_task(self._run(), name="faststream-retry claimer")
+
+    async def stop_claiming(self) -> None:
+        """Claim nothing more; own entries are still kept alive, for handlers still running."""
+        claiming, self._claiming = self._claiming, None
+        if claiming is not None:
+            await stop_tasks([claiming])
 
     async def stop(self) -> None:
-        """Stop; an entry claimed and not yet settled is claimed again later."""
-        tasks, self._tasks = self._tasks, []
-        await stop_tasks(tasks)
+        """Stop both; an entry claimed and not yet settled is claimed again later."""
+        alive, self._alive = self._alive, None
+        await self.stop_claiming()
+        if alive is not None:
+            await stop_tasks([alive])
+
+    @property
+    def own(self) -> tuple[tuple[StreamKeys, str, str], ...]:
+        """``(keys, group, consumer)`` per subscriber of this replica."""
+        return self._own
+
+    async def unstarted(self, keys: StreamKeys, group: str, consumer: str) -> list[str]:
+        """Return ``consumer``'s pending entries this replica read and no handler started.
+
+        Those delivered since this replica began, above the last entry a handler started
+        and held by none: the rest of a read, at a stop once the handlers drained.
+        """
+        uptime_ms = (time.monotonic() - self._born) * 1000
+        reading = self._reading.get((keys.stream, consumer), _Reading())
+        start: bytes | str = "-"
+        found: list[str] = []
+        while True:
+            rows: list[dict[str, Any]] = await self._client.xpending_range(
+                keys.stream, group, min=start, max="+", count=_PAGE, consumername=consumer
+            )
+            for row in rows:
+                entry_id = _str(row["message_id"])
+                if (
+                    row["time_since_delivered"] < uptime_ms
+                    and entry_id not in reading.held
+                    and (reading.last is None or _order(entry_id) > reading.last)
+                ):
+                    found.append(entry_id)
+            if len(rows) < _PAGE:
+                return found
+            start = "(" + _str(rows[-1]["message_id"])
 
     def abandon(self, stream: str, entry_id: str) -> None:
         """Stop keeping ``entry_id`` of ``stream`` alive: it is left to grow idle and be claimed."""
@@ -247,11 +285,15 @@ class Claimer:
         """Claim and settle every entry of ``group`` idle for ``idle_ms``; return how many."""
         start: bytes | str = "0-0"
         claimed = 0
+        trimmed = 0
         while True:
             reply = await self._client.xautoclaim(
                 keys.stream, group, self._consumer, self._idle_ms, start, count=_COUNT
             )
             start, entries = reply[0], reply[1]
+            # Redis 7.0+: ids pending here but gone from the stream, which XAUTOCLAIM has
+            # just dropped from the pending list, idle or not.
+            trimmed += len(reply[2]) if len(reply) > 2 else 0
             for entry_id, fields in entries:
                 if fields is None:  # deleted from the stream while pending (Redis 6.2)
                     continue
@@ -276,6 +318,16 @@ class Claimer:
                         )
             if _str(start) == "0-0":
                 self.claimed += claimed
+                if trimmed:
+                    logger.warning(
+                        "%d entries of %s were pending in group %s but gone from the stream "
+                        "(trimmed by MAXLEN or deleted): dropped from the pending list. A "
+                        "handler still holding one settles it from its copy; any other is "
+                        "lost. Keep a covered stream's MAXLEN above its backlog",
+                        trimmed,
+                        keys.stream,
+                        group,
+                    )
                 return claimed
 
     async def _run(self) -> None:

@@ -7,16 +7,26 @@ the one consumer group that reads it, and runs a mover and a claimer beside the 
   it unless that was done, then starts the mover (due copies back to their streams) and,
   when ``claim_idle_ms`` is set, the claimer (dead consumers' entries, and the keep-alive
   of this replica's own: ``own_consumers``, whose names must be this replica's alone, the
-  engine built before the subscribers start reading). ``await engine.stop()`` stops both.
+  engine built before the subscribers start reading). At a stop, ``await
+  engine.stop_claiming()`` first (the claimer takes nothing more, the mover stops), then,
+  once the app's handlers drained, ``await engine.release()`` (this replica's entries
+  read and never handed to a handler are delivered afresh, no attempt spent) and ``await
+  engine.stop()`` (the keep-alive last: a handler still draining is never claimed).
 - ``await engine.retry_later(entry, delay_ms=..., headers=...)`` settles a failed
   delivery: it acknowledges the entry and schedules its copy with ``headers``
   (``core.headers.retry_headers(...)``) ``delay_ms`` from the server's now, in one
-  script. It returns the due time, or ``None`` when the entry was no longer pending
-  (settled by another consumer): then nothing was scheduled.
+  script. It returns the due time, or ``None`` when another consumer had settled the
+  entry: then nothing was scheduled. An entry trimmed from the stream (``MAXLEN``,
+  ``XDEL``) while its handler held it is scheduled from the handler's copy, with a
+  warning; a step run again after its reply was lost finds its copy and returns its due.
 - ``await engine.dead_letter(entry, headers=...)`` acknowledges it and adds it to
   ``P.dlq`` with ``headers`` (``core.headers.dead_letter_headers(...)``), capped near
-  ``dlq_maxlen``; ``False`` when it was no longer pending. A letter whose headers the
-  format cannot hold is made lean (``steps.fitted``), never refused.
+  ``dlq_maxlen``; ``False`` when another consumer had settled it. A letter whose headers
+  the format cannot hold is made lean (``steps.fitted``), never refused.
+- ``await engine.dead_letter_invalid(entry, exc)``: an entry whose copy could not be
+  built at all (``exc``, raised building it) is dead-lettered as ``invalid`` with a
+  minimal letter (``steps.invalid_letter``: its raw bytes, the retry state), which
+  cannot fail.
 - ``with engine.holding(stream, consumer, entry_id):`` wraps each handler's call (its
   failure's step included): the claimer keeps alive only what this replica's handlers
   hold, and the rest of a read still waiting for them (``claimer.Claimer``).
@@ -37,6 +47,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import RedisError
+
 from faststream_retry.core import headers as h
 from faststream_retry.core.events import Reason, RetryEvent
 from faststream_retry.core.policy import RetryPolicy
@@ -46,7 +58,7 @@ from faststream_retry.redis.checks import Server, check_server
 from faststream_retry.redis.claimer import CONSUMER_LOST, Claimer, claimed_step
 from faststream_retry.redis.envelope import EnvelopeTooLarge
 from faststream_retry.redis.keys import StreamKeys, stream_keys
-from faststream_retry.redis.lua import Scripts
+from faststream_retry.redis.lua import ALREADY_WRITTEN, FROM_MEMORY, SETTLED_ELSEWHERE, Scripts
 from faststream_retry.redis.mover import Mover
 
 if TYPE_CHECKING:
@@ -127,7 +139,7 @@ class RedisRetryEngine:
         self.mover = Mover(
             client,
             self._scripts,
-            list(self._keys.values()),
+            [(self._keys[s], g) for s, g in groups.items()],
             batch=batch,
             cap_s=cap_s,
             tick_ms=tick_ms,
@@ -170,29 +182,76 @@ class RedisRetryEngine:
         if self.claimer is not None:
             self.claimer.start()
 
+    async def stop_claiming(self) -> None:
+        """Claim nothing more and stop the mover; this replica's entries are still kept alive."""
+        if self.claimer is not None:
+            await self.claimer.stop_claiming()
+        await self.mover.stop()
+
+    async def release(self) -> int:
+        """Deliver afresh this replica's pending entries no handler started; return how many.
+
+        Called once the app's handlers drained, at a graceful stop: the rest of a read
+        (FastStream reads a whole backlog at once) is added again unchanged and
+        acknowledged, one script per entry (``lua.RELEASE``), so no attempt is spent on
+        it; left pending, each would be claimed ``claim_idle`` later as a lost attempt.
+        """
+        if self.claimer is None:
+            return 0
+        released = 0
+        for keys, group, consumer in self.claimer.own:
+            for entry_id in await self.claimer.unstarted(keys, group, consumer):
+                done = await self._scripts.release(
+                    keys=[keys.stream], args=[group, consumer, entry_id]
+                )
+                released += int(done)
+        if released:
+            logger.info(
+                "released %d entries read and never handed to a handler: delivered again",
+                released,
+            )
+        return released
+
     async def stop(self) -> None:
         """Stop the mover and the claimer; waiting copies stay in Redis for the next start."""
+        await self.stop_claiming()
         if self.claimer is not None:
             await self.claimer.stop()
-        await self.mover.stop()
 
     async def retry_later(
         self, entry: StreamEntry, *, delay_ms: int, headers: Mapping[str, Any]
     ) -> int | None:
         """Acknowledge ``entry`` and schedule its copy; see the module docstring."""
-        return await steps.retry_later(
+        outcome, due = await steps.retry_later(
             self._scripts, self.keys(entry.stream), entry, delay_ms=delay_ms, headers=headers
         )
+        _say(outcome, entry, "its copy was scheduled")
+        return None if outcome == SETTLED_ELSEWHERE else due
 
     async def dead_letter(self, entry: StreamEntry, *, headers: Mapping[str, Any]) -> bool:
         """Acknowledge ``entry`` and dead-letter it; see the module docstring."""
-        return await steps.dead_letter(
+        outcome = await steps.dead_letter(
             self._scripts,
             self.keys(entry.stream),
             entry,
             headers=headers,
             maxlen=self._dlq_maxlen,
         )
+        _say(outcome, entry, "its dead letter was added")
+        return outcome != SETTLED_ELSEWHERE
+
+    async def dead_letter_invalid(self, entry: StreamEntry, exc: BaseException) -> bool:
+        """Dead-letter ``entry`` as ``invalid`` with a letter that cannot fail to build."""
+        headers = steps.invalid_headers(entry, exc, now_ms=h.now_ms())
+        return await self._place_invalid(entry, headers)
+
+    async def _place_invalid(self, entry: StreamEntry, headers: Mapping[str, Any]) -> bool:
+        letter = steps.invalid_letter(entry, headers)
+        outcome = await steps.place_letter(
+            self._scripts, self.keys(entry.stream), entry, letter, maxlen=self._dlq_maxlen
+        )
+        _say(outcome, entry, "its dead letter was added")
+        return outcome != SETTLED_ELSEWHERE
 
     def holding(
         self, stream: str, consumer: str, entry_id: str
@@ -214,35 +273,24 @@ class RedisRetryEngine:
 
     async def _settle_claimed(self, entry: StreamEntry) -> None:
         assert self._claim_idle_ms is not None  # noqa: S101 - only the claimer calls it
-        incoming = entry.incoming_headers()
-        now = h.now_ms()
-        step = claimed_step(
-            incoming,
-            stream=entry.stream,
-            policy=self._policies.get(entry.stream, self._policy),
-            idle_ms=self._claim_idle_ms,
-            now_ms=now,
-        )
-        dead = step.dead_letter
-        headers = step.headers
-        if dead:
-            done = await self.dead_letter(entry, headers=headers)
-        else:
-            try:
-                due = await self.retry_later(entry, delay_ms=step.delay_ms, headers=step.headers)
-                done = due is not None
-            except EnvelopeTooLarge:  # its own headers leave the copy no room
-                dead = True
-                headers = steps.too_large_headers(
-                    incoming,
-                    stream=entry.stream,
-                    attempt=h.read_attempt(step.headers),
-                    now_ms=now,
-                    cause=CONSUMER_LOST,
-                )
-                done = await self.dead_letter(entry, headers=headers)
+        try:
+            dead, done, headers = await self._settle_lost(entry, self._claim_idle_ms)
+        except (RedisError, OSError):
+            raise
+        except Exception as exc:  # bytes no copy can be built from
+            logger.warning(
+                "entry %s of %s claimed from a lost consumer: its copy could not be built "
+                "(%s): dead-lettered as invalid, its bytes as they were",
+                entry.id,
+                entry.stream,
+                h.exception_name(exc),
+            )
+            headers = steps.invalid_headers(entry, exc, now_ms=h.now_ms())
+            dead, done = True, await self._place_invalid(entry, headers)
         if dead and done and self._reporter is not None:
-            self._reporter.report(self._claimed_dead_letter(entry, incoming, headers))
+            self._reporter.report(
+                self._claimed_dead_letter(entry, entry.incoming_headers(), headers)
+            )
         logger.info(
             "claimed %s of %s from a consumer gone for %d ms: %s",
             entry.id,
@@ -270,4 +318,52 @@ class RedisRetryEngine:
             exception=str(headers[h.EXCEPTION]),
             error=str(headers[h.ERROR]),
             dlq=self.keys(entry.stream).dlq,
+        )
+
+    async def _settle_lost(
+        self, entry: StreamEntry, idle_ms: int
+    ) -> tuple[bool, bool, Mapping[str, Any]]:
+        """Settle a claimed entry as a lost attempt: whether dead-lettered, done, its headers."""
+        incoming = entry.incoming_headers()
+        now = h.now_ms()
+        step = claimed_step(
+            incoming,
+            stream=entry.stream,
+            policy=self._policies.get(entry.stream, self._policy),
+            idle_ms=idle_ms,
+            now_ms=now,
+        )
+        if step.dead_letter:
+            return True, await self.dead_letter(entry, headers=step.headers), step.headers
+        try:
+            due = await self.retry_later(entry, delay_ms=step.delay_ms, headers=step.headers)
+        except EnvelopeTooLarge:  # its own headers leave the copy no room
+            headers = steps.too_large_headers(
+                incoming,
+                stream=entry.stream,
+                attempt=h.read_attempt(step.headers),
+                now_ms=now,
+                cause=CONSUMER_LOST,
+            )
+            return True, await self.dead_letter(entry, headers=headers), headers
+        return False, due is not None, step.headers
+
+
+def _say(outcome: int, entry: StreamEntry, done: str) -> None:
+    """Log the outcomes of a step that are not the plain one."""
+    if outcome == FROM_MEMORY:
+        logger.warning(
+            "entry %s of %s was gone from the stream when its failure was settled (trimmed "
+            "by MAXLEN or deleted while a handler held it): %s from the handler's copy. "
+            "Keep a covered stream's MAXLEN above its backlog",
+            entry.id,
+            entry.stream,
+            done,
+        )
+    elif outcome == ALREADY_WRITTEN:
+        logger.info(
+            "entry %s of %s: %s already, by this same step (run again after its reply was lost)",
+            entry.id,
+            entry.stream,
+            done,
         )

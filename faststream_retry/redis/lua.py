@@ -1,4 +1,4 @@
-"""The three atomic steps, each one Lua script on the keys of one hash slot.
+"""The atomic steps, each one Lua script on the keys of one hash slot.
 
 Sent by ``EVALSHA``; a server that does not know a script (restarted, failed over,
 ``SCRIPT FLUSH``) answers ``NOSCRIPT`` and redis-py's ``AsyncScript`` loads it and runs it
@@ -6,17 +6,31 @@ again. Every time is the server's (``TIME``), so replicas with skewed clocks agr
 what is due. Times are integer milliseconds.
 
 ``RETRY_LATER``  KEYS stream, schedule, data; ARGV group, entry id, copy id, copy,
-                 delay ms, wake channel. When the entry is not pending in the group
-                 (another consumer settled it, or it was never delivered) return -1 and
-                 do nothing. Else store the copy, score it ``now + delay``, ``XACK``
-                 the entry, nudge the movers when it is the new head, and return its
-                 due time.
+                 delay ms, wake channel. Return ``{outcome, due ms}``. When the entry is
+                 pending in the group: store the copy, score it ``now + delay``, ``XACK``
+                 the entry, nudge the movers when it is the new head (``WRITTEN``).
+                 When it is not pending: this very copy already stored (a script run
+                 again after its reply was lost) is ``ALREADY_WRITTEN``, nothing done; an
+                 entry still in the stream was settled by another consumer
+                 (``SETTLED_ELSEWHERE``, nothing done); an entry gone from the stream
+                 (the producer's ``MAXLEN``, an ``XDEL``: a claimer's ``XAUTOCLAIM`` or
+                 ``XCLAIM`` then drops it from the pending list too) exists only in the
+                 caller's memory, and its copy is stored from it (``FROM_MEMORY``).
 ``DEAD_LETTER``  KEYS stream, dlq; ARGV group, entry id, letter, maxlen (0: no cap).
-                 When the entry is not pending return 0; else ``XADD`` the letter to
-                 the dead-letter stream, ``XACK`` the entry and return 1.
-``MOVE``         KEYS stream, schedule, data; ARGV batch. Up to ``batch`` copies due by
-                 now: ``XADD`` each to the stream, remove it from the schedule and the
-                 data. Return ``{moved, head due ms or -1, now ms}``.
+                 Return the outcome: ``XADD`` the letter to the dead-letter stream and
+                 ``XACK`` the entry when it is pending; when not, the same three cases
+                 (this letter among the dead-letter stream's last 100, the entry still
+                 in the stream, or gone and written from memory).
+``MOVE``         KEYS stream, schedule, data; ARGV batch, group. Up to ``batch`` copies
+                 due by now: ``XADD`` each to the stream, remove it from the schedule and
+                 the data. Return ``{moved, head due ms or -1, now ms, group missing}``.
+                 A stream without the group (deleted by an operator) gets nothing: a
+                 group made again starts at ``$``, behind any copy added meanwhile, so
+                 the copies wait in the schedule.
+``RELEASE``      KEYS stream; ARGV group, consumer, entry id. An entry still pending for
+                 ``consumer`` (read, never handed to a handler) is added again unchanged
+                 and acknowledged: delivered afresh, no attempt spent. Return 1, or 0
+                 when it is not pending there or not in the stream.
 
 Redis does not undo a script's writes when a later command of it fails, so each
 settling script writes the copy or letter first and acknowledges the entry last: a
@@ -37,18 +51,40 @@ if TYPE_CHECKING:
 
     from faststream_retry.redis.client import Client
 
-__all__ = ["DEAD_LETTER", "MOVE", "RETRY_LATER", "Scripts"]
+__all__ = [
+    "ALREADY_WRITTEN",
+    "DEAD_LETTER",
+    "FROM_MEMORY",
+    "MOVE",
+    "RELEASE",
+    "RETRY_LATER",
+    "SETTLED_ELSEWHERE",
+    "WRITTEN",
+    "Scripts",
+]
+
+SETTLED_ELSEWHERE = 0
+"""The entry was not pending and is still in the stream: another consumer settled it."""
+WRITTEN = 1
+"""The entry was pending: the copy or letter written, the entry acknowledged."""
+FROM_MEMORY = 2
+"""The entry was gone from the stream (MAXLEN, XDEL): written from the caller's copy."""
+ALREADY_WRITTEN = 3
+"""This very copy or letter was already written: the script ran again (a lost reply)."""
 
 _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# A settling script writes under maxmemory too (noeviction): it moves what is already
-# stored, and refusing it would leave a failed entry pending until it is claimed. Redis
-# 7.0 and Valkey 7.2 read a script's flags from its first line; with none, a script's
-# first write decides, and a copy written before the XACK would be refused.
+# A dead letter is written under maxmemory too (noeviction): refused, a failed entry
+# whose attempts are spent would stay pending and be claimed again and again. A retry
+# is not: refused, its entry stays pending (nothing lost), and a full server does not
+# grow by a copy per failing entry of the backlog. Redis 7.0 and Valkey 7.2 read a
+# script's flags from its first line; with a first line and no flags, the server refuses
+# the whole script at once under maxmemory, before any write.
 _SETTLING = "#!lua flags=allow-oom\n"
+_RETRYING = "#!lua\n"
 
 _GUARD = """
 local function expect(key, kind)
@@ -62,15 +98,26 @@ end
 local function pending(stream, group, id)
   return #redis.call('XPENDING', stream, group, id, id, 1) > 0
 end
+-- Is the entry still in the stream (not trimmed by MAXLEN, not deleted)?
+local function present(stream, id)
+  return #redis.call('XRANGE', stream, id, id) > 0
+end
 """
 
 RETRY_LATER = (
-    _SETTLING
+    _RETRYING
     + _GUARD
     + """
 local refused = expect(KEYS[2], 'zset') or expect(KEYS[3], 'hash')
 if refused then return refused end
-if not pending(KEYS[1], ARGV[1], ARGV[2]) then return -1 end
+local outcome = 1
+if not pending(KEYS[1], ARGV[1], ARGV[2]) then
+  if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then
+    return {3, tonumber(redis.call('ZSCORE', KEYS[2], ARGV[3]) or 0)}
+  end
+  if present(KEYS[1], ARGV[2]) then return {0, -1} end
+  outcome = 2
+end
 """
     + _NOW
     + """
@@ -80,7 +127,7 @@ redis.call('ZADD', KEYS[2], due, ARGV[3])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 local head = redis.call('ZRANGE', KEYS[2], 0, 0)
 if head[1] == ARGV[3] then redis.call('PUBLISH', ARGV[6], due) end
-return due
+return {outcome, due}
 """
 )
 
@@ -90,20 +137,34 @@ DEAD_LETTER = (
     + """
 local refused = expect(KEYS[2], 'stream')
 if refused then return refused end
-if not pending(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
+local outcome = 1
+if not pending(KEYS[1], ARGV[1], ARGV[2]) then
+  for _, row in ipairs(redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 100)) do
+    local fields = row[2]
+    if fields[1] == '__data__' and fields[2] == ARGV[3] then return 3 end
+  end
+  if present(KEYS[1], ARGV[2]) then return 0 end
+  outcome = 2
+end
 if tonumber(ARGV[4]) > 0 then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', '__data__', ARGV[3])
 else
   redis.call('XADD', KEYS[2], '*', '__data__', ARGV[3])
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return 1
+return outcome
 """
 )
 
 MOVE = (
     _NOW
     + """
+local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local next_due = -1
+if head[2] then next_due = tonumber(head[2]) end
+if type(redis.pcall('XPENDING', KEYS[1], ARGV[2])['err']) == 'string' then
+  return {0, next_due, now, 1}
+end
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 for _, id in ipairs(due) do
   local copy = redis.call('HGET', KEYS[3], id)
@@ -111,21 +172,34 @@ for _, id in ipairs(due) do
   redis.call('ZREM', KEYS[2], id)
   redis.call('HDEL', KEYS[3], id)
 end
-local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-local next_due = -1
+head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+next_due = -1
 if head[2] then next_due = tonumber(head[2]) end
-return {#due, next_due, now}
+return {#due, next_due, now, 0}
 """
 )
 
+# Lua's unpack takes a few thousand values at most: an entry with more fields than that
+# is left pending, to be claimed as its stopped reader's would be.
+RELEASE = """
+local rows = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
+if #rows == 0 then return 0 end
+local found = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
+if #found == 0 or #found[1][2] == 0 or #found[1][2] > 7000 then return 0 end
+redis.call('XADD', KEYS[1], '*', unpack(found[1][2]))
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+
 
 class Scripts:
-    """The three scripts, registered on one client (``EVALSHA``, loaded again on ``NOSCRIPT``)."""
+    """The scripts, registered on one client (``EVALSHA``, loaded again on ``NOSCRIPT``)."""
 
-    __slots__ = ("dead_letter", "move", "retry_later")
+    __slots__ = ("dead_letter", "move", "release", "retry_later")
 
     def __init__(self, client: Client) -> None:
         """Register the scripts on ``client``; nothing is sent until one runs."""
         self.retry_later: AsyncScript = client.register_script(RETRY_LATER)
         self.dead_letter: AsyncScript = client.register_script(DEAD_LETTER)
         self.move: AsyncScript = client.register_script(MOVE)
+        self.release: AsyncScript = client.register_script(RELEASE)

@@ -8,6 +8,10 @@ becomes the new head), and at most ``cap_s``: a nudge lost while the mover recon
 costs that much lateness, never an early copy. ``tick_ms`` sleeps that much past the
 head, to move a burst in batches rather than a copy per wake (fewer scripts, and under
 ``appendfsync always`` fewer fsyncs) for at most that much more lateness.
+
+A stream whose group is missing (an operator's ``XGROUP DESTROY`` or ``DEL``) gets no
+copies: a group made again starts at ``$``, and a copy added before it would never be
+read. They wait in the schedule, said once until the group is back, and move when it is.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class Mover:
         self,
         client: Client,
         scripts: Scripts,
-        streams: Sequence[StreamKeys],
+        streams: Sequence[tuple[StreamKeys, str]],
         *,
         batch: int = 100,
         cap_s: float = 5.0,
@@ -54,7 +58,9 @@ class Mover:
         """Keep the settings; nothing runs until ``start()``."""
         self._client = client
         self._scripts = scripts
-        self._streams = tuple(streams)
+        self._streams = tuple(keys for keys, _ in streams)
+        self._groups = {keys.stream: group for keys, group in streams}
+        self._missing: set[str] = set()
         self._batch = batch
         self._cap_s = cap_s
         self._tick_s = tick_ms / 1000
@@ -86,12 +92,33 @@ class Mover:
 
     async def move_once(self, keys: StreamKeys) -> tuple[int, int, int]:
         """Run one ``MOVE``: return ``(moved, head due ms or -1, server now ms)``."""
-        moved, head, now = await self._scripts.move(
-            keys=[keys.stream, keys.schedule, keys.data], args=[self._batch]
+        moved, head, now, missing = await self._scripts.move(
+            keys=[keys.stream, keys.schedule, keys.data],
+            args=[self._batch, self._groups[keys.stream]],
         )
         self.wakes += 1
         self.moved += int(moved)
+        self._say_missing(keys, int(missing) == 1)
         return int(moved), int(head), int(now)
+
+    def missing(self, stream: str) -> bool:
+        """Whether ``stream``'s group was missing at its last move: its copies wait."""
+        return stream in self._missing
+
+    def _say_missing(self, keys: StreamKeys, missing: bool) -> None:
+        if not missing:
+            self._missing.discard(keys.stream)
+            return
+        if keys.stream in self._missing:
+            return
+        self._missing.add(keys.stream)
+        logger.warning(
+            "group %s of %s is missing (deleted?): the copies due back to it wait in %s "
+            "until a subscriber makes the group again",
+            self._groups[keys.stream],
+            keys.stream,
+            keys.schedule,
+        )
 
     async def _run(self, keys: StreamKeys) -> None:
         nudged = self._nudged[keys.wake]
@@ -107,7 +134,11 @@ class Mover:
                 continue
             if moved >= self._batch:
                 continue
-            wait = self._cap_s if head < 0 else min(self._cap_s, (head - now) / 1000 + self._tick_s)
+            wait = (
+                self._cap_s
+                if head < 0 or self.missing(keys.stream)
+                else min(self._cap_s, (head - now) / 1000 + self._tick_s)
+            )
             if wait <= 0:
                 continue
             with contextlib.suppress(asyncio.TimeoutError):

@@ -9,10 +9,15 @@ acknowledges and writes in one atomic step: never half done.
 - A script Redis refuses or cannot answer (down, read-only, a cut connection) raises, and
   the failure goes on up: the entry stays pending, given up to the claimer
   (``engine.abandon``), which claims it ``claim_idle`` later on any replica and counts
-  the lost attempt. Nothing is lost, and the handler is not run again here.
+  the lost attempt. FastStream is told the message is settled (``kept``), so that its
+  own acknowledgement (``AckPolicy.ACK`` acknowledges after an error too) sends
+  nothing. Nothing is lost, and the handler is not run again here.
 - A step whose acknowledgement found nothing pending (a claimer took the entry from a
   replica that stopped answering) writes nothing and reports nothing: whoever holds the
-  entry now settles it.
+  entry now settles it. An entry gone from the stream (``MAXLEN``) is written from the
+  handler's copy, and one whose step already ran (a lost reply, sent again) is reported.
+- Any other error building the copy (bytes no format explains) dead-letters the entry as
+  ``invalid`` with a minimal letter: its raw bytes, the retry state alone.
 - A copy whose headers FastStream's binary format cannot hold (``EnvelopeTooLarge``)
   sends its message to the dead letters as ``invalid`` (``HeadersTooLarge``), lean.
 """
@@ -66,7 +71,7 @@ class Message(Protocol):
 class RedisSink:
     """A running Redis broker's sink."""
 
-    __slots__ = ("_engine", "_plan", "_reporter", "_settled")
+    __slots__ = ("_engine", "_kept", "_plan", "_reporter", "_settled")
 
     def __init__(
         self,
@@ -74,17 +79,20 @@ class RedisSink:
         plan: Plan,
         reporter: Reporter,
         settled: Callable[[Message], None] = lambda _: None,
+        kept: Callable[[Message], None] = lambda _: None,
     ) -> None:
         """Carry failures of ``plan``'s streams out through ``engine``.
 
         ``settled``: told of each message whose step acknowledged it (or found it settled
         by another consumer), so FastStream does not send an ``XACK`` of its own: a round
-        trip per failure that acknowledges nothing.
+        trip per failure that acknowledges nothing. ``kept``: told of each message whose
+        step raised, left pending for the claimer, so FastStream acknowledges nothing.
         """
         self._engine = engine
         self._plan = plan
         self._reporter = reporter
         self._settled = settled
+        self._kept = kept
 
     async def retry(
         self, msg: Message, route: Route, decision: Decision, exc: BaseException
@@ -109,6 +117,24 @@ class RedisSink:
         self, msg: Message, route: Route, decision: Decision, exc: BaseException
     ) -> None:
         entry = StreamEntry.from_raw(msg.raw_message, self._engine.group(route.queue))
+        try:
+            await self._step(msg, entry, route, decision, exc)
+        except (RedisError, OSError):
+            self._give_up(msg, entry)
+            raise
+        except Exception as unbuilt:  # bytes no copy can be built from
+            await self._invalid(msg, entry, unbuilt)
+            return
+        self._settled(msg)
+
+    async def _step(
+        self,
+        msg: Message,
+        entry: StreamEntry,
+        route: Route,
+        decision: Decision,
+        exc: BaseException,
+    ) -> None:
         incoming = entry.incoming_headers()
         # FastStream names a Redis message by this header, or by a new id at each delivery
         # (its producers write none): the copies carry the first, so every attempt has it.
@@ -123,17 +149,33 @@ class RedisSink:
             now_ms=h.now_ms(),
         )
         try:
-            try:
-                await self._place(entry, step, incoming, exc)
-            except EnvelopeTooLarge:
-                letter = steps.too_large(
-                    step, incoming, now_ms=h.now_ms(), error=redis_steps.TOO_LARGE_ERROR
-                )
-                if letter is None:  # a dead letter is made to fit: it never raises this
-                    raise
-                await self._place(entry, letter, incoming, exc)
-        except (RedisError, OSError):
-            self._engine.abandon(entry)
+            await self._place(entry, step, incoming, exc)
+        except EnvelopeTooLarge:
+            letter = steps.too_large(
+                step, incoming, now_ms=h.now_ms(), error=redis_steps.TOO_LARGE_ERROR
+            )
+            if letter is None:  # a dead letter is made to fit: it never raises this
+                raise
+            await self._place(entry, letter, incoming, exc)
+
+    def _give_up(self, msg: Message, entry: StreamEntry) -> None:
+        """Leave ``entry`` pending to the claimer, and FastStream's acknowledgement unsent."""
+        self._engine.abandon(entry)
+        self._kept(msg)
+
+    async def _invalid(self, msg: Message, entry: StreamEntry, exc: Exception) -> None:
+        """Dead-letter an entry whose copy could not be built, with a letter that cannot fail."""
+        logger.warning(
+            "entry %s of %s: its copy could not be built (%s): dead-lettered as invalid, "
+            "its bytes as they were",
+            entry.id,
+            entry.stream,
+            h.exception_name(exc),
+        )
+        try:
+            await self._engine.dead_letter_invalid(entry, exc)
+        except BaseException:
+            self._give_up(msg, entry)
             raise
         self._settled(msg)
 

@@ -2,10 +2,13 @@
 
 Both acknowledge the entry in the same script that writes its copy, the acknowledgement
 last (a script stopped part-way keeps its writes, so it must not have acknowledged yet),
-and write nothing when the entry is no longer pending: a message two consumers handled
-(a claim raced a slow handler) is settled once. ``entry`` is the delivery as read from
-the group; ``headers`` are the copy's full headers (``core.headers.retry_headers`` or
-``dead_letter_headers``), written over the entry's own in FastStream's binary format.
+and write nothing when another consumer settled the entry: a message two consumers
+handled (a claim raced a slow handler) is settled once. An entry gone from the stream
+(trimmed by the producer's ``MAXLEN``, or deleted) is written from the caller's copy: it
+is the only one left. Each returns the script's outcome (``lua.WRITTEN``, ...).
+``entry`` is the delivery as read from the group; ``headers`` are the copy's full headers
+(``core.headers.retry_headers`` or ``dead_letter_headers``), written over the entry's
+own in FastStream's binary format.
 
 That format holds a header of at most 65,535 bytes: a copy whose headers do not fit
 raises ``EnvelopeTooLarge`` before anything is sent (its message then goes to the dead
@@ -38,6 +41,9 @@ __all__ = [
     "dead_letter",
     "encode_copy",
     "fitted",
+    "invalid_headers",
+    "invalid_letter",
+    "place_letter",
     "retry_later",
     "too_large_headers",
 ]
@@ -105,13 +111,13 @@ async def retry_later(
     *,
     delay_ms: int,
     headers: Mapping[str, Any],
-) -> int | None:
+) -> tuple[int, int]:
     """Acknowledge ``entry`` and schedule its copy ``delay_ms`` from the server's now.
 
-    Return the copy's due time (epoch ms, the server's clock), or ``None`` when the
-    entry was no longer pending and nothing was scheduled.
+    Return the outcome (``lua.WRITTEN``, ...) and the copy's due time (epoch ms, the
+    server's clock; -1 when another consumer had settled the entry: nothing scheduled).
     """
-    due = await scripts.retry_later(
+    outcome, due = await scripts.retry_later(
         keys=[keys.stream, keys.schedule, keys.data],
         args=[
             entry.group,
@@ -122,7 +128,7 @@ async def retry_later(
             keys.wake,
         ],
     )
-    return None if int(due) < 0 else int(due)
+    return int(outcome), int(due)
 
 
 async def dead_letter(
@@ -132,20 +138,62 @@ async def dead_letter(
     *,
     headers: Mapping[str, Any],
     maxlen: int,
-) -> bool:
+) -> int:
     """Acknowledge ``entry`` and add its dead letter to ``keys.dlq`` (capped near ``maxlen``).
 
-    Return ``False`` when the entry was no longer pending and nothing was added.
+    Return the outcome: ``lua.SETTLED_ELSEWHERE`` when another consumer had settled the
+    entry, and nothing was added.
     """
     try:
         letter = encode_copy(entry, headers)
     except envelope.EnvelopeTooLarge:
         letter = encode_copy(entry, fitted(headers))
-    added = await scripts.dead_letter(
+    return await place_letter(scripts, keys, entry, letter, maxlen=maxlen)
+
+
+async def place_letter(
+    scripts: Scripts, keys: StreamKeys, entry: StreamEntry, letter: bytes, *, maxlen: int
+) -> int:
+    """Acknowledge ``entry`` and add ``letter`` (encoded) to ``keys.dlq``; return the outcome."""
+    outcome = await scripts.dead_letter(
         keys=[keys.stream, keys.dlq],
         args=[entry.group, entry.id, letter, max(0, int(maxlen))],
     )
-    return bool(int(added))
+    return int(outcome)
+
+
+_ERROR_CHARS = 1000
+
+
+def invalid_headers(entry: StreamEntry, exc: BaseException, *, now_ms: int) -> dict[str, Any]:
+    """The headers of an entry whose copy could not be built: the retry state alone (pure).
+
+    ``invalid``, with the error building the copy raised; nothing of the entry's own
+    headers, which are what could not be read or written. Never raises.
+    """
+    try:
+        said = str(exc)
+    except Exception:  # an exception's own __str__ may raise anything
+        said = ""
+    error = f"its copy could not be built from the entry's bytes ({h.exception_name(exc)}: {said})"
+    failure = h.FailureRecord(
+        attempt=h.read_attempt(entry.incoming_headers()) + 1,
+        at_ms=now_ms,
+        exception=h.exception_name(exc),
+        error=error[:_ERROR_CHARS].encode(errors="backslashreplace").decode(),
+    )
+    return h.dead_letter_headers(None, failure, reason=Reason.INVALID, origin_queue=entry.stream)
+
+
+def invalid_letter(entry: StreamEntry, headers: Mapping[str, Any]) -> bytes:
+    """The minimal dead letter of an entry whose copy could not be built (pure, cannot fail).
+
+    Its body is the entry's ``__data__`` as stored (its fields as JSON when it has
+    none), its headers ``invalid_headers``.
+    """
+    data = entry.fields.get(envelope.DATA_FIELD)
+    body = bytes(data) if data is not None else envelope.parse(entry.fields).body
+    return envelope.build(body, envelope.to_wire(headers))
 
 
 def _weigh(headers: Mapping[str, Any]) -> int:

@@ -105,10 +105,14 @@ class DepthSampler:
         with contextlib.suppress(ValueError):
             self._telemetry.on_read.remove(self._wake)
         task, self._task = self._task, None
-        if task is not None:
+        # Cancelled again until it ends: redis-py swallows a cancellation that lands while
+        # a command is in flight (``redis.tasks``), and the sampler then waited for a read
+        # that never came, and the broker's stop with it (seen in tests/redis).
+        while task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task], timeout=0.1)
+        if task is not None and not task.cancelled():
+            task.exception()  # retrieved: a sample never raises, and it ended on a cancel
         for queue in self._mine:
             self._telemetry.dlq_depths.pop(queue, None)
         self._mine = set()

@@ -60,28 +60,35 @@ def test_a_stream_name_no_hash_tag_can_follow_is_refused_before_start(client: Re
         RedisRetryEngine(client, [("a}b", "g")])
 
 
-async def test_a_full_server_lets_a_step_through_whole_and_holds_the_copies(
+async def test_a_full_server_refuses_a_retry_whole_and_lets_a_dead_letter_through(
     client: Redis, stream: str
 ) -> None:
-    """Under noeviction past maxmemory: new messages refused; the step done whole, never half.
+    """Under noeviction past maxmemory: new messages refused, and each step done whole or not.
 
-    The settling scripts are flagged allow-oom, so a step goes through whole; the mover's XADD is
-    refused, so the copy waits in the schedule until memory is freed.
+    A retry's script is refused before it writes anything: its entry stays pending (nothing
+    lost) and a full server does not grow by a copy per failing entry of the backlog. A dead
+    letter's is flagged allow-oom and goes through, acknowledging its entry; the mover's
+    XADD is refused, so a copy already scheduled waits there until memory is freed.
     """
     await client.xgroup_create(stream, "g", id="$", mkstream=True)
-    await client.xadd(stream, {envelope.DATA_FIELD: envelope.build(b"{}", {})})
+    for _ in range(3):
+        await client.xadd(stream, {envelope.DATA_FIELD: envelope.build(b"{}", {})})
     reply: Any = await client.xreadgroup("g", "c", {stream: ">"})
-    ((_, [(entry_id, fields)]),) = reply
-    entry = StreamEntry(stream, "g", entry_id.decode(), fields)
+    ((_, rows),) = reply
+    scheduled, refused, dead = (StreamEntry(stream, "g", i.decode(), f) for i, f in rows)
     engine = RedisRetryEngine(client, [(stream, "g")])
     keys = engine.keys(stream)
+    assert await engine.retry_later(scheduled, delay_ms=0, headers={h.ATTEMPT: 1}) is not None
     await client.config_set("maxmemory", "1")
     try:
         with pytest.raises(ResponseError, match="maxmemory"):
             await client.xadd(stream, {"new": "message"})
-        assert await engine.retry_later(entry, delay_ms=0, headers={h.ATTEMPT: 1}) is not None
-        assert (await client.xpending(stream, "g"))["pending"] == 0
-        assert await client.zcard(keys.schedule) == 1
+        with pytest.raises(ResponseError, match="maxmemory"):
+            await engine.retry_later(refused, delay_ms=0, headers={h.ATTEMPT: 1})
+        assert await client.zcard(keys.schedule) == 1, "the refused retry wrote nothing"
+        assert await engine.dead_letter(dead, headers={h.REASON: "exhausted"}) is True
+        assert (await client.xpending(stream, "g"))["pending"] == 1, "the refused one"
+        assert await client.xlen(keys.dlq) == 1
         with pytest.raises(ResponseError, match="maxmemory"):
             await engine.mover.move_once(keys)
         assert await client.zcard(keys.schedule) == 1

@@ -1,17 +1,26 @@
-"""Entries of a consumer killed mid-message come back through the claimer, counted as an attempt."""
+"""Entries of a consumer killed mid-message come back through the claimer, counted as an attempt.
+
+A graceful stop is not a loss: what its handlers hold is kept alive until they drained, and
+the rest of its read is delivered afresh, no attempt spent.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import uuid
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from faststream.redis import RedisBroker, StreamSub
 
+from faststream_retry import RetryMiddleware, RetryPolicy
 from faststream_retry.core import headers as h
 from faststream_retry.redis.claimer import CONSUMER_LOST
 from tests.rabbit import eventually
@@ -19,7 +28,7 @@ from tests.redis.fault_support import message
 from tests.redis.support import read_stream, until
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from redis.asyncio import Redis
 
@@ -135,3 +144,99 @@ async def test_entries_read_in_a_live_replicas_name_and_never_handled_are_claime
     assert {k: [a for a, _ in v] for k, v in app.calls.items() if k >= 3} == {
         n: [2] for n in range(3, 3 + N)
     }, "each handled once, its lost delivery counted"
+
+
+def replica(
+    redis_url: str, stream: str, handle: Callable[[dict[str, Any]], Awaitable[None]], **policy: Any
+) -> RedisBroker:
+    """One replica of an app, its plugin installed (its claimer runs from the start)."""
+    retry = RetryMiddleware(RetryPolicy(**policy), claim_idle=timedelta(seconds=1))
+    broker = RedisBroker(redis_url, middlewares=[retry], graceful_timeout=15)
+    retry.install(broker)
+    consumer = f"c-{uuid.uuid4().hex[:6]}"
+    broker.subscriber(stream=StreamSub(stream, group="g", consumer=consumer))(handle)
+    return broker
+
+
+async def backlog(client: Redis, stream: str, n: int) -> None:
+    await client.xgroup_create(stream, "g", id="$", mkstream=True)
+    pipe = client.pipeline(transaction=True)
+    for i in range(n):
+        pipe.xadd(stream, message(str(i)))  # type: ignore[arg-type]
+    await pipe.execute()
+
+
+@pytest.mark.timeout(120)
+async def test_a_graceful_stop_hands_what_no_handler_ran_on_to_the_next_replica(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """A rolling deploy: a backlog read at once, the replica stopped after its first handler
+    started. The rest of its read is delivered afresh, no attempt spent: at max_attempts=1
+    the next replica handles each once, and nothing is dead-lettered (before: the 19 were
+    claimed as lost attempts and dead-lettered, no handler having run on them)."""
+    handled: list[int] = []
+    started = asyncio.Event()
+
+    async def handle(body: dict[str, Any]) -> None:
+        started.set()
+        await asyncio.sleep(0.3)
+        handled.append(int(body["id"]))
+
+    await backlog(client, stream, N)
+    first = replica(redis_url, stream, handle, max_attempts=1)
+    await first.start()
+    await asyncio.wait_for(started.wait(), 10)
+    await first.stop()  # the handler in hand finishes; the rest of the read was dropped
+    assert len(handled) == 1
+    second = replica(redis_url, stream, handle, max_attempts=1)
+    dlq = f"{{{stream}}}.dlq"
+    await second.start()
+    try:
+
+        async def all_settled() -> bool:
+            dead = int(await client.xlen(dlq)) if await client.exists(dlq) else 0
+            return len(handled) + dead >= N and await _none_pending(client, stream)
+
+        await until(all_settled, timeout=60, what="every message handled or dead-lettered")
+    finally:
+        await second.stop()
+    assert not await client.exists(dlq), f"dead-lettered unhandled; handled {sorted(handled)}"
+    assert sorted(handled) == list(range(N)), "each handled once"
+
+
+@pytest.mark.timeout(120)
+async def test_a_handler_still_draining_at_a_stop_is_not_claimed_by_another_replica(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """A stop waits for running handlers (FastStream's graceful_timeout), and their entries are
+    kept alive until then: a handler running longer than claim_idle after the stop began is
+    not claimed and run again by another replica (before: the keep-alive stopped first)."""
+    calls: list[int] = []
+    started = asyncio.Event()
+
+    async def slow(body: dict[str, Any]) -> None:
+        calls.append(int(body["id"]))
+        started.set()
+        await asyncio.sleep(3)
+
+    async def other(body: dict[str, Any]) -> None:
+        calls.append(int(body["id"]))
+
+    await backlog(client, stream, 1)
+    first = replica(redis_url, stream, slow, max_attempts=3)
+    await first.start()
+    await asyncio.wait_for(started.wait(), 10)
+    second = replica(redis_url, stream, other, max_attempts=3)
+    await second.start()
+    try:
+        await first.stop()  # drains the 3 s handler, claim_idle (1 s) three times over
+        await until(lambda: _none_pending(client, stream), what="nothing pending")
+        await asyncio.sleep(1.5)  # a copy the other replica's claim made would be back
+    finally:
+        await second.stop()
+    assert calls == [0], "handled once, by the replica that read it"
+    assert await client.xlen(stream) == 1, "no copy made"
+
+
+async def _none_pending(client: Redis, stream: str) -> bool:
+    return int((await client.xpending(stream, "g"))["pending"]) == 0

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from faststream import AckPolicy
 from faststream.redis import RedisBroker, RedisRouter, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
 
@@ -478,6 +479,32 @@ async def test_a_step_redis_refuses_leaves_the_entry_pending_until_it_is_claimed
         (entry,) = h.read_history(copy.headers)
         assert entry["exception"] == CONSUMER_LOST
     await settled(client, stream)
+
+
+async def test_a_step_redis_refuses_stays_pending_under_ack_policy_ack(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """AckPolicy.ACK acknowledges after an error too: the refused step's message is still
+    left pending for the claimer, FastStream's own XACK sending nothing (before: 0 pending,
+    nothing stored, the message lost)."""
+    keys = stream_keys(stream)
+    await client.set(keys.data, "an operator's mistake")
+    broker = RedisBroker(
+        redis_url, middlewares=[middleware(Counted(), claim_idle=timedelta(seconds=30))]
+    )
+    done: list[int] = []
+
+    @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"), ack_policy=AckPolicy.ACK)
+    async def handle(body: dict[str, Any]) -> None:
+        if body["id"] == 0:
+            raise LinkDownError("down")
+        done.append(body["id"])
+
+    async with running(broker):
+        await publish(broker, stream, range(2))
+        await eventually(lambda: bool(done), what="the second message (after the first's step)")
+        assert (await client.xpending(stream, "g"))["pending"] == 1, "the first one acked"
+        assert not await client.exists(keys.schedule)
 
 
 async def test_a_copy_too_large_for_the_format_becomes_a_lean_dead_letter(

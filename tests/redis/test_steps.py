@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -102,28 +103,98 @@ async def test_two_movers_move_each_of_10000_due_copies_exactly_once(
             await c.aclose()
 
 
-async def test_a_step_whose_acknowledgement_finds_nothing_writes_nothing(
+async def test_a_step_on_an_entry_another_consumer_settled_writes_nothing(
     client: Redis, stream: str
 ) -> None:
-    """Settled by another consumer (or never delivered): no copy scheduled, no letter added."""
-    entries = await pending_entries(client, stream, 3)
+    """Acknowledged by another consumer (still in the stream): no copy scheduled, no letter."""
+    entries = await pending_entries(client, stream, 2)
     engine = RedisRetryEngine(client, [(stream, GROUP)])
     keys = engine.keys(stream)
-    settled, other, _ = entries
+    settled, other = entries
     assert await client.xack(stream, GROUP, settled.id) == 1
     assert await engine.retry_later(settled, delay_ms=0, headers=retry_headers(settled, 0)) is None
     assert await engine.dead_letter(settled, headers={h.REASON: "exhausted"}) is False
-    never = StreamEntry(stream, GROUP, "1-1", settled.fields)
-    assert await engine.retry_later(never, delay_ms=0, headers=retry_headers(never, 0)) is None
     assert await client.zcard(keys.schedule) == 0
     assert await client.hlen(keys.data) == 0
-    assert await client.xlen(keys.dlq) == 0 if await client.exists(keys.dlq) else True
-    # The same step twice on one delivery: the second finds nothing.
+    assert not await client.exists(keys.dlq)
+    # A second, different step on one delivery (a claimer's after the handler's): nothing.
     assert await engine.retry_later(other, delay_ms=60_000, headers=retry_headers(other, 0))
-    assert await engine.retry_later(other, delay_ms=0, headers=retry_headers(other, 0)) is None
+    assert await engine.retry_later(other, delay_ms=0, headers=retry_headers(other, 5)) is None
     assert await engine.dead_letter(other, headers={h.REASON: "exhausted"}) is False
     assert await client.zcard(keys.schedule) == 1
     assert not await client.exists(keys.dlq)
+
+
+async def test_a_step_sent_again_after_its_reply_was_lost_reports_what_it_wrote_once(
+    client: Redis, stream: str
+) -> None:
+    """redis-py sends a script again when the connection drops before its reply: the second
+    run finds its own copy or letter and says so (the failure is reported), writing nothing."""
+    later, dead = await pending_entries(client, stream, 2)
+    engine = RedisRetryEngine(client, [(stream, GROUP)])
+    keys = engine.keys(stream)
+    headers = retry_headers(later, 60_000)
+    due = await engine.retry_later(later, delay_ms=60_000, headers=headers)
+    assert due is not None
+    assert await engine.retry_later(later, delay_ms=60_000, headers=headers) == due
+    letter = {h.REASON: "exhausted", h.ATTEMPT: 3}
+    assert await engine.dead_letter(dead, headers=letter) is True
+    assert await engine.dead_letter(dead, headers=letter) is True
+    assert await client.zcard(keys.schedule) == 1
+    assert await client.hlen(keys.data) == 1
+    assert await client.xlen(keys.dlq) == 1
+
+
+async def test_a_failure_on_an_entry_trimmed_while_held_is_still_written(
+    client: Redis, stream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live replica holds entries of one read; the producer's MAXLEN trims them while they
+    wait. Any claimer pass (XAUTOCLAIM, idle or not) then drops them from the pending list:
+    the handler's copy is the only one left, so its failure's copy and letter are written
+    from it, and the pass says once how many it dropped."""
+    later, dead = await pending_entries(client, stream, 2)
+    await client.xtrim(stream, maxlen=0)  # the user's XADD ... MAXLEN
+    engine = RedisRetryEngine(client, [(stream, GROUP)], claim_idle_ms=60_000)
+    assert engine.claimer is not None
+    keys = engine.keys(stream)
+    with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
+        assert await engine.claimer.claim_once(keys, GROUP) == 0  # nothing is idle 60 s
+    dropped = [r.getMessage() for r in caplog.records if "gone from the stream" in r.message]
+    assert len(dropped) == 1
+    assert dropped[0].startswith(f"2 entries of {stream} ")
+    assert (await client.xpending(stream, GROUP))["pending"] == 0
+    assert await engine.retry_later(later, delay_ms=0, headers=retry_headers(later, 0))
+    assert await engine.dead_letter(dead, headers={h.REASON: "exhausted"}) is True
+    moved, _, _ = await engine.mover.move_once(keys)
+    assert moved == 1
+    ((_, copy),) = await read_stream(client, stream)
+    assert json.loads(copy.body) == {"id": 0}
+    ((_, letter),) = await read_stream(client, keys.dlq)
+    assert json.loads(letter.body) == {"id": 1}
+
+
+async def test_copies_due_to_a_stream_whose_group_was_deleted_wait_in_the_schedule(
+    client: Redis, stream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator's XGROUP DESTROY: a group made again starts at $, so a copy moved into the
+    stream meanwhile would never be read. The copies wait, said once, and move once it is back."""
+    (entry,) = await pending_entries(client, stream, 1)
+    engine = RedisRetryEngine(client, [(stream, GROUP)])
+    keys = engine.keys(stream)
+    assert await engine.retry_later(entry, delay_ms=0, headers=retry_headers(entry, 0))
+    await client.xgroup_destroy(stream, GROUP)
+    with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
+        assert (await engine.mover.move_once(keys))[0] == 0
+        assert (await engine.mover.move_once(keys))[0] == 0
+    assert len([r for r in caplog.records if "is missing" in r.message]) == 1
+    assert await client.zcard(keys.schedule) == 1
+    await client.delete(stream)
+    assert (await engine.mover.move_once(keys))[0] == 0, "nor into a deleted stream"
+    assert not await client.exists(stream)
+    await client.xgroup_create(stream, GROUP, id="$", mkstream=True)
+    assert (await engine.mover.move_once(keys))[0] == 1
+    reply: Any = await client.xreadgroup(GROUP, "c2", {stream: ">"}, count=10)
+    assert [len(batch) for _, batch in reply] == [1], "the moved copy is read"
 
 
 async def test_a_new_head_wakes_a_sleeping_mover_at_its_due_time(

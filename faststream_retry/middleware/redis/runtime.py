@@ -126,6 +126,14 @@ def _acked_by_step(msg: Any) -> None:  # noqa: ANN401 - FastStream's Redis strea
     msg.committed = AckStatus.ACKED
 
 
+def _kept_pending(msg: Any) -> None:  # noqa: ANN401 - FastStream's Redis stream message
+    """The step raised and left ``msg`` pending: FastStream must not acknowledge it.
+
+    ``AckPolicy.ACK`` acknowledges after an error too; marked settled, it sends nothing.
+    """
+    msg.committed = AckStatus.REJECTED
+
+
 def exact_plan(routes: Iterable[Route], default: RetryPolicy, config: RetryConfig) -> Plan:
     """Plan ``routes`` for a transport that holds a delay to the millisecond (pure).
 
@@ -252,7 +260,7 @@ class RedisRuntime(Planned):
             return _Sinks(live, self.reporter)
         from faststream_retry.redis.sink import RedisSink  # noqa: PLC0415 - redis-py, on Redis only
 
-        return RedisSink(live.engine, live.plan, self.reporter, _acked_by_step)
+        return RedisSink(live.engine, live.plan, self.reporter, _acked_by_step, _kept_pending)
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401 - a subscriber
         """Return the route for a failure of ``sub``, which the plan does not cover (``late``)."""
@@ -507,9 +515,10 @@ class RedisRuntime(Planned):
             self.live.consuming = True
 
     async def stop_consumers(self) -> None:
-        """Stop the sampling, the mover and the claimer.
+        """Stop the sampling, the mover and the claiming, before FastStream drains.
 
-        Failures of handlers still running are still settled.
+        Failures of handlers still running are still settled, and what they hold is still
+        kept alive: no other replica claims an entry whose handler is still running.
         """
         if self.live is not None:
             if self.live.outages is not None:
@@ -519,14 +528,29 @@ class RedisRuntime(Planned):
                 await self._hand_backs.settle(held, 2 * self.config.publish_timeout_s + 1)
             self.live.consuming = False
             await self.live.dlq_depths.stop()
-            await self.live.engine.stop()
-            for engine in self.live.late.values():
-                await engine.stop()
+            for engine in (self.live.engine, *self.live.late.values()):
+                await engine.stop_claiming()
 
     async def stop(self) -> None:
-        """Stop settling failures and close the engine's client."""
+        """After the drain: release the unstarted rest of a read, stop the keep-alive, close.
+
+        The entries read and never handed to a handler are delivered afresh (no attempt
+        spent on them, as a claim would); then the keep-alive stops, and the client closes.
+        """
         live, self.live = self.live, None
         self._stopped_at = time.monotonic()
         if live is not None:
             live.running = False
-            await live.close()
+            try:
+                for engine in (live.engine, *live.late.values()):
+                    await engine.release()
+            except Exception as exc:  # a stop goes on: they are claimed later
+                log.warning(
+                    "faststream-retry (Redis): the entries read and not handled could not be "
+                    "released (%s): claimed later, each as a lost attempt",
+                    exc,
+                )
+            finally:
+                for engine in (live.engine, *live.late.values()):
+                    await engine.stop()
+                await live.close()
