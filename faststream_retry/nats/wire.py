@@ -43,10 +43,7 @@ def decode(headers: Mapping[str, str] | None) -> dict[str, Any]:
         if not isinstance(key, str):
             continue
         if key.startswith(_RETRY) and isinstance(value, str) and len(value) <= _MAX_JSON:
-            try:
-                decoded[key] = json.loads(value)
-            except (ValueError, RecursionError):  # nesting a few KB deep is enough for the latter
-                decoded[key] = value
+            decoded[key] = _parsed(value)
             continue
         decoded[key] = value
     return decoded
@@ -66,9 +63,43 @@ def failed(headers: Mapping[str, str] | None, *, subject: str, message_id: str) 
     return incoming
 
 
+def _parsed(text: str) -> Any:  # noqa: ANN401 - any JSON value
+    """``text`` parsed from JSON; not JSON: ``text`` itself.
+
+    The plugin's own values are mostly numbers and plain quoted texts, read here without
+    the JSON parser (the same values it returns: ``json.loads`` reads no leading zero, and
+    no control character or escape inside a text).
+    """
+    if len(text) > 1 and text[0] == text[-1] == '"':
+        inner = text[1:-1]
+        if '"' not in inner and "\\" not in inner and inner.isprintable():
+            return inner
+    try:
+        if text.isdigit() and text.isascii() and (text[0] != "0" or len(text) == 1):
+            return int(text)  # past Python's 4,300 digits: ValueError, as json's
+        return json.loads(text)
+    except (ValueError, RecursionError):  # nesting a few KB deep is enough for the latter
+        return text
+
+
+_JSON = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), default=str).encode
+"""One encoder for every value (``json.dumps`` with options makes a new one each call)."""
+
+
 def value(retry_value: object) -> str:
     """Return one ``retry-*`` header's value as NATS carries it: its JSON text."""
-    return json.dumps(retry_value, ensure_ascii=True, separators=(",", ":"), default=str)
+    # The same text json writes, without it for the plugin's ints and plain ASCII texts.
+    if type(retry_value) is int:
+        return str(retry_value)
+    if (
+        type(retry_value) is str
+        and retry_value.isascii()
+        and retry_value.isprintable()
+        and '"' not in retry_value
+        and "\\" not in retry_value
+    ):
+        return f'"{retry_value}"'
+    return _JSON(retry_value)
 
 
 def encode(headers: Mapping[str, Any], *, msg_id: str | None) -> dict[str, str]:

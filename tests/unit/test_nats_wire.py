@@ -3,9 +3,10 @@ checks."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from faststream_retry.core import headers as h
@@ -75,6 +76,66 @@ def test_any_headers_encode_to_one_line_values(headers: dict[str, str]) -> None:
     """Whatever came in, every value of a copy is one line NATS can carry."""
     encoded = wire.encode(h.carry_over(wire.decode(headers)), msg_id="id")
     assert all("\n" not in v and "\r" not in v for v in encoded.values())
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=8,
+)
+
+
+@given(_JSON_VALUES)
+@example('a\\b')
+@example('say "hi"')
+@example("tab\t")
+@example("del\x7f")
+@example("é")
+@example(True)
+def test_a_retry_value_is_written_as_json_writes_it(value: object) -> None:
+    """The fast paths for ints and plain texts write exactly json's text (rolling deploys
+    and every reader of the headers see the same bytes)."""
+    assert wire.value(value) == json.dumps(
+        value, ensure_ascii=True, separators=(",", ":"), default=str
+    )
+
+
+def _json_or_text(text: str) -> object:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+@given(
+    st.text()
+    | st.integers().map(str)
+    | st.text().map(lambda t: f'"{t}"')
+    | st.from_regex(r'\A"?[0-9a-z\x00-\x1f\x7f\\"\u00e9\udc80]*"?\Z')
+)
+@example("007")
+@example("0")
+@example("²")
+@example('"\\u0041"')
+@example('"a"b"')
+@example('"\x01"')
+@example('"\udc80"')
+@example("-1")
+@example("1.5")
+@example('""')
+@example('"')
+def test_a_retry_value_is_read_as_json_reads_it(text: str) -> None:
+    """The fast paths for digits and quoted texts read what json reads, of the same type
+    (``"007"`` and ``"\\u0041"`` included); not JSON: the text itself."""
+    read = wire.decode({"retry-x": text})["retry-x"]
+    expected = _json_or_text(text)
+    assert (type(read), repr(read)) == (type(expected), repr(expected))
+
+
+def test_digits_past_python_s_int_limit_are_kept_as_text() -> None:
+    """5,000 digits: ``int()`` refuses them (ValueError), as json does; kept as text."""
+    digits = "1" * 5000
+    assert wire.decode({"retry-attempt": digits}) == {"retry-attempt": digits}
 
 
 def test_a_delay_subject_names_its_tier_and_subscriber() -> None:
