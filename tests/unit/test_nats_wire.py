@@ -86,7 +86,7 @@ _JSON_VALUES = st.recursive(
 
 
 @given(_JSON_VALUES)
-@example('a\\b')
+@example("a\\b")
 @example('say "hi"')
 @example("tab\t")
 @example("del\x7f")
