@@ -311,20 +311,32 @@ def broker_outlet(broker: Any) -> Outlet:  # noqa: ANN401 - a RabbitBroker
     return write
 
 
+SILENCED = logging.CRITICAL + 1
+"""The level of a silenced broker's logger: nothing is written."""
+
+
 def broker_level(broker: Any) -> Callable[[], int | None]:  # noqa: ANN401 - a RabbitBroker
     """Return a reader of the level of ``broker``'s own logger.
 
     That is FastStream's default logger or the ``logging.Logger`` passed as ``logger=``,
     whose level ``faststream run --log-level`` and ``RabbitBroker(log_level=...)`` set.
     ``None`` until the broker has set its logger up, once the broker is gone, and for
-    a silenced broker or a logger that is not a ``logging.Logger``.
+    a logger that is not a ``logging.Logger``. A silenced broker (``logger=None``: its
+    proxy is set up and holds no logger) writes nothing at any level: above
+    ``CRITICAL``, so that no line is formatted (a traceback each failure) only for the
+    outlet to drop it.
     """
     ref = weakref.ref(broker)
 
     def level() -> int | None:
         state = getattr(getattr(ref(), "config", None), "logger", None)
-        logger = getattr(getattr(state, "logger", None), "logger", None)
-        return logger.getEffectiveLevel() if isinstance(logger, logging.Logger) else None
+        proxy = getattr(state, "logger", None)
+        logger = getattr(proxy, "logger", None)
+        if isinstance(logger, logging.Logger):
+            return logger.getEffectiveLevel()
+        if logger is None and type(proxy).__name__ == "EmptyLoggerObject":
+            return SILENCED
+        return None
 
     return level
 

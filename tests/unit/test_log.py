@@ -386,7 +386,8 @@ def test_the_broker_path_follows_the_broker_loggers_level(unconfigured: PluginLo
 
 
 def test_broker_level_reads_the_level_of_the_brokers_logger() -> None:
-    """None until set up; then the logger's, as the CLI sets it; None when silenced or gone.
+    """None until set up; then the logger's, as the CLI sets it; above CRITICAL when
+    silenced; None when gone.
 
     Not checked at start (only DEBUG lines depend on it): this pins it instead.
     """
@@ -406,7 +407,7 @@ def test_broker_level_reads_the_level_of_the_brokers_logger() -> None:
     default.config.logger.set_level(logging.INFO)  # FastStream's loggers are shared
     silenced = RabbitBroker(logger=None)
     silenced._setup_logger()
-    assert fs.broker_level(silenced)() is None
+    assert fs.broker_level(silenced)() == fs.SILENCED > logging.CRITICAL
     unset = RabbitBroker()
     unset_level = fs.broker_level(unset)
     del unset
@@ -418,6 +419,26 @@ def test_a_silenced_broker_silences_the_plugin_too() -> None:
     broker = RabbitBroker(logger=None)
     broker._setup_logger()
     assert fs.broker_outlet(broker)(logging.ERROR, "quiet", None, {}) is True
+
+
+def test_a_silenced_broker_s_lines_are_not_even_formatted(unconfigured: PluginLogger) -> None:
+    """``logger=None``: the plugin formats no line (a retry line with its traceback, once
+    per failure) only for the broker's outlet to drop it."""
+    broker = RabbitBroker(logger=None)
+    broker._setup_logger()
+    outlet = Outlet()
+    unconfigured.send_to(outlet, fs.broker_level(broker))
+    formatted: list[str] = []
+
+    class Spy:
+        def __str__(self) -> str:
+            formatted.append("formatted")
+            return "spy"
+
+    unconfigured.info("retry scheduled for %s", Spy())
+    unconfigured.error("failed: %s", Spy())
+    assert not unconfigured.isEnabledFor(logging.CRITICAL)
+    assert (formatted, outlet.lines) == ([], [])
 
 
 def test_a_collected_broker_is_not_kept_alive() -> None:
