@@ -80,6 +80,37 @@ def test_only_a_stream_read_in_a_group_has_a_key_its_prefixed_stream() -> None:
     assert redis_subscribers.consumer_of(subs["covered"]) == "c"
 
 
+def test_a_subscriber_s_stream_is_read_once_until_a_router_prefixes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FastStream deep-copies its ``StreamSub`` at each read (50 µs, twice a message in
+    ``holding``): read once, and again only when a router's prefix changes what it is."""
+    inner = RedisRouter(prefix="p.")
+
+    @inner.subscriber(stream=StreamSub("s", group="g", consumer="c"))
+    async def handle(body: str) -> None: ...
+
+    sub = inner.subscribers[0]
+    kind = type(sub)
+    reads: list[str] = []
+    prop = kind.stream_sub
+
+    def counted(self: Any) -> Any:
+        reads.append("read")
+        return prop.fget(self)
+
+    monkeypatch.setattr(kind, "stream_sub", property(counted))
+    for _ in range(3):
+        assert redis_subscribers.key_of(sub) == "p.s"
+        assert redis_subscribers.consumer_of(sub) == "c"
+    assert len(reads) == 1
+    outer = RedisRouter(prefix="o.")
+    outer.include_router(inner)
+    RedisBroker().include_router(outer)
+    assert redis_subscribers.key_of(sub) == "o.p.s"
+    assert len(reads) == 2
+
+
 def test_each_subscriber_is_described_by_its_kind_and_prefixed_name() -> None:
     """What a refusal names."""
     _, subs = subscribers()
