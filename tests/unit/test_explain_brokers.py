@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from faststream_retry.nats import naming
 from tests.unit.test_cli_nats import command
 
 if TYPE_CHECKING:
@@ -95,7 +96,10 @@ def test_nats_has_the_shape_its_tiers_and_its_streams(
     first = handler["schedule"][0]
     assert first["legs_min"] == [{"tier_ms": 1000, "to": "shop.ready.orders.billing"}]
     kinds = {(o["kind"], o.get("name") or o.get("durable")) for o in queue["objects"]}
-    assert kinds == {("stream", "shop-dlq-orders"), ("consumer", "shop-ready-orders_billing")}
+    assert kinds == {
+        ("stream", "shop-dlq-orders"),
+        ("consumer", naming.ready_durable("shop", "orders.billing")),
+    }
     shared = {o.get("name") or o.get("durable") for o in found["shared_objects"]}
     assert "shop-delay" in shared
     assert "shop.queues" not in shared, "no RabbitMQ registry on NATS"
