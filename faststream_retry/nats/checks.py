@@ -33,7 +33,6 @@ __all__ = [
     "consumer_findings",
     "core_subscriber",
     "longest_wait_s",
-    "outage_refused",
     "replicas_finding",
     "size_finding",
     "stream_findings",
@@ -128,14 +127,6 @@ def batch_subscriber(subject: str) -> str:
         "of the batch. Drop batch=True (PullSub(batch_size=N) still pulls N at a time, each "
         "handled and retried on its own), or switch its retries off with "
         "@retry_policy(enabled=False)"
-    )
-
-
-def outage_refused() -> str:
-    """The refusal of outage mode on NATS, which is not built yet."""
-    return (
-        "outage mode (RetryMiddleware(outage_after=...)) is not available on NATS yet: "
-        "leave outage_after unset for a NatsBroker"
     )
 
 

@@ -24,7 +24,6 @@ __all__ = [
     "no_ack",
     "no_group",
     "not_a_stream",
-    "outage_refused",
     "shared_keys",
 ]
 
@@ -65,14 +64,6 @@ def batch(stream: str) -> str:
         f"the subscriber of stream {stream!r} takes batches (StreamSub(batch=True)): one "
         "failure of a batch cannot be told apart per entry, and retries of batches are not "
         f"built yet. Use batch=False, {_OFF}"
-    )
-
-
-def outage_refused() -> str:
-    """The refusal of outage mode on Redis, which is not built yet."""
-    return (
-        "outage mode (RetryMiddleware(outage_after=...)) is not available on Redis yet: "
-        "leave outage_after unset for a RedisBroker"
     )
 
 
