@@ -153,3 +153,25 @@ async def test_a_channel_subscriber_joining_with_retries_on_is_refused(
         assert not getattr(sub, "running", False)
     finally:
         await broker.stop()
+
+
+async def test_a_stream_joining_whose_keys_are_a_covered_stream_s_is_refused(
+    redis_url: str, stream: str
+) -> None:
+    """``{S}`` joining while ``S`` is covered: both would share ``{S}.retry``, ``.retry.data``
+    and ``.dlq`` (each one's copies moved into the other), so its start raises, as the
+    start refuses the pair, and it reads nothing."""
+    broker, first = await first_app(redis_url, stream, install=True)
+    await broker.start()
+    try:
+        await first()
+        sub = broker.subscriber(stream=StreamSub(f"{{{stream}-first}}", group="g", consumer="c1"))
+
+        @sub
+        async def late(body: dict[str, Any]) -> None: ...
+
+        with pytest.raises(RetryConfigError, match="would share their retry"):
+            await sub.start()
+        assert not getattr(sub, "running", False)
+    finally:
+        await broker.stop()

@@ -275,9 +275,10 @@ class RedisRuntime(Planned):
         """Check a subscriber that joins the running broker, and cover it; ``True``: covered.
 
         The start's checks of one subscriber (a channel, a list, a stream without a group,
-        ``no_ack``, a batch, ``ACK_FIRST``, a second group on a covered stream, the server
-        for its stream); then an engine of its own for its stream and consumer, unless the
-        start's engine keeps that consumer already. Retries off: left to FastStream.
+        ``no_ack``, a batch, ``ACK_FIRST``, a second group on a covered stream, a stream
+        whose keys would be a covered one's, the server for its stream); then an engine of
+        its own for its stream and consumer, unless the start's engine keeps that consumer
+        already. Retries off: left to FastStream.
 
         Raises:
             RetryConfigError: it is refused; it must not start.
@@ -292,7 +293,7 @@ class RedisRuntime(Planned):
         key, route = redis_subscribers.key_of(sub), _internals.route_of(sub)
         covered = key is not None and route is not None and route.enabled(default)
         plan = live.plan.with_route(route) if covered and route is not None else live.plan
-        _refuse(_refusals(sub, plan, default, refusals))
+        _refuse(_refusals(sub, plan, default, refusals) + refusals.key_problems(plan.routes))
         group, consumer = redis_subscribers.group_of(sub), redis_subscribers.consumer_of(sub)
         if not covered or key is None or route is None or group is None or consumer is None:
             return False
