@@ -48,7 +48,7 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-WAIT_MS = 15_000
+WAIT_MS = 30_000  # a loaded CI (three lanes starting at once) took over 15 s for a read once
 
 
 @contextlib.asynccontextmanager
