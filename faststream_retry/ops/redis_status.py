@@ -6,7 +6,8 @@ covered stream ``S`` (the ``queue`` of its route, ``redis.keys``):
 
 - ``work``: ``S`` and its consumer group; ``messages`` is the entries the group has not
   been given yet (its ``lag``, Redis 7.0 and later), ``consumers`` the group's consumers
-  (the app's group when the app is given; every group's, summed, otherwise);
+  but the plugin's claimer (the app's group when the app is given; every group's, summed,
+  otherwise);
 - ``retry``: the copies waiting in its schedule, ``P.retry``;
 - ``dlq``: its dead letters, ``P.dlq``.
 
@@ -34,7 +35,7 @@ from faststream_retry.ops.common import (
     shown_name,
 )
 from faststream_retry.ops.status import Depth, QueueStatus, Status
-from faststream_retry.redis.keys import DLQ_SUFFIX, RETRY_SUFFIX, stream_keys
+from faststream_retry.redis.keys import CLAIMER, DLQ_SUFFIX, RETRY_SUFFIX, stream_keys
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -167,4 +168,9 @@ async def _work(client: Redis, stream: str, group: str | None, notes: list[str])
         messages = sum(int(str(lag)) for lag in lags)
     if len(chosen) > 1:
         notes.append(f"stream {stream!r} has {len(chosen)} groups: its counts are their sums")
-    return Depth(stream, messages, sum(int(g.get("consumers") or 0) for g in chosen))
+    consumers = 0
+    for g in chosen:
+        listed = await client.xinfo_consumers(stream, _text(g.get("name")))
+        # The plugin's claimer is listed once it claimed (or looked): not one of the app's.
+        consumers += sum(1 for c in listed if _text(c.get("name")) != CLAIMER)
+    return Depth(stream, messages, consumers)

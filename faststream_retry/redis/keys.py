@@ -41,6 +41,9 @@ RETRY_SUFFIX = ".retry"
 DATA_SUFFIX = ".retry.data"
 DLQ_SUFFIX = ".dlq"
 WAKE_SUFFIX = ".retry.wake"
+CLAIMER = "faststream-retry-claimer"
+"""The consumer name the plugin's claimer takes a dead consumer's entries under: listed in a
+covered group beside the app's own consumers, and not one of them."""
 
 
 def hash_tag(name: str) -> str | None:

@@ -51,6 +51,7 @@ from faststream_retry.middleware import _internals, checks, late, redis_subscrib
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.middleware.redis.test_mode import RedisTestSink
 from faststream_retry.outages import HandBacks, Outages
+from faststream_retry.redis.keys import CLAIMER
 from faststream_retry.reporting.log import log
 
 if TYPE_CHECKING:
@@ -71,7 +72,6 @@ __all__ = ["RedisLive", "RedisRuntime", "exact_plan"]
 DEFAULT_PROBE_MS = 1000
 """Outage mode's probe interval on Redis when neither ``outage_probe`` nor ``tick`` is set."""
 
-CLAIMER = "faststream-retry-claimer"
 """The consumer name an entry claimed from a lost consumer is pending under while settled."""
 
 _IMPORTED = time.monotonic()
