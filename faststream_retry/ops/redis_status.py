@@ -1,6 +1,6 @@
 """``status`` on Redis Streams: entries, scheduled copies and dead letters per covered stream.
 
-The same ``Status`` as on RabbitMQ (``ops.status``), read with ``XINFO GROUPS``,
+The same ``Status`` as on RabbitMQ (``ops.status``), read with ``XINFO GROUPS`` and ``CONSUMERS``,
 ``ZCARD`` and ``XLEN``: nothing is read from a group, acknowledged or claimed. A row is a
 covered stream ``S`` (the ``queue`` of its route, ``redis.keys``):
 
