@@ -291,6 +291,7 @@ def test_the_dead_letter_cap_is_100000_unless_set_none_for_no_cap() -> None:
     assert build().dlq_max_length == 100_000
     assert RetryMiddleware()._plugin.config.dlq_max_length == 100_000  # the signature's default
     assert build(dlq_max_length=5).dlq_max_length == 5
+    assert build(dlq_max_length=1).dlq_max_length == 1, "one letter is a cap, the least"
     assert build(dlq_max_length=None).dlq_max_length is None
     for wrong in (0, -1, True, 2.5, "10"):
         assert refusal(dlq_max_length=wrong) == (
