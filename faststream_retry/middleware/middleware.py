@@ -555,16 +555,14 @@ class _RetryScope(BaseMiddleware):
 
         A park spends no attempt and no redelivery; one that fails falls back to the requeue.
         """
-        park = getattr(delivery.runtime, "park", None)
-        if park is not None:
-            try:
-                parked = await park(msg, delivery.route)
-            except Exception:
-                log.exception("faststream-retry could not park held message %s", msg.message_id)
-                parked = False
-            if parked:
-                self._settled = True
-                return
+        try:
+            parked = await delivery.runtime.park(msg, delivery.route)
+        except Exception:
+            log.exception("faststream-retry could not park held message %s", msg.message_id)
+            parked = False
+        if parked:
+            self._settled = True
+            return
         await self._requeue_after_pause(msg, 0)
 
     async def _resolve_live(self, msg: StreamMessage[Any]) -> Delivery | None:

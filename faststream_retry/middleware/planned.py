@@ -138,6 +138,18 @@ class Planned:
         """
         return False
 
+    async def park(
+        self,
+        msg: Any,  # noqa: ANN401, ARG002 - FastStream's message
+        route: Route,  # noqa: ARG002 - its route
+    ) -> bool:
+        """Hand a message held in outage mode back; ``False``: the caller requeues it.
+
+        NATS and Redis park it (a requeue would spend a delivery or an attempt); on
+        RabbitMQ a requeue is free, so nothing is done here.
+        """
+        return False
+
     def route(self, queue: str) -> Route | None:
         """Return the route of ``queue`` if the plugin covers it: the live plan's once started."""
         live = self.live
