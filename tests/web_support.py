@@ -143,10 +143,12 @@ async def refuses_rebinding_and_cross_site(
 
 @contextlib.asynccontextmanager
 async def attacked_chromium() -> AsyncIterator[Any]:
-    """Chromium resolving the attacker's name to this machine (the RabbitMQ page's test's)."""
+    """Chromium resolving the attacker's name to this machine: DNS rebinding, done."""
     from tests.integration.test_web_browser import ATTACKER, chromium  # noqa: PLC0415
 
     rule = f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1"
+    # Chromium's own Local Network Access check blocks such a request from a public page;
+    # Firefox, Safari and older Chromium do not, so the page must refuse it itself: off.
     unguarded = (
         "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
         "PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults"

@@ -26,6 +26,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.web import create_app
 from tests.integration.test_cli_dlq import declare, delete, ids_in
 from tests.rabbit import App, eventually, eventually_async, queue_depth, unique
+from tests.web_support import attacked_chromium
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -375,14 +376,7 @@ ATTACK = """<!doctype html><title>cat pictures</title><script>
 @pytest.fixture
 async def attacked_browser() -> AsyncIterator[Browser]:
     """Chromium resolving the attacker's name to this machine: DNS rebinding, done."""
-    rule = f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1"
-    # Chromium's own Local Network Access check blocks such a request from a public page;
-    # Firefox, Safari and older Chromium do not, so the page must refuse it itself: off.
-    unguarded = (
-        "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
-        "PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults"
-    )
-    async with chromium(rule, unguarded) as launched:
+    async with attacked_chromium() as launched:
         yield launched
 
 
