@@ -250,3 +250,42 @@ async def test_a_stop_takes_no_new_delivery_and_does_not_wait_for_the_cancels() 
     first = Message(3, Channel())
     await queue.callback(first)
     assert (acted, first.settled) == ([3], ["ack"])
+
+
+class AnsweringChannel(Channel):
+    """An open channel that answers a passive declare, in the order of what was written."""
+
+    is_closed = False
+
+    def __init__(self, written: list[str]) -> None:
+        self.written = written
+
+    async def exchange_declare(self, exchange: str, *, passive: bool) -> None:
+        self.written.append(f"declare {exchange} passive={passive}")
+
+
+class WrittenMessage(Message):
+    def __init__(self, tag: int, channel: AnsweringChannel) -> None:
+        super().__init__(tag, channel)
+        self.written = channel.written
+
+    async def ack(self, multiple: bool = False) -> None:
+        self.written.append(f"ack {self.delivery_tag}" + (" multiple" if multiple else ""))
+
+
+@pytest.mark.parametrize("ack_runs", [False, True], ids=["acks", "ack runs"])
+async def test_a_stop_ends_with_a_round_trip_after_the_acks_of_each_channel(
+    ack_runs: bool,
+) -> None:
+    """aiormq 6 closes a connection without waiting for the broker: acks the broker had not
+    processed yet were lost with it, and their messages delivered again (second copies).
+    A stop's last word on each channel is a passive declare, answered after those acks."""
+    written: list[str] = []
+    channel = AnsweringChannel(written)
+    consumer = Consumer(pause_s=0, ack_runs=ack_runs)
+    queue = await start(consumer, acting(Outcome.CONFIRMED))
+    assert queue.callback is not None
+    await asyncio.gather(*(queue.callback(WrittenMessage(tag, channel)) for tag in (1, 2)))
+    await consumer.stop(1)
+    acks = ["ack 2 multiple"] if ack_runs else ["ack 1", "ack 2"]
+    assert written == [*acks, "declare amq.direct passive=True"]
