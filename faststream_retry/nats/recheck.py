@@ -114,11 +114,16 @@ class Recheck:
                 if fetched is None:
                     return
                 held = fetched
-                while held:
-                    await self._hold_until(stored_ms(held[0]) + self._tier_ms, held)
+                # Each copy's due time, read once. The head is due first, but for a copy
+                # redelivered among newer ones (stored earlier, so due earlier): each wake
+                # takes every due copy wherever it sits, and waits for the earliest left.
+                waiting = [(stored_ms(m) + self._tier_ms, m) for m in held]
+                while waiting:
+                    await self._hold_until(min(due for due, _ in waiting), held)
                     now = h.now_ms()
-                    ready = [m for m in held if stored_ms(m) + self._tier_ms <= now]
-                    held = held[len(ready) :]
+                    ready = [m for due, m in waiting if due <= now]
+                    waiting = [(due, m) for due, m in waiting if due > now]
+                    held = [m for _, m in waiting]
                     await asyncio.gather(*(self._step(m) for m in ready))
         finally:
             for msg in held:  # stopped while holding: back to the stream now, not after ack_wait
