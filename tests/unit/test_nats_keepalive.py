@@ -1,11 +1,11 @@
-"""The keep-alive of a message whose handler runs (``nats.keepalive``), on a fake ``Msg``."""
+"""The keep-alive of the messages whose handlers run (``nats.keepalive``), on fake ``Msg``s."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING
 
-from faststream_retry.nats.keepalive import kept_alive
+from faststream_retry.nats.keepalive import KeepAlive
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,42 +33,49 @@ async def _wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> No
 
 async def test_a_message_in_hand_is_told_in_progress_every_third_of_ack_wait() -> None:
     msg = _Msg()
-    with kept_alive(msg, 0.15):  # a beat every 50 ms
+    start = asyncio.get_running_loop().time()
+    with KeepAlive().holding(msg, 0.3):  # a beat every 100 ms
         await _wait_for(lambda: msg.beats >= 3)
+    took = asyncio.get_running_loop().time() - start
+    assert 0.25 <= took < 1.0  # three beats, a third of ack_wait apart
     beats = msg.beats
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.25)
     assert msg.beats == beats  # none after the block
 
 
 async def test_a_block_shorter_than_a_third_of_ack_wait_sends_nothing() -> None:
     msg = _Msg()
-    with kept_alive(msg, 0.3):
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.2)
+    keep_alive = KeepAlive()
+    for _ in range(5):  # one after the other, as a subscriber takes them
+        with keep_alive.holding(msg, 0.3):
+            await asyncio.sleep(0.005)
+    await asyncio.sleep(0.25)  # the beat came, with nothing in hand
     assert msg.beats == 0
+
+
+async def test_each_message_in_hand_is_told_and_one_that_left_is_not() -> None:
+    keep_alive = KeepAlive()
+    long, short = _Msg(), _Msg()
+    with keep_alive.holding(long, 0.15):
+        with keep_alive.holding(short, 0.15):
+            await asyncio.sleep(0.01)
+        await _wait_for(lambda: long.beats >= 2)
+    assert short.beats <= 1  # told once at most: it left before a second beat
+    assert long.beats >= 2
 
 
 async def test_a_message_the_server_will_not_keep_is_not_told_again() -> None:
     msg = _Msg(fails=True)  # settled meanwhile, or the connection is gone
-    with kept_alive(msg, 0.06):
+    with KeepAlive().holding(msg, 0.06):
         await _wait_for(lambda: msg.beats >= 1)
         await asyncio.sleep(0.15)
         assert msg.beats == 1
 
 
-async def test_a_beat_being_sent_when_the_block_ends_is_cancelled() -> None:
-    started = asyncio.Event()
-
-    class _Slow(_Msg):
-        async def in_progress(self) -> None:
-            started.set()
-            await asyncio.sleep(10)
-
-    msg = _Slow()
-    block = kept_alive(msg, 0.03)
-    with block:
-        await asyncio.wait_for(started.wait(), 5)
-    sending = block._sending  # the beat in flight
-    assert sending is not None
-    await asyncio.sleep(0)
-    assert sending.cancelled() or sending.done()
+async def test_a_block_inside_another_of_the_same_message_leaves_it_in_hand() -> None:
+    msg = _Msg()
+    keep_alive = KeepAlive()
+    with keep_alive.holding(msg, 0.15):
+        with keep_alive.holding(msg, 0.15):
+            pass
+        await _wait_for(lambda: msg.beats >= 1)

@@ -35,6 +35,7 @@ from faststream_retry.middleware.nats.test_mode import NatsTestSink
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.nats import checks as nats_checks
 from faststream_retry.nats.checks import Finding
+from faststream_retry.nats.keepalive import KeepAlive
 from faststream_retry.outages import HandBacks, Outages
 from faststream_retry.reporting.log import log
 
@@ -69,6 +70,7 @@ class NatsRuntime(Planned):
         self.live: NatsLive | None = None
         self._hand_backs = HandBacks()
         self._js: Any = None
+        self._keep_alive = KeepAlive()
 
     def sink(self) -> NatsSink | NatsTestSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running.
@@ -182,9 +184,7 @@ class NatsRuntime(Planned):
         raw = getattr(msg, "raw_message", None)
         if self.live is None or sub is None or not getattr(raw, "reply", None):
             return contextlib.nullcontext()
-        from faststream_retry.nats.keepalive import kept_alive  # noqa: PLC0415 - nats-py's side
-
-        return kept_alive(raw, nats_subscribers.ack_wait_s(sub))
+        return self._keep_alive.holding(raw, nats_subscribers.ack_wait_s(sub))
 
     async def settle_first(
         self,
