@@ -198,15 +198,18 @@ class NatsRuntime(Planned):
         would silently stop. A retried copy is the plugin's (no ``max_deliver``): not this.
         """
         live = self.live
-        key = None if sub is None else nats_subscribers.key_of(sub)
+        if live is None or not live.running or sub is None:
+            return False
         limit = getattr(nats_subscribers.consumer_config(sub), "max_deliver", None)
-        if live is None or not live.running or key is None or not isinstance(limit, int):
+        if not isinstance(limit, int) or limit <= 0:
             return False
         meta = getattr(getattr(msg, "raw_message", None), "metadata", None)
         delivered = getattr(meta, "num_delivered", None)
-        if limit <= 0 or not isinstance(delivered, int) or delivered < limit:
+        if not isinstance(delivered, int) or delivered < limit:
             return False
-        route = live.plan.route(key)
+        # Read for the last delivery only: the key is built anew at each read.
+        key = nats_subscribers.key_of(sub)
+        route = None if key is None else live.plan.route(key)
         if route is None or getattr(meta, "stream", None) != nats_subscribers.stream_of(sub):
             return False
         from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
