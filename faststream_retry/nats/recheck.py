@@ -117,13 +117,13 @@ class Recheck:
                 # Each copy's due time, read once. The head is due first, but for a copy
                 # redelivered among newer ones (stored earlier, so due earlier): each wake
                 # takes every due copy wherever it sits, and waits for the earliest left.
-                waiting = [(stored_ms(m) + self._tier_ms, m) for m in held]
-                while waiting:
-                    await self._hold_until(min(due for due, _ in waiting), held)
+                dues = [stored_ms(m) + self._tier_ms for m in held]
+                while held:
+                    await self._hold_until(min(dues), held)
                     now = h.now_ms()
-                    ready = [m for due, m in waiting if due <= now]
-                    waiting = [(due, m) for due, m in waiting if due > now]
-                    held = [m for _, m in waiting]
+                    ready = [m for m, due in zip(held, dues, strict=True) if due <= now]
+                    held = [m for m, due in zip(held, dues, strict=True) if due > now]
+                    dues = [due for due in dues if due > now]
                     await asyncio.gather(*(self._step(m) for m in ready))
         finally:
             for msg in held:  # stopped while holding: back to the stream now, not after ack_wait
