@@ -66,9 +66,20 @@ def max_payload_of(msg: Any) -> int:  # noqa: ANN401 - nats-py's Msg
     return size if isinstance(size, int) and size > 0 else _DEFAULT_MAX_PAYLOAD
 
 
+_TOKENS: set[str] = set()
+"""Names found to be tokens: every copy carries the same few, checked once each here."""
+_TOKENS_KEPT = 1024
+"""At most this many: names are the senders' to choose, past it they are checked each time."""
+
+
 def is_token(name: str) -> bool:
     """Whether nats-py sends a header of this name (an empty one it skips)."""
-    return _TOKEN.fullmatch(name.strip() or "x") is not None
+    if name in _TOKENS:
+        return True
+    token = _TOKEN.fullmatch(name.strip() or "x") is not None
+    if token and len(_TOKENS) < _TOKENS_KEPT:
+        _TOKENS.add(name)
+    return token
 
 
 def sendable(headers: Mapping[str, Any]) -> dict[str, Any]:

@@ -114,11 +114,16 @@ class Recheck:
                 if fetched is None:
                     return
                 held = fetched
+                # Each copy's due time, read once. The head is due first, but for a copy
+                # redelivered among newer ones (stored earlier, so due earlier): each wake
+                # takes every due copy wherever it sits, and waits for the earliest left.
+                dues = [stored_ms(m) + self._tier_ms for m in held]
                 while held:
-                    await self._hold_until(stored_ms(held[0]) + self._tier_ms, held)
+                    await self._hold_until(min(dues), held)
                     now = h.now_ms()
-                    ready = [m for m in held if stored_ms(m) + self._tier_ms <= now]
-                    held = held[len(ready) :]
+                    ready = [m for m, due in zip(held, dues, strict=True) if due <= now]
+                    held = [m for m, due in zip(held, dues, strict=True) if due > now]
+                    dues = [due for due in dues if due > now]
                     await asyncio.gather(*(self._step(m) for m in ready))
         finally:
             for msg in held:  # stopped while holding: back to the stream now, not after ack_wait

@@ -110,10 +110,11 @@ def encode(headers: Mapping[str, Any], *, msg_id: str | None) -> dict[str, str]:
     """
     encoded: dict[str, str] = {}
     for key, item in headers.items():
-        if key.lower().startswith(_SERVER):
-            continue
+        # Most names are the plugin's: a ``retry-`` one is never a server's (``nats-``).
         if key.startswith(_RETRY):
-            encoded[key] = value(item)
+            encoded[key] = str(item) if type(item) is int else value(item)
+        elif key.lower().startswith(_SERVER):
+            continue
         elif isinstance(item, str):
             encoded[key] = _one_line(item)
         elif isinstance(item, (bytes, bytearray)):

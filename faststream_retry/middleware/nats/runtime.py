@@ -35,6 +35,7 @@ from faststream_retry.middleware.nats.test_mode import NatsTestSink
 from faststream_retry.middleware.planned import Planned
 from faststream_retry.nats import checks as nats_checks
 from faststream_retry.nats.checks import Finding
+from faststream_retry.nats.keepalive import KeepAlive
 from faststream_retry.outages import HandBacks, Outages
 from faststream_retry.reporting.log import log
 
@@ -69,6 +70,7 @@ class NatsRuntime(Planned):
         self.live: NatsLive | None = None
         self._hand_backs = HandBacks()
         self._js: Any = None
+        self._keep_alive = KeepAlive()
 
     def sink(self) -> NatsSink | NatsTestSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running.
@@ -182,9 +184,7 @@ class NatsRuntime(Planned):
         raw = getattr(msg, "raw_message", None)
         if self.live is None or sub is None or not getattr(raw, "reply", None):
             return contextlib.nullcontext()
-        from faststream_retry.nats.keepalive import kept_alive  # noqa: PLC0415 - nats-py's side
-
-        return kept_alive(raw, nats_subscribers.ack_wait_s(sub))
+        return self._keep_alive.holding(raw, nats_subscribers.ack_wait_s(sub))
 
     async def settle_first(
         self,
@@ -198,15 +198,18 @@ class NatsRuntime(Planned):
         would silently stop. A retried copy is the plugin's (no ``max_deliver``): not this.
         """
         live = self.live
-        key = None if sub is None else nats_subscribers.key_of(sub)
+        if live is None or not live.running or sub is None:
+            return False
         limit = getattr(nats_subscribers.consumer_config(sub), "max_deliver", None)
-        if live is None or not live.running or key is None or not isinstance(limit, int):
+        if not isinstance(limit, int) or limit <= 0:
             return False
         meta = getattr(getattr(msg, "raw_message", None), "metadata", None)
         delivered = getattr(meta, "num_delivered", None)
-        if limit <= 0 or not isinstance(delivered, int) or delivered < limit:
+        if not isinstance(delivered, int) or delivered < limit:
             return False
-        route = live.plan.route(key)
+        # Read for the last delivery only: the key is built anew at each read.
+        key = nats_subscribers.key_of(sub)
+        route = None if key is None else live.plan.route(key)
         if route is None or getattr(meta, "stream", None) != nats_subscribers.stream_of(sub):
             return False
         from faststream_retry.nats.sink import NatsSink  # noqa: PLC0415 - nats-py, on NATS only
