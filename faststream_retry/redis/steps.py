@@ -27,6 +27,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.core.events import Reason
 from faststream_retry.errors import HeadersTooLarge
 from faststream_retry.redis import envelope
+from faststream_retry.redis.lua import split_due
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -117,7 +118,7 @@ async def retry_later(
     Return the outcome (``lua.WRITTEN``, ...) and the copy's due time (epoch ms, the
     server's clock; -1 when another consumer had settled the entry: nothing scheduled).
     """
-    outcome, due = await scripts.retry_later(
+    reply = await scripts.retry_later(
         keys=[keys.stream, keys.schedule, keys.data],
         args=[
             entry.group,
@@ -128,7 +129,7 @@ async def retry_later(
             keys.wake,
         ],
     )
-    return int(outcome), int(due)
+    return split_due(reply)
 
 
 async def dead_letter(
