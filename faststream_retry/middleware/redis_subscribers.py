@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Described",
+    "Names",
     "broker_url",
     "claims_itself",
     "consumer_of",
@@ -32,6 +33,7 @@ __all__ = [
     "is_redis",
     "is_redis_subscriber",
     "key_of",
+    "names",
     "no_ack",
     "own_client",
     "under_test_redis",
@@ -58,48 +60,82 @@ def under_test_redis(broker: Any) -> bool:  # noqa: ANN401 - a RedisBroker
     return kind.__name__ == "FakeProducer" and kind.__module__.startswith("faststream.redis")
 
 
-_READ: weakref.WeakKeyDictionary[Any, tuple[object, str, Any]] = weakref.WeakKeyDictionary()
-"""Each subscriber's ``StreamSub`` as last read, with what it was made of."""
+class Names(NamedTuple):
+    """What the plugin reads a stream subscriber by: its stream and consumer, when covered."""
+
+    key: str | None
+    """The stream (router prefix included) when read in a group by a named consumer."""
+    group: str | None
+    consumer: str | None
 
 
-def _stream_sub(sub: Any) -> Any:  # noqa: ANN401 - FastStream's StreamSub
-    """The subscriber's ``StreamSub``, router prefix included, read once per declaration.
+_NO_NAMES = Names(None, None, None)
+
+_READ: weakref.WeakKeyDictionary[Any, tuple[object, str, Any, Names]] = weakref.WeakKeyDictionary()
+"""Each subscriber's ``StreamSub`` as last read, with what it was made of, and its names."""
+
+
+def _read(sub: Any) -> tuple[Any, Names]:  # noqa: ANN401 - a Redis subscriber
+    """The subscriber's ``StreamSub``, router prefix included, and its names, read once.
 
     FastStream makes a deep copy at each read of ``stream_sub`` (50 µs), and the plugin
-    reads it at every message (``RedisRuntime.holding``) and every failure: the copy is
-    kept while the declared ``StreamSub`` and the routers' prefix it was made of are the
-    same. Only read here, never changed.
+    reads it at every message (``RedisRuntime.holding``) and every failure: the copy and
+    the names taken from it are kept while the declared ``StreamSub`` and the routers'
+    prefix it was made of are the same (a message asks for them four times: 30 calls
+    each, read afresh). Only read here, never changed.
     """
     if not is_redis_subscriber(sub):
-        return None
+        return None, _NO_NAMES
     declared = getattr(sub, "_stream_sub", None)
     prefix = getattr(getattr(sub, "_outer_config", None), "prefix", None)
     if declared is None or not isinstance(prefix, str):
-        return getattr(sub, "stream_sub", None)
+        stream = getattr(sub, "stream_sub", None)
+        return stream, _names(stream)
     try:
         read = _READ.get(sub)
     except TypeError:  # not weakly referable, or not hashable: read it each time
-        return getattr(sub, "stream_sub", None)
+        stream = getattr(sub, "stream_sub", None)
+        return stream, _names(stream)
     if read is not None and read[0] is declared and read[1] == prefix:
-        return read[2]
+        return read[2], read[3]
     stream = getattr(sub, "stream_sub", None)
+    names = _names(stream)
     with contextlib.suppress(TypeError):
-        _READ[sub] = (declared, prefix, stream)
-    return stream
+        _READ[sub] = (declared, prefix, stream, names)
+    return stream, names
+
+
+def _stream_sub(sub: Any) -> Any:  # noqa: ANN401 - FastStream's StreamSub
+    """The subscriber's ``StreamSub``, router prefix included, read once per declaration."""
+    return _read(sub)[0]
+
+
+def _names(stream: Any) -> Names:  # noqa: ANN401 - FastStream's StreamSub, or None
+    if stream is None:
+        return _NO_NAMES
+    group = _text(getattr(stream, "group", None))
+    consumer = _text(getattr(stream, "consumer", None))
+    covered = group is not None and consumer is not None
+    return Names(_text(getattr(stream, "name", None)) if covered else None, group, consumer)
 
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def names(sub: Any) -> Names:  # noqa: ANN401 - a Redis subscriber
+    """``key_of``, ``group_of`` and ``consumer_of`` of ``sub``, in one read."""
+    return _read(sub)[1]
+
+
 def group_of(sub: Any) -> str | None:  # noqa: ANN401 - a Redis subscriber
     """The consumer group a stream subscriber reads in; ``None``: none (or not a stream)."""
-    return _text(getattr(_stream_sub(sub), "group", None))
+    return _read(sub)[1].group
 
 
 def consumer_of(sub: Any) -> str | None:  # noqa: ANN401 - a Redis subscriber
     """The consumer name a stream subscriber reads as; ``None``: none (or not a stream)."""
-    return _text(getattr(_stream_sub(sub), "consumer", None))
+    return _read(sub)[1].consumer
 
 
 def key_of(sub: Any) -> str | None:  # noqa: ANN401 - a Redis subscriber
@@ -109,15 +145,7 @@ def key_of(sub: Any) -> str | None:  # noqa: ANN401 - a Redis subscriber
     reads without a group otherwise). A channel, a list, and a stream read without a
     group have none: their messages are gone once delivered (``describe`` names them).
     """
-    # Read once: FastStream makes a deep copy of its StreamSub at each read of stream_sub.
-    stream = _stream_sub(sub)
-    if stream is None:
-        return None
-    if _text(getattr(stream, "group", None)) is None:
-        return None
-    if _text(getattr(stream, "consumer", None)) is None:
-        return None
-    return _text(getattr(stream, "name", None))
+    return _read(sub)[1].key
 
 
 def no_ack(sub: Any) -> bool:  # noqa: ANN401 - a Redis subscriber

@@ -142,6 +142,8 @@ class Claimer:
         self._settle = settle
         self._unsettled: set[str] = set()
         self._interval_s = min(5.0, max(0.1, idle_ms / 4000))
+        self._fresh_ms = int(self._interval_s * 500)
+        """Half a pass: a keep-alive pass leaves entries idle for less (``keep_alive_once``)."""
         self._alive: asyncio.Task[None] | None = None
         self._claiming: asyncio.Task[None] | None = None
         self._abandoned: dict[str, set[str]] = {}
@@ -231,16 +233,33 @@ class Claimer:
     ) -> int:
         """Reset the idle time of ``consumer``'s entries delivered since this replica started.
 
-        ``seen`` gets the ids of every entry pending for ``consumer``.
+        ``seen`` gets the ids of the entries pending for ``consumer`` that the pass
+        listed: every one when an entry of the stream is abandoned, else those idle for
+        half a pass or more.
         """
         uptime_ms = (time.monotonic() - self._born) * 1000
         abandoned = self._abandoned.get(keys.stream, set())
         holds = self._reading.setdefault((keys.stream, consumer), _Reading()).pass_()
+        # Only entries idle for half a pass or more are listed and reset (XPENDING's
+        # IDLE): one left now was delivered or reset less than half a pass ago, and the
+        # next pass resets it, 1.5 passes after at most (3/8 of idle_ms). So a read
+        # FastStream has just made (a whole backlog, idle for 0 ms) costs a pass nothing,
+        # where it listed every entry (5 reply lines each) and rewrote it (an XCLAIM each,
+        # written to the AOF). With an entry abandoned on the stream, all are listed:
+        # ``seen`` must hold every pending one, or an abandoned entry still pending would
+        # be forgotten, and kept alive again.
+        min_idle = None if abandoned else self._fresh_ms
         start: bytes | str = "-"
         kept = 0
         while True:
             rows: list[dict[str, Any]] = await self._client.xpending_range(
-                keys.stream, group, min=start, max="+", count=_PAGE, consumername=consumer
+                keys.stream,
+                group,
+                min=start,
+                max="+",
+                count=_PAGE,
+                consumername=consumer,
+                idle=min_idle,
             )
             pending = [(r, _str(r["message_id"])) for r in rows]
             if seen is not None:

@@ -6,7 +6,10 @@ again. Every time is the server's (``TIME``), so replicas with skewed clocks agr
 what is due. Times are integer milliseconds.
 
 ``RETRY_LATER``  KEYS stream, schedule, data; ARGV group, entry id, copy id, copy,
-                 delay ms, wake channel. Return ``{outcome, due ms}``. When the entry is
+                 delay ms, wake channel. Return one integer, ``due ms * 4 + outcome``
+                 (``split_due``; one reply line where ``{outcome, due}`` took three,
+                 and exact: a due time of ms since the epoch times 4 is far below
+                 2^53, the largest integer a Lua number holds). When the entry is
                  pending in the group: store the copy, score it ``now + delay``, ``XACK``
                  the entry, nudge the movers when it is the new head (``WRITTEN``).
                  When it is not pending: this very copy already stored (a script run
@@ -61,6 +64,7 @@ __all__ = [
     "SETTLED_ELSEWHERE",
     "WRITTEN",
     "Scripts",
+    "split_due",
 ]
 
 SETTLED_ELSEWHERE = 0
@@ -113,9 +117,9 @@ if refused then return refused end
 local outcome = 1
 if not pending(KEYS[1], ARGV[1], ARGV[2]) then
   if redis.call('HGET', KEYS[3], ARGV[3]) == ARGV[4] then
-    return {3, tonumber(redis.call('ZSCORE', KEYS[2], ARGV[3]) or 0)}
+    return tonumber(redis.call('ZSCORE', KEYS[2], ARGV[3]) or 0) * 4 + 3
   end
-  if present(KEYS[1], ARGV[2]) then return {0, -1} end
+  if present(KEYS[1], ARGV[2]) then return 0 end
   outcome = 2
 end
 """
@@ -127,7 +131,7 @@ redis.call('ZADD', KEYS[2], due, ARGV[3])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 local head = redis.call('ZRANGE', KEYS[2], 0, 0)
 if head[1] == ARGV[3] then redis.call('PUBLISH', ARGV[6], due) end
-return {outcome, due}
+return due * 4 + outcome
 """
 )
 
@@ -190,6 +194,12 @@ redis.call('XADD', KEYS[1], '*', unpack(found[1][2]))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 return 1
 """
+
+
+def split_due(reply: int) -> tuple[int, int]:
+    """Return ``RETRY_LATER``'s ``(outcome, due ms)``; due -1 when nothing was scheduled."""
+    due, outcome = divmod(int(reply), 4)
+    return outcome, -1 if outcome == SETTLED_ELSEWHERE else due
 
 
 class Scripts:

@@ -27,6 +27,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.core.events import Reason
 from faststream_retry.errors import HeadersTooLarge
 from faststream_retry.redis import envelope
+from faststream_retry.redis.lua import split_due
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -69,6 +70,8 @@ class StreamEntry:
     group: str
     id: str
     fields: Mapping[bytes, bytes] = field(default_factory=dict)
+    _envelope: envelope.Envelope | None = field(default=None, init=False, repr=False, compare=False)
+    """``fields`` parsed, at their first read (``parsed``)."""
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], group: str) -> StreamEntry:
@@ -85,9 +88,21 @@ class StreamEntry:
             raw["data"],
         )
 
+    def parsed(self) -> envelope.Envelope:
+        """Return the message in ``fields``, parsed once.
+
+        A failure reads its headers, then its body to build the copy. Its headers are not
+        to be changed (``incoming_headers`` copies them).
+        """
+        found = self._envelope
+        if found is None:
+            found = envelope.parse(self.fields)
+            object.__setattr__(self, "_envelope", found)  # a cache: frozen for the rest
+        return found
+
     def incoming_headers(self) -> dict[str, Any]:
         """Return the headers the entry carries, as ``core.headers`` reads them."""
-        return envelope.from_wire(envelope.parse(self.fields).headers)
+        return envelope.from_wire(self.parsed().headers)
 
 
 def copy_id(entry: StreamEntry) -> str:
@@ -101,7 +116,7 @@ def copy_id(entry: StreamEntry) -> str:
 
 def encode_copy(entry: StreamEntry, headers: Mapping[str, Any]) -> bytes:
     """Return the entry's body with ``headers`` (in place of its own), FastStream-encoded."""
-    return envelope.build(envelope.parse(entry.fields).body, envelope.to_wire(headers))
+    return envelope.build(entry.parsed().body, envelope.to_wire(headers))
 
 
 async def retry_later(
@@ -117,7 +132,7 @@ async def retry_later(
     Return the outcome (``lua.WRITTEN``, ...) and the copy's due time (epoch ms, the
     server's clock; -1 when another consumer had settled the entry: nothing scheduled).
     """
-    outcome, due = await scripts.retry_later(
+    reply = await scripts.retry_later(
         keys=[keys.stream, keys.schedule, keys.data],
         args=[
             entry.group,
@@ -128,7 +143,7 @@ async def retry_later(
             keys.wake,
         ],
     )
-    return int(outcome), int(due)
+    return split_due(reply)
 
 
 async def dead_letter(
@@ -192,7 +207,7 @@ def invalid_letter(entry: StreamEntry, headers: Mapping[str, Any]) -> bytes:
     none), its headers ``invalid_headers``.
     """
     data = entry.fields.get(envelope.DATA_FIELD)
-    body = bytes(data) if data is not None else envelope.parse(entry.fields).body
+    body = bytes(data) if data is not None else entry.parsed().body
     return envelope.build(body, envelope.to_wire(headers))
 
 

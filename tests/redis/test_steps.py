@@ -269,3 +269,34 @@ async def test_a_step_stopped_part_way_leaves_the_entry_pending(
     finally:
         await limited.aclose()
         await client.acl_deluser(user)
+
+
+async def test_a_keep_alive_pass_leaves_a_fresh_read_alone_and_resets_it_half_a_pass_later(
+    client: Redis, stream: str
+) -> None:
+    """A read FastStream has just made (idle 0 ms) costs a pass nothing: not listed, not
+    XCLAIMed; half a pass later the same entries are reset, long before the idle time.
+    With an entry abandoned on the stream every pending one is listed (``seen``), fresh or
+    not, so the abandoned one is not forgotten."""
+    from faststream_retry.redis.claimer import Claimer  # noqa: PLC0415
+    from faststream_retry.redis.keys import stream_keys  # noqa: PLC0415
+
+    entries = await pending_entries(client, stream, 30)
+    keys = stream_keys(stream)
+
+    async def settle(_: StreamEntry) -> None:
+        raise AssertionError("nothing is idle enough to be claimed")
+
+    claimer = Claimer(client, [(keys, GROUP)], consumer="x", idle_ms=1000, settle=settle, born=0)
+    with claimer.holding(stream, "c1", entries[0].id):
+        seen: set[str] = set()
+        assert await claimer.keep_alive_once(keys, GROUP, "c1", seen) == 0, "a fresh read"
+        assert seen == set()
+        await asyncio.sleep(0.2)  # a pass is 250 ms here: idle for half of one or more
+        assert await claimer.keep_alive_once(keys, GROUP, "c1") == 30
+        rows = await client.xpending_range(stream, GROUP, min="-", max="+", count=100)
+        assert all(int(r["time_since_delivered"]) < 100 for r in rows), "reset by the pass"
+        claimer.abandon(stream, entries[5].id)
+        seen = set()
+        assert await claimer.keep_alive_once(keys, GROUP, "c1", seen) == 29, "not the abandoned"
+        assert seen == {e.id for e in entries}, "every pending one listed, fresh or not"

@@ -14,7 +14,7 @@ from redis.crc import key_slot
 from faststream_retry.core import headers as h
 from faststream_retry.core.policy import Fixed, RetryPolicy
 from faststream_retry.errors import RetryConfigError
-from faststream_retry.redis import envelope
+from faststream_retry.redis import envelope, lua
 from faststream_retry.redis.checks import Server, problems
 from faststream_retry.redis.claimer import CONSUMER_LOST, claimed_step
 from faststream_retry.redis.keys import hash_tag, stream_keys
@@ -205,3 +205,16 @@ async def test_a_task_that_swallows_a_cancellation_is_stopped_all_the_same() -> 
     await asyncio.wait_for(stop_tasks([task]), 5)
     assert task.cancelled()
     assert len(swallowed) == 2
+
+
+@given(
+    due=st.integers(min_value=0, max_value=10**13),
+    outcome=st.sampled_from([lua.WRITTEN, lua.FROM_MEMORY, lua.ALREADY_WRITTEN]),
+)
+def test_the_retry_script_s_one_integer_reply_splits_into_its_outcome_and_due(
+    due: int, outcome: int
+) -> None:
+    """RETRY_LATER answers ``due * 4 + outcome`` (one reply line): split back exactly, to the
+    year 2286; an entry another consumer settled answers 0, nothing scheduled (due -1)."""
+    assert lua.split_due(due * 4 + outcome) == (outcome, due)
+    assert lua.split_due(0) == (lua.SETTLED_ELSEWHERE, -1)

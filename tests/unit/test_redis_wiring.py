@@ -109,6 +109,33 @@ def test_a_subscriber_s_stream_is_read_once_until_a_router_prefixes_it(
     RedisBroker().include_router(outer)
     assert redis_subscribers.key_of(sub) == "o.p.s"
     assert len(reads) == 2
+    assert redis_subscribers.names(sub) == ("o.p.s", "g", "c"), "read with the key, once"
+    assert len(reads) == 2
+
+
+def test_a_stream_read_without_a_group_or_a_consumer_name_has_no_key() -> None:
+    """``names`` gives what ``key_of``, ``group_of`` and ``consumer_of`` give, in one read."""
+    broker = RedisBroker()
+
+    @broker.subscriber(stream=StreamSub("a", group="g", consumer="c"))
+    async def covered(body: str) -> None: ...
+
+    @broker.subscriber(stream=StreamSub("b"))
+    async def bare(body: str) -> None: ...
+
+    @broker.subscriber(channel="ch")
+    async def channel(body: str) -> None: ...
+
+    names = [redis_subscribers.names(s) for s in broker.subscribers]
+    assert sorted(names, key=lambda n: n.key or "") == [
+        (None, None, None),
+        (None, None, None),
+        ("a", "g", "c"),
+    ]
+    for sub, (key, group, consumer) in zip(broker.subscribers, names, strict=True):
+        assert redis_subscribers.key_of(sub) == key
+        assert redis_subscribers.group_of(sub) == group
+        assert redis_subscribers.consumer_of(sub) == consumer
 
 
 def test_each_subscriber_is_described_by_its_kind_and_prefixed_name() -> None:

@@ -181,6 +181,8 @@ class RedisLive:
 
     def engine_of(self, stream: str, consumer: str | None = None) -> RedisRetryEngine:
         """Return the engine that covers ``stream`` (read by ``consumer``, if given)."""
+        if not self.late:  # no subscriber joined: the start's engine covers every stream
+            return self.engine
         if consumer is not None and (stream, consumer) in self.late:
             return self.late[(stream, consumer)]
         if not any(s == stream for s, _ in self.kept):
@@ -361,11 +363,10 @@ class RedisRuntime(Planned):
     ) -> contextlib.AbstractContextManager[None]:
         """Tell the claimer a handler runs on ``msg``'s entry, so only held entries stay alive."""
         live = self.live
-        stream = None if sub is None else redis_subscribers.key_of(sub)
+        stream, _, consumer = redis_subscribers.names(sub)
         ids = getattr(msg.raw_message, "get", lambda _key: None)("message_ids")
         if live is None or stream is None or not ids or len(ids) != 1:
             return contextlib.nullcontext()
-        consumer = redis_subscribers.consumer_of(sub)
         (entry_id,) = ids
         entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         return live.engine_of(stream, consumer).holding(stream, consumer or "", entry)
