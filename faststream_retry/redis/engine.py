@@ -60,6 +60,7 @@ from faststream_retry.redis.envelope import EnvelopeTooLarge
 from faststream_retry.redis.keys import StreamKeys, stream_keys
 from faststream_retry.redis.lua import ALREADY_WRITTEN, FROM_MEMORY, SETTLED_ELSEWHERE, Scripts
 from faststream_retry.redis.mover import Mover
+from faststream_retry.reporting.log import Throttle
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -71,6 +72,9 @@ if TYPE_CHECKING:
 __all__ = ["RedisRetryEngine"]
 
 logger = logging.getLogger("faststream_retry.redis")
+# A producer's MAXLEN below its backlog trims every held entry: one line per stream and
+# minute says so, with how many more, not one per failure.
+_TRIMMED = Throttle(60.0, logger=logger)
 
 DEFAULT_DLQ_MAXLEN = 100_000
 
@@ -352,7 +356,9 @@ class RedisRetryEngine:
 def _say(outcome: int, entry: StreamEntry, done: str) -> None:
     """Log the outcomes of a step that are not the plain one."""
     if outcome == FROM_MEMORY:
-        logger.warning(
+        _TRIMMED.log(
+            logging.WARNING,
+            ("trimmed", entry.stream),
             "entry %s of %s was gone from the stream when its failure was settled (trimmed "
             "by MAXLEN or deleted while a handler held it): %s from the handler's copy. "
             "Keep a covered stream's MAXLEN above its backlog",

@@ -256,10 +256,19 @@ class Throttle:
     fails every copy: one line each would flood the log with what one line says.
     """
 
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        """Let one line per key through every ``interval_s`` seconds of ``clock``."""
+    def __init__(
+        self,
+        interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        """Let one line per key through every ``interval_s`` seconds of ``clock``.
+
+        The lines go to ``logger``, the plugin's own logger (``log``) unless given.
+        """
         self._interval_s = interval_s
         self._clock = clock
+        self._logger = logger
         self._open_at: dict[object, float] = {}
         self._held: dict[object, int] = {}
 
@@ -276,7 +285,7 @@ class Throttle:
         if held:
             msg += " (and %d more like it in the last %.0f s)"
             args = (*args, held, self._interval_s)
-        log.log(level, msg, *args)
+        (self._logger or log).log(level, msg, *args)
 
 
 _THROTTLE_KEYS = 1000

@@ -173,6 +173,25 @@ async def test_a_failure_on_an_entry_trimmed_while_held_is_still_written(
     assert json.loads(letter.body) == {"id": 1}
 
 
+async def test_failures_of_many_trimmed_entries_say_so_once_not_once_each(
+    client: Redis, stream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A producer's MAXLEN below its backlog trims every entry a handler holds: each dead
+    letter is still written from the handler's copy, and the log says it once a minute per
+    stream (with how many more at the next line), not once per letter."""
+    entries = await pending_entries(client, stream, 5)
+    await client.xtrim(stream, maxlen=0)
+    engine = RedisRetryEngine(client, [(stream, GROUP)], claim_idle_ms=60_000)
+    assert engine.claimer is not None
+    await engine.claimer.claim_once(engine.keys(stream), GROUP)  # drops them from the PEL
+    with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
+        for entry in entries:
+            assert await engine.dead_letter(entry, headers={h.REASON: "exhausted"}) is True
+    said = [r for r in caplog.records if "when its failure was settled" in r.message]
+    assert len(said) == 1
+    assert await client.xlen(engine.keys(stream).dlq) == 5
+
+
 async def test_copies_due_to_a_stream_whose_group_was_deleted_wait_in_the_schedule(
     client: Redis, stream: str, caplog: pytest.LogCaptureFixture
 ) -> None:
