@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from faststream_retry.core import headers as h
 from faststream_retry.core import steps
 from faststream_retry.core.decision import Action
-from faststream_retry.core.events import EventKind
+from faststream_retry.core.events import EventKind, Reason
 from faststream_retry.redis import steps as redis_steps
 from faststream_retry.redis.envelope import EnvelopeTooLarge
 from faststream_retry.redis.keys import stream_keys
@@ -123,7 +123,7 @@ class RedisSink:
             self._give_up(msg, entry)
             raise
         except Exception as unbuilt:  # bytes no copy can be built from
-            await self._invalid(msg, entry, unbuilt)
+            await self._invalid(msg, entry, route, unbuilt)
             return
         self._settled(msg)
 
@@ -163,8 +163,15 @@ class RedisSink:
         self._engine.abandon(entry)
         self._kept(msg)
 
-    async def _invalid(self, msg: Message, entry: StreamEntry, exc: Exception) -> None:
-        """Dead-letter an entry whose copy could not be built, with a letter that cannot fail."""
+    async def _invalid(
+        self, msg: Message, entry: StreamEntry, route: Route, exc: Exception
+    ) -> None:
+        """Dead-letter an entry whose copy could not be built, with a letter that cannot fail.
+
+        Reported as every dead letter is (hooks, metrics, span, line): an operator's alert
+        on dead letters must see these too. The event is the core's, from what is known
+        without the entry's headers.
+        """
         logger.warning(
             "entry %s of %s: its copy could not be built (%s): dead-lettered as invalid, "
             "its bytes as they were",
@@ -172,8 +179,28 @@ class RedisSink:
             entry.stream,
             h.exception_name(exc),
         )
+        failure = h.FailureRecord(
+            attempt=h.read_attempt(msg.headers) + 1,
+            at_ms=h.now_ms(),
+            exception=h.exception_name(exc),
+            error=str(exc),
+        )
+        letter = steps.dead_letter(
+            route.dlq, route.queue, msg.message_id, None, failure, reason=Reason.INVALID
+        )
+
+        async def send(_copy: Copy) -> bool:
+            return await self._engine.dead_letter_invalid(entry, exc)
+
         try:
-            await self._engine.dead_letter_invalid(entry, exc)
+            await self._reporter.publish(
+                letter.event,
+                letter.copy,
+                send,
+                incoming=None,
+                exception=exc,
+                destination=stream_keys(entry.stream).dlq,
+            )
         except BaseException:
             self._give_up(msg, entry)
             raise

@@ -20,7 +20,7 @@ import pytest
 from faststream.redis import RedisBroker, StreamSub
 from redis.asyncio import Redis
 
-from faststream_retry import RetryMiddleware, RetryPolicy
+from faststream_retry import EventKind, Reason, RetryEvent, RetryMiddleware, RetryPolicy
 from faststream_retry.core import headers as h
 from faststream_retry.redis import envelope
 from faststream_retry.redis.engine import RedisRetryEngine
@@ -108,8 +108,12 @@ async def test_a_failed_entry_the_sink_cannot_copy_is_dead_lettered_as_invalid(
 ) -> None:
     """FastStream reads the entry and its handler fails; the plugin cannot build its copy, so it
     dead-letters it as invalid with its raw bytes (before: the sink raised, and the entry
-    stayed pending, for the claimer to fail on too)."""
-    retry = RetryMiddleware(RetryPolicy(max_attempts=3), claim_idle=timedelta(seconds=60))
+    stayed pending, for the claimer to fail on too), and reports it as every dead letter is:
+    one hook event, ``invalid``, naming the stream that holds the letter."""
+    events: list[RetryEvent] = []
+    retry = RetryMiddleware(
+        RetryPolicy(max_attempts=3), claim_idle=timedelta(seconds=60), hooks=[events.append]
+    )
     broker = RedisBroker(redis_url, middlewares=[retry])
     calls: list[int] = []
 
@@ -133,3 +137,5 @@ async def test_a_failed_entry_the_sink_cannot_copy_is_dead_lettered_as_invalid(
     assert calls == [1]
     ((_, letter),) = await read_stream(client, keys.dlq)
     invalid_letter_of(letter, stream)
+    dead = [e for e in events if e.kind is EventKind.DEAD_LETTERED]
+    assert [(e.reason, e.dlq) for e in dead] == [(Reason.INVALID, keys.dlq)]
