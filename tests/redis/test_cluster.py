@@ -91,7 +91,9 @@ async def test_retries_and_dead_letters_on_a_cluster(
         assert len(slots) == 1, f"keys in slots {slots}"
         await app.publish(range(N))
         good = N - N // 10
-        await eventually(lambda: sum(app.done.values()) >= good, what="every retry handled")
+        await eventually(
+            lambda: sum(app.done.values()) >= good, timeout=45, what="every retry handled"
+        )
 
         async def all_dead() -> bool:
             return (
@@ -143,7 +145,9 @@ async def test_the_middleware_on_a_cluster_broker_retries_and_dead_letters(
     try:
         for n in range(N):
             await broker.publish({"id": n}, stream=stream)
-        await eventually(lambda: sum(done.values()) >= N - N // 10, what="every retry handled")
+        await eventually(
+            lambda: sum(done.values()) >= N - N // 10, timeout=45, what="every retry handled"
+        )
         dlq = stream_keys(stream).dlq
 
         async def all_dead() -> bool:
