@@ -292,11 +292,11 @@ class RedisRuntime(Planned):
         from faststream_retry.redis import refusals  # noqa: PLC0415 - the Redis side's texts
 
         default = self.config.default
-        key, route = redis_subscribers.key_of(sub), _internals.route_of(sub)
+        key, group, consumer = redis_subscribers.names(sub)
+        route = _internals.route_of(sub)
         covered = key is not None and route is not None and route.enabled(default)
         plan = live.plan.with_route(route) if covered and route is not None else live.plan
         _refuse(_refusals(sub, plan, default, refusals) + refusals.key_problems(plan.routes))
-        group, consumer = redis_subscribers.group_of(sub), redis_subscribers.consumer_of(sub)
         if not covered or key is None or route is None or group is None or consumer is None:
             return False
         checks.refuse_ack_first_of(sub, route)
@@ -332,7 +332,7 @@ class RedisRuntime(Planned):
     async def joined(self, sub: Any) -> None:  # noqa: ANN401 - a Redis subscriber
         """A covered subscriber that joined reads now: start its engine's mover and claimer."""
         live = self.live
-        key, consumer = redis_subscribers.key_of(sub), redis_subscribers.consumer_of(sub)
+        key, _, consumer = redis_subscribers.names(sub)
         engine = None if live is None else live.late.get((key or "", consumer or ""))
         if engine is not None:
             await engine.start()
@@ -344,13 +344,12 @@ class RedisRuntime(Planned):
         are still settled (the steps need no task).
         """
         live = self.live
-        key, consumer = redis_subscribers.key_of(sub), redis_subscribers.consumer_of(sub)
+        key, _, consumer = redis_subscribers.names(sub)
         engine = None if live is None else live.late.get((key or "", consumer or ""))
         if engine is None or any(
             other is not sub
             and getattr(other, "running", False)
-            and redis_subscribers.key_of(other) == key
-            and redis_subscribers.consumer_of(other) == consumer
+            and redis_subscribers.names(other)[::2] == (key, consumer)  # key and consumer
             for other in self.broker.subscribers
         ):
             return
