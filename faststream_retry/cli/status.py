@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from typing import TYPE_CHECKING, Annotated
 
@@ -31,7 +30,7 @@ from faststream_retry.core.defaults import PREFIX
 from faststream_retry.core.topology import looks_like_intake
 from faststream_retry.ops.common import OperationError, safe_broker_url
 from faststream_retry.ops.explanation import format_ms
-from faststream_retry.ops.status_open import status_of
+from faststream_retry.ops.status_open import StatusReader, status_of
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -95,16 +94,10 @@ def status(
     subscriber's key (STREAM.DURABLE); on Redis (redis://...) a covered stream.
     """
     loaded, url, origin = app_and_broker(app, url, factory=factory)
-    once = functools.partial(
-        status_of,
-        url,
-        queues or [],
-        app=loaded,
-        management_url=management_url,
-        prefix=prefix,
-    )
     if not watch:
-        found = run(once())
+        found = run(
+            status_of(url, queues or [], app=loaded, management_url=management_url, prefix=prefix)
+        )
         if json:
             print_json({**found.to_json(), "broker": safe_broker_url(url)})
         else:
@@ -112,16 +105,24 @@ def status(
         return
     if json:
         fail("--watch shows a live table; leave out --json")
+    reader = StatusReader(
+        url, queues or [], app=loaded, management_url=management_url, prefix=prefix
+    )
     try:
-        asyncio.run(_watch(once, examined(url, origin)))
+        asyncio.run(_watch(reader, examined(url, origin)))
     except KeyboardInterrupt:
         return  # Ctrl-C is how a watch ends: a success, and nothing was changed
     except OperationError as exc:
         fail(str(exc))
 
 
-async def _watch(ask: Callable[[], Awaitable[Status]], header: str) -> None:
-    """Ask again every ``REFRESH_S``, on a connection of its own each time."""
+async def _watch(reader: StatusReader, header: str) -> None:
+    """Read again every ``REFRESH_S`` (on RabbitMQ over one connection, ``StatusReader``)."""
+    async with reader:
+        await _refresh(reader.read, header)
+
+
+async def _refresh(ask: Callable[[], Awaitable[Status]], header: str) -> None:
     footer = f"refreshing every {REFRESH_S:g} s; Ctrl-C ends"
     if not out.is_terminal:
         # Piped or logged: Live would print only at the end; a snapshot per refresh

@@ -180,12 +180,13 @@ def check_name(name: str, what: str = "queue") -> str:
 
 @asynccontextmanager
 async def connect(
-    url: str, timeout: float = CONNECT_TIMEOUT_S
+    url: str, timeout: float = CONNECT_TIMEOUT_S, *, name: str | None = None
 ) -> AsyncIterator[AbstractConnection]:
     """Open a plain (not robust) connection to ``url`` and close it on exit.
 
     Not robust on purpose: an operator's command should fail at once and say so
-    rather than reconnect behind a half-done move.
+    rather than reconnect behind a half-done move. ``name``: the connection's name in
+    the broker's listings (``connection_name``).
 
     Raises:
         OperationError: the broker cannot be reached or refused the login.
@@ -197,7 +198,11 @@ async def connect(
     if not url.startswith(("amqp://", "amqps://")):
         raise OperationError(f"the broker's URL starts amqp:// or amqps://, got {safe_url(url)}")
     try:
-        connection = await aio_pika.connect(url, timeout=timeout)
+        connection = await aio_pika.connect(
+            url,
+            timeout=timeout,
+            client_properties=None if name is None else {"connection_name": name},
+        )
     except Exception as exc:  # any failure to connect is the same answer to an operator
         raise OperationError(connect_failure(url, exc)) from exc
     try:

@@ -6,6 +6,7 @@ redis-py, and one of Redis no nats-py.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from faststream_retry.ops.common import OperationError, connect, is_nats_url, is_redis_url
@@ -15,10 +16,12 @@ from faststream_retry.ops.status import status as rabbit_status
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from aio_pika.abc import AbstractConnection
+
     from faststream_retry.middleware.app import LoadedApp
     from faststream_retry.ops.status import Status
 
-__all__ = ["status_of"]
+__all__ = ["StatusReader", "status_of"]
 
 
 async def status_of(
@@ -57,4 +60,92 @@ async def status_of(
             management_url=management_url,
             vhost=vhost_of(url),
             prefix=prefix,
+        )
+
+
+WATCH_CONNECTION = "faststream-retry status --watch"
+"""The name a watch's RabbitMQ connection shows in the management UI and ``list_connections``."""
+
+
+class StatusReader:
+    """``status_of`` again and again, as ``status --watch`` reads it.
+
+    On RabbitMQ one connection is kept open from one read to the next: a connection per
+    read would be three lines of the broker's log every refresh (accepted, authenticated,
+    closed), 130,000 a day for a watch left open in a terminal. A read that finds the
+    connection closed (the broker restarted) opens a new one, once. NATS and Redis log no
+    client connection by default: each read connects on its own, as ``status`` does.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        queues: Sequence[str] = (),
+        *,
+        app: LoadedApp | None = None,
+        management_url: str | None = None,
+        prefix: str,
+    ) -> None:
+        """Read what ``status_of(url, queues, ...)`` reads."""
+        self._url = url
+        self._queues = queues
+        self._app = app
+        self._management_url = management_url
+        self._prefix = prefix
+        self._held = contextlib.AsyncExitStack()
+        self._connection: AbstractConnection | None = None
+
+    async def __aenter__(self) -> StatusReader:  # noqa: PYI034 - Self needs typing_extensions
+        """Nothing is opened before the first read."""
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Close the connection held between reads."""
+        self._connection = None
+        await self._held.aclose()
+
+    async def read(self) -> Status:
+        """Return the broker's status now.
+
+        Raises:
+            OperationError: the broker cannot be read (as ``status_of``).
+        """
+        if is_nats_url(self._url) or is_redis_url(self._url):
+            return await status_of(
+                self._url,
+                self._queues,
+                app=self._app,
+                management_url=self._management_url,
+                prefix=self._prefix,
+            )
+        held = self._connection is not None and not self._connection.is_closed
+        try:
+            return await self._read_rabbit()
+        except OperationError:
+            raise
+        except Exception:
+            if not held:
+                raise
+            # The held connection broke between the check and the read: once, anew.
+            await self._reopen()
+            return await self._read_rabbit()
+
+    async def _read_rabbit(self) -> Status:
+        if self._connection is None or self._connection.is_closed:
+            await self._reopen()
+        assert self._connection is not None  # noqa: S101 - _reopen opened it or raised
+        return await rabbit_status(
+            self._connection,
+            self._queues,
+            app=self._app,
+            management_url=self._management_url,
+            vhost=vhost_of(self._url),
+            prefix=self._prefix,
+        )
+
+    async def _reopen(self) -> None:
+        await self.__aexit__()
+        self._held = contextlib.AsyncExitStack()
+        self._connection = await self._held.enter_async_context(
+            connect(self._url, name=WATCH_CONNECTION)
         )

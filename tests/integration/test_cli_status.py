@@ -22,8 +22,9 @@ from faststream.rabbit import RabbitBroker
 from faststream_retry.core import headers
 from faststream_retry.middleware.app import LoadedApp
 from faststream_retry.ops.app import load_app
+from faststream_retry.ops.status_open import WATCH_CONNECTION
 from tests.cli import environment, run_cli, script
-from tests.rabbit import delete_declared, queue_depth, unique
+from tests.rabbit import delete_declared, queue_depth, script_broker_ctl, unique
 from tests.unit.test_management import Recorder, server  # noqa: F401 - a fixture
 
 if TYPE_CHECKING:
@@ -248,6 +249,10 @@ async def test_the_human_table_shows_counts_and_missing_queues(
 async def test_watch_prints_a_snapshot_every_refresh_and_ctrl_c_ends_it_with_status_0(
     started: Started, rabbit_url: str
 ) -> None:
+    """And it keeps one named connection open from refresh to refresh (when rabbitmqctl
+    can list them): a connection per refresh would be three lines of the broker's log
+    every 2 s."""
+    ctl = script_broker_ctl(rabbit_url)
     process = await asyncio.create_subprocess_exec(
         *script(),
         "status",
@@ -271,11 +276,28 @@ async def test_watch_prints_a_snapshot_every_refresh_and_ctrl_c_ends_it_with_sta
 
     try:
         await asyncio.wait_for(two_snapshots(), 30)
+        if ctl is not None:
+            first = await _watch_connections(ctl)
+            await asyncio.wait_for(two_snapshots(), 30)
+            assert await _watch_connections(ctl) == first
+            assert len(first) == 1, first
     finally:
         process.send_signal(signal.SIGINT)
         _, err = await asyncio.wait_for(process.communicate(), 15)
     assert process.returncode == 0, err.decode()
     assert "Traceback" not in err.decode()
+
+
+async def _watch_connections(ctl: Path) -> set[str]:
+    """The peer ports of the connections a ``status --watch`` has open at the broker."""
+    listed = await asyncio.to_thread(
+        subprocess.run,
+        [str(ctl), "list_connections", "peer_port", "client_properties"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {line.split()[0] for line in listed.stdout.splitlines() if WATCH_CONNECTION in line}
 
 
 async def test_status_exits_2_when_the_broker_the_app_or_the_management_api_cannot_be_read(
