@@ -515,10 +515,6 @@ def replay(
 
     async def go() -> ops.Outcome:
         if is_store_url(url):
-            if rate is not None:
-                raise OperationError(
-                    "--rate is for RabbitMQ queues; leave it out on NATS and Redis"
-                )
             async with open_store(url, queue, prefix=prefix) as store:
                 with _progress("replaying", show=not dry_run) as progress:
                     return await stores.replay_dead_letters(
@@ -527,6 +523,7 @@ def replay(
                         to=to,
                         limit=limit,
                         dry_run=dry_run,
+                        rate=rate,
                         progress=progress,
                     )
         async with connect(url) as connection:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from faststream_retry.core import headers as h
 from faststream_retry.ops.common import OperationError
 from faststream_retry.ops.dlq import LIST_LIMIT, Imported, Outcome
+from faststream_retry.ops.pace import Rate
 from faststream_retry.ops.records import DeadLetter, Decoder, Selection
 from faststream_retry.ops.walk import Pass
 from faststream_retry.ops.wire import FORMAT, decode_value, encode_value
@@ -211,6 +212,7 @@ async def replay_dead_letters(
     limit: int | None = None,
     dry_run: bool = False,
     now_ms: Callable[[], int] = h.now_ms,
+    rate: float | None = None,
     progress: Callable[[Pass], None] | None = None,
 ) -> Outcome:
     """Send the selected dead letters back to their subscriber (or ``to``), a fresh retry state.
@@ -221,6 +223,8 @@ async def replay_dead_letters(
     killed between a confirmation and the removal leaves that one dead letter in place
     as well as its copy (NATS: a replay run again within the stream's duplicate window,
     2 minutes, publishes no second copy; Redis: publish and removal are one script).
+    ``rate``: at most this many a second (a replayed poison fails again at once: a
+    thousand of them back at full speed would crowd the subscriber's good messages).
 
     Raises:
         OperationError: a target cannot take the copies (checked before anything
@@ -235,7 +239,9 @@ async def replay_dead_letters(
     if dry_run:
         return outcome
     done.kept -= len(taken)
+    pace = Rate(rate)
     for stored in taken:
+        await pace.wait()
         headers = h.replayed_headers(stored.decoded, now_ms())
         try:
             moved = await store.replay(stored, headers, to)

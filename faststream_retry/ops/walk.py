@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,6 +51,7 @@ from pamqp import commands
 
 from faststream_retry.core import headers as h
 from faststream_retry.ops.common import OperationError, check_name, exclusive
+from faststream_retry.ops.pace import Rate
 from faststream_retry.rabbit import frames
 from faststream_retry.rabbit.probe import depth, plain_classic
 from faststream_retry.rabbit.publisher import encodable_headers
@@ -256,22 +256,6 @@ async def publish(
         raise OperationError(f"{where} did not take the message ({reply}): does it exist?")
 
 
-class _Rate:
-    """At most ``per_s`` moves a second, evenly spaced."""
-
-    def __init__(self, per_s: float | None) -> None:
-        self._gap = 1 / per_s if per_s else 0.0
-        self._next = time.monotonic()
-
-    async def wait(self) -> None:
-        if not self._gap:
-            return
-        now = time.monotonic()
-        if self._next > now:
-            await asyncio.sleep(self._next - now)
-        self._next = max(self._next, now) + self._gap
-
-
 WINDOW = 200
 """Copies in flight at once: the broker's confirms, not the round trips, set the pace."""
 _STOP = asyncio.Event()
@@ -355,7 +339,7 @@ class _Walker:
         self.user = user
         self.visit = visit
         self.enough = enough
-        self.pace = _Rate(rate)
+        self.pace = Rate(rate)
         # A paced pass is slow on purpose: one copy in flight costs it no speed, and a
         # kill then leaves at most one message twice, however slow the broker's confirms.
         self.window = 1 if rate else WINDOW

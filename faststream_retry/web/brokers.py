@@ -329,13 +329,16 @@ class StoreBroker:
         selection: Selection,
         to: str | None,
         dry_run: bool,
-        rate: float,  # noqa: ARG002 - one confirmed publish at a time: no burst to pace
+        rate: float,
         progress: Callable[[Pass], None] | None,
     ) -> Outcome:
-        """Each copy confirmed (NATS: PubAck; Redis: one script) before its letter goes."""
+        """Each copy confirmed (NATS: PubAck; Redis: one script) before its letter goes.
+
+        At most ``rate`` a second, as on RabbitMQ.
+        """
         async with open_store(self.url, queue, prefix=self._prefix) as store:
             return await stores.replay_dead_letters(
-                store, selection=selection, to=to, dry_run=dry_run, progress=progress
+                store, selection=selection, to=to, dry_run=dry_run, rate=rate, progress=progress
             )
 
     async def purge(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,8 @@ class App:
         self.key = f"{self.stream}.d"
         self.broken = True
         self.done: Counter[int] = Counter()
+        self.at: list[float] = []
+        """When each handled call came (``time.monotonic``)."""
         self.broker = NatsBroker(url, middlewares=[middleware(names)], logger=None)
 
         @self.broker.subscriber(
@@ -55,6 +58,7 @@ class App:
             if self.broken:
                 raise PermanentError(f"message {body['id']}")
             self.done[int(body["id"])] += 1
+            self.at.append(time.monotonic())
 
     async def send(self, n: int) -> None:
         for i in range(n):
@@ -147,6 +151,24 @@ async def test_replay_hands_each_dead_letter_to_its_subscriber_once(
         await until(handled, 60, "300 replayed messages handled")
         assert await stream_count(js, app.dlq) == 0
     assert app.done == dict.fromkeys(range(300), 1), "each id once, none twice"
+
+
+async def test_replay_keeps_to_the_rate(nats_url: str, names: Names, js: JetStreamContext) -> None:
+    """10 at --rate 20: the first and last are handled at least 9/20 s apart, as on RabbitMQ."""
+    app = App(nats_url, names)
+    async with running(app.broker):
+        await app.send(10)
+        await dead(js, app, 10)
+        app.broken = False
+        replayed = await cli(nats_url, names, "dlq", "replay", app.stream, "--rate", "20")
+        assert replayed["moved"] == 10
+
+        async def handled() -> bool:
+            return len(app.at) >= 10
+
+        await until(handled, 60, "10 replayed messages handled")
+    assert app.done == dict.fromkeys(range(10), 1)
+    assert app.at[-1] - app.at[0] >= 9 / 20 * 0.9
 
 
 async def test_replay_to_a_subscriber_that_never_ran_is_refused(

@@ -146,6 +146,19 @@ async def test_replay_puts_each_back_once(redis_url: str, client: Redis, app: Ap
     assert app.done == dict.fromkeys(range(300), 1), "each id once, none twice"
 
 
+async def test_replay_keeps_to_the_rate(redis_url: str, client: Redis, app: App) -> None:
+    """10 at --rate 20: the first and last copies are added at least 9/20 s apart (their
+    entry ids are the server's milliseconds), as on RabbitMQ."""
+    await app.send(10)
+    await dead(client, app, 10)
+    app.broken = False
+    replayed = await cli(redis_url, "dlq", "replay", app.stream, "--rate", "20")
+    assert replayed["moved"] == 10
+    added: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(app.stream)  # type: ignore[assignment]
+    copies = [int(entry_id.split(b"-")[0]) for entry_id, _ in added[-10:]]
+    assert copies[-1] - copies[0] >= 9 / 20 * 1000 * 0.9
+
+
 async def test_replay_to_a_stream_that_does_not_exist_is_refused(
     redis_url: str, client: Redis, app: App
 ) -> None:
