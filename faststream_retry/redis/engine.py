@@ -77,6 +77,8 @@ logger = logging.getLogger("faststream_retry.redis")
 _TRIMMED = Throttle(60.0, logger=logger)
 
 DEFAULT_DLQ_MAXLEN = 100_000
+_NODE = 100
+"""Redis' default ``stream-node-max-entries``, when ``CONFIG`` does not say."""
 
 
 class RedisRetryEngine:
@@ -138,6 +140,8 @@ class RedisRetryEngine:
         self._policy = policy or RetryPolicy()
         self._policies = dict(policies or {})
         self._dlq_maxlen = dlq_maxlen
+        self._uncapped: set[str] = set()
+        """Streams whose ``.dlq`` held more than the cap at start: not trimmed (``check``)."""
         self._claim_idle_ms = claim_idle_ms
         self._reporter = reporter
         self.mover = Mover(
@@ -174,9 +178,46 @@ class RedisRetryEngine:
         return self._groups[stream]
 
     async def check(self) -> Server:
-        """Check the server; raise ``RetryTopologyError`` naming every problem."""
+        """Check the server; raise ``RetryTopologyError`` naming every problem.
+
+        A ``.dlq`` that already holds more dead letters than the cap (an upgrade from no
+        cap, a lowered ``dlq_max_length``) is not capped in this run: its next letter's
+        ``MAXLEN`` would trim every letter over the cap at once, and a start must never
+        delete dead letters. A warning says so; the cap applies from the next start that
+        finds it below.
+        """
         self.server = await check_server(self._client, list(self._keys))
+        await self._hold_caps()
         return self.server
+
+    async def _hold_caps(self) -> None:
+        self._uncapped.clear()
+        if not self._dlq_maxlen:
+            return
+        try:
+            config = await self._client.config_get("stream-node-max-entries")
+            node = int(config.get("stream-node-max-entries") or _NODE)
+        except (RedisError, ValueError):  # CONFIG renamed or denied (a managed service)
+            node = _NODE
+        for stream, keys in self._keys.items():
+            held = int(await self._client.xlen(keys.dlq))
+            # MAXLEN ~ trims whole nodes: a capped .dlq runs over by less than one.
+            if held >= self._dlq_maxlen + node:
+                self._uncapped.add(stream)
+                logger.warning(
+                    "faststream-retry: %s holds %d dead letters, more than its cap "
+                    "dlq_max_length=%d, so the cap is not applied: a start never deletes "
+                    "dead letters. Export or replay them (faststream-retry dlq export/replay "
+                    "%s), or raise dlq_max_length; the cap applies at the next start below it",
+                    keys.dlq,
+                    held,
+                    self._dlq_maxlen,
+                    stream,
+                )
+
+    def _maxlen(self, stream: str) -> int:
+        """The ``MAXLEN`` of ``stream``'s next dead letter (0: none)."""
+        return 0 if stream in self._uncapped else self._dlq_maxlen
 
     async def start(self) -> None:
         """Check the server unless ``check()`` did, then start moving (and claiming)."""
@@ -239,7 +280,7 @@ class RedisRetryEngine:
             self.keys(entry.stream),
             entry,
             headers=headers,
-            maxlen=self._dlq_maxlen,
+            maxlen=self._maxlen(entry.stream),
         )
         _say(outcome, entry, "its dead letter was added")
         return outcome != SETTLED_ELSEWHERE
@@ -252,7 +293,7 @@ class RedisRetryEngine:
     async def _place_invalid(self, entry: StreamEntry, headers: Mapping[str, Any]) -> bool:
         letter = steps.invalid_letter(entry, headers)
         outcome = await steps.place_letter(
-            self._scripts, self.keys(entry.stream), entry, letter, maxlen=self._dlq_maxlen
+            self._scripts, self.keys(entry.stream), entry, letter, maxlen=self._maxlen(entry.stream)
         )
         _say(outcome, entry, "its dead letter was added")
         return outcome != SETTLED_ELSEWHERE

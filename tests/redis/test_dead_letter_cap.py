@@ -5,6 +5,7 @@ of ``stream-node-max-entries``, 100 by default, so it runs over by less than one
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -70,3 +71,19 @@ async def test_with_no_cap_every_dead_letter_is_kept(
     """``dlq_max_length=None``: all 300 letters stay."""
     kept = await dead_letter_all(redis_url, client, stream, dlq_max_length=None)
     assert kept == list(range(SENT))
+
+
+async def test_a_cap_lower_than_what_the_dlq_holds_deletes_nothing_at_the_next_letter(
+    redis_url: str, client: Redis, stream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """300 letters kept with no cap, then a start with cap 10 (a lowered dlq_max_length):
+    a warning names the .dlq and the fix, and the next 300 letters trim nothing (600 kept):
+    only the operator deletes dead letters."""
+    assert len(await dead_letter_all(redis_url, client, stream, dlq_max_length=None)) == SENT
+    with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
+        kept = await dead_letter_all(redis_url, client, stream, dlq_max_length=CAP)
+    assert kept == list(range(SENT)) * 2, "no dead letter trimmed"
+    said = [r.getMessage() for r in caplog.records if "cap is not applied" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"{stream_keys(stream).dlq} holds {SENT} dead letters" in said[0]
+    assert "dlq export/replay" in said[0]
