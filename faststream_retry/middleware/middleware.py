@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from faststream.specification.base import SpecificationFactory
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
+    from typing_extensions import Self
 
     from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.core.topology import Route
@@ -778,6 +779,21 @@ class _RetryScope(BaseMiddleware):
         """Hand the message back to its queue, after a pause (no hot loop)."""
         await requeue_after_pause(msg, pause_s)
         self._settled = True
+
+    # FastStream enters and exits a scope per message: BaseMiddleware's would start a
+    # coroutine more for each (on_receive, after_processed), for nothing on a success.
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_val: BaseException | None = None,
+        exc_tb: TracebackType | None = None,
+    ) -> bool | None:
+        if not self._settled or exc_val is None:
+            return None
+        return await self.after_processed(exc_type, exc_val, exc_tb)
 
     async def after_processed(
         self,

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 __all__ = ["NatsRuntime"]
 
+_CONSUMERS_KEPT = 256
+
 
 class NatsRuntime(Planned):
     """Everything the plugin holds for one ``NatsBroker``."""
@@ -71,6 +73,9 @@ class NatsRuntime(Planned):
         self._hand_backs = HandBacks()
         self._js: Any = None
         self._keep_alive = KeepAlive()
+        # Per subscriber (by id, the subscriber kept with it): its consumer's max_deliver
+        # and ack_wait, as declared, read once rather than at every message.
+        self._consumers: dict[int, tuple[Any, int, float]] = {}
 
     def sink(self) -> NatsSink | NatsTestSink | None:
         """Where this broker's failures go now; ``None``: the plugin is not running.
@@ -184,7 +189,21 @@ class NatsRuntime(Planned):
         raw = getattr(msg, "raw_message", None)
         if self.live is None or sub is None or not getattr(raw, "reply", None):
             return contextlib.nullcontext()
-        return self._keep_alive.holding(raw, nats_subscribers.ack_wait_s(sub))
+        return self._keep_alive.holding(raw, self._consumer_of(sub)[2])
+
+    def _consumer_of(self, sub: Any) -> tuple[Any, int, float]:  # noqa: ANN401 - its subscriber
+        """``sub``, its consumer's ``max_deliver`` (0: none) and ``ack_wait`` in seconds."""
+        found = self._consumers.get(id(sub))
+        if found is None or found[0] is not sub:
+            if len(self._consumers) >= _CONSUMERS_KEPT:  # subscribers made and dropped at run time
+                self._consumers.clear()
+            limit = getattr(nats_subscribers.consumer_config(sub), "max_deliver", None)
+            found = self._consumers[id(sub)] = (
+                sub,
+                limit if isinstance(limit, int) else 0,
+                nats_subscribers.ack_wait_s(sub),
+            )
+        return found
 
     async def settle_first(
         self,
@@ -200,8 +219,8 @@ class NatsRuntime(Planned):
         live = self.live
         if live is None or not live.running or sub is None:
             return False
-        limit = getattr(nats_subscribers.consumer_config(sub), "max_deliver", None)
-        if not isinstance(limit, int) or limit <= 0:
+        limit = self._consumer_of(sub)[1]
+        if limit <= 0:
             return False
         meta = getattr(getattr(msg, "raw_message", None), "metadata", None)
         delivered = getattr(meta, "num_delivered", None)
