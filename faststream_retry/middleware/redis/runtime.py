@@ -363,7 +363,8 @@ class RedisRuntime(Planned):
         """Tell the claimer a handler runs on ``msg``'s entry, so only held entries stay alive."""
         live = self.live
         stream, _, consumer = redis_subscribers.names(sub)
-        ids = getattr(msg.raw_message, "get", lambda _key: None)("message_ids")
+        get = getattr(msg.raw_message, "get", None)
+        ids = None if get is None else get("message_ids")
         if live is None or stream is None or not ids or len(ids) != 1:
             return contextlib.nullcontext()
         (entry_id,) = ids
