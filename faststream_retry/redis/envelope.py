@@ -47,10 +47,10 @@ _SHORT = struct.Struct(">H")
 _PREAMBLE = struct.Struct(">8sHII")
 _MAX_SHORT = 0xFFFF
 _TABLES = (h.HISTORY, h.REPLAYED)
+"""Headers whose value is a list of tables, carried as JSON text."""
 _TABLE_JSON = json.JSONEncoder(default=str, ensure_ascii=False)
 """What ``json.dumps(value, default=str, ensure_ascii=False)`` builds at each call (an encoder
 is stateless between calls): built once, as a retry's copy encodes its history with it."""
-"""Headers whose value is a list of tables, carried as JSON text."""
 
 
 class EnvelopeTooLarge(ValueError):  # noqa: N818 - reads as the finding
