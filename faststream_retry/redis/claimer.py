@@ -14,7 +14,6 @@ pending under the claimer; it is claimed again ``idle_ms`` later.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -29,7 +28,8 @@ from faststream_retry.redis.steps import StreamEntry
 from faststream_retry.redis.tasks import stop_tasks
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+    import contextlib
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
     from faststream_retry.core.policy import RetryPolicy
     from faststream_retry.redis.client import Client
@@ -213,20 +213,17 @@ class Claimer:
         """Stop keeping ``entry_id`` of ``stream`` alive: it is left to grow idle and be claimed."""
         self._abandoned.setdefault(stream, set()).add(entry_id)
 
-    @contextlib.contextmanager
-    def holding(self, stream: str, consumer: str, entry_id: str) -> Iterator[None]:
+    def holding(
+        self, stream: str, consumer: str, entry_id: str
+    ) -> contextlib.AbstractContextManager[None]:
         """Say that a handler of this replica runs on ``entry_id``, read by ``consumer``.
 
         The middleware wraps each handler's call, its failure's step included, in it.
         """
-        reading = self._reading.setdefault((stream, consumer), _Reading())
-        reading.started(entry_id)
-        try:
-            yield
-        finally:
-            reading.held[entry_id] -= 1
-            if not reading.held[entry_id]:
-                del reading.held[entry_id]
+        reading = self._reading.get((stream, consumer))
+        if reading is None:
+            reading = self._reading[stream, consumer] = _Reading()
+        return _Hold(reading, entry_id)
 
     async def keep_alive_once(
         self, keys: StreamKeys, group: str, consumer: str, seen: set[str] | None = None
@@ -401,6 +398,30 @@ class _Reading:
         if quiet:
             return held.__contains__  # empty: no handler ran for a whole pass
         return lambda entry_id: entry_id in held or last is None or _order(entry_id) >= last
+
+
+class _Hold:
+    """One handler's hold on an entry (``Claimer.holding``), from its start to its end.
+
+    A class rather than a generator's context manager: one is built for every message.
+    """
+
+    __slots__ = ("_entry_id", "_reading")
+
+    def __init__(self, reading: _Reading, entry_id: str) -> None:
+        self._reading = reading
+        self._entry_id = entry_id
+
+    def __enter__(self) -> None:
+        self._reading.started(self._entry_id)
+
+    def __exit__(self, *exc: object) -> None:
+        held, entry_id = self._reading.held, self._entry_id
+        left = held[entry_id] - 1
+        if left:
+            held[entry_id] = left
+        else:
+            del held[entry_id]
 
 
 def _str(value: bytes | str) -> str:

@@ -48,6 +48,9 @@ _PREAMBLE = struct.Struct(">8sHII")
 _MAX_SHORT = 0xFFFF
 _TABLES = (h.HISTORY, h.REPLAYED)
 """Headers whose value is a list of tables, carried as JSON text."""
+_TABLE_JSON = json.JSONEncoder(default=str, ensure_ascii=False)
+"""What ``json.dumps(value, default=str, ensure_ascii=False)`` builds at each call (an encoder
+is stateless between calls): built once, as a retry's copy encodes its history with it."""
 
 
 class EnvelopeTooLarge(ValueError):  # noqa: N818 - reads as the finding
@@ -156,10 +159,12 @@ def build(body: bytes, headers: Mapping[str, str]) -> bytes:
 def _wire_value(value: Any) -> str:  # noqa: ANN401 - any header value the core builds
     if isinstance(value, str):
         return value
+    if type(value) is int:  # the most of a copy's headers (a bool is an int: not here)
+        return str(value)
     if isinstance(value, (bytes, bytearray)):
         return _text(bytes(value))
     if isinstance(value, bool) or value is None or isinstance(value, (list, tuple, dict)):
-        return json.dumps(value, default=str, ensure_ascii=False)
+        return _TABLE_JSON.encode(value)
     return str(value)
 
 

@@ -27,6 +27,7 @@ of a stream named ``payments.dlq`` are in ``{payments.dlq}.dlq``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -72,6 +73,8 @@ class StreamKeys:
     wake: str
 
 
+# A failure's step asks for its stream's keys each time: made once per stream (a few µs).
+@functools.lru_cache(maxsize=1024)
 def stream_keys(stream: str) -> StreamKeys:
     """Return the keys of ``stream``, every one in its slot; refuse a name no tag can follow."""
     if not stream:

@@ -242,6 +242,8 @@ class RedisRuntime(Planned):
         self._client: Any = None
         self._kept: frozenset[tuple[str, str]] = frozenset()
         self._hand_backs = HandBacks()
+        self._live_sink: tuple[RedisRetryEngine, Plan, RedisSink] | None = None
+        """The sink of the live engine and plan, made at the first failure (``sink``)."""
 
     def replan(self) -> Plan:
         """Plan from the subscribers the broker has now, on an exact ladder (no network)."""
@@ -260,9 +262,14 @@ class RedisRuntime(Planned):
             return None
         if live.late:
             return _Sinks(live, self.reporter)
+        made = self._live_sink
+        if made is not None and made[0] is live.engine and made[1] is live.plan:
+            return made[2]  # the sink holds nothing of a failure: one serves them all
         from faststream_retry.redis.sink import RedisSink  # noqa: PLC0415 - redis-py, on Redis only
 
-        return RedisSink(live.engine, live.plan, self.reporter, _acked_by_step, _kept_pending)
+        sink = RedisSink(live.engine, live.plan, self.reporter, _acked_by_step, _kept_pending)
+        self._live_sink = (live.engine, live.plan, sink)
+        return sink
 
     async def cover_failed(self, sub: Any) -> Route | None:  # noqa: ANN401 - a subscriber
         """Return the route for a failure of ``sub``, which the plan does not cover (``late``)."""
@@ -363,7 +370,8 @@ class RedisRuntime(Planned):
         """Tell the claimer a handler runs on ``msg``'s entry, so only held entries stay alive."""
         live = self.live
         stream, _, consumer = redis_subscribers.names(sub)
-        ids = getattr(msg.raw_message, "get", lambda _key: None)("message_ids")
+        get = getattr(msg.raw_message, "get", None)
+        ids = None if get is None else get("message_ids")
         if live is None or stream is None or not ids or len(ids) != 1:
             return contextlib.nullcontext()
         (entry_id,) = ids
@@ -539,6 +547,7 @@ class RedisRuntime(Planned):
         spent on them, as a claim would); then the keep-alive stops, and the client closes.
         """
         live, self.live = self.live, None
+        self._live_sink = None
         self._stopped_at = time.monotonic()
         if live is not None:
             live.running = False
