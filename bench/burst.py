@@ -177,7 +177,7 @@ class Results:
         table = Table()
         table.add_column("variant")
         for figure in figures:
-            better = "" if figure.endswith("msg/s") else " (lower is better)"
+            better = "" if "msg/s" in figure else " (lower is better)"
             table.add_column(figure + better, justify="right")
         for variant, values in self.rows.items():
             table.add_row(variant, *(summary(values[f]) for f in figures))
