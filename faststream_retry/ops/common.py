@@ -6,6 +6,7 @@ import contextlib
 import re
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import aio_pika
 from aiormq.exceptions import AMQPError, ChannelAccessRefused, ChannelLockedResource
@@ -178,6 +179,21 @@ def check_name(name: str, what: str = "queue") -> str:
     return name
 
 
+def _named(url: str, name: str | None) -> str:
+    """``url`` with ``?name=`` (aiormq's connection name) set, unless it names one already.
+
+    The URL's query, not aio-pika's ``client_properties``: aio-pika 9 drops those when
+    it is given a URL.
+    """
+    if name is None:
+        return url
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(key == "name" for key, _ in query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode([*query, ("name", name)], quote_via=quote)))
+
+
 @asynccontextmanager
 async def connect(
     url: str, timeout: float = CONNECT_TIMEOUT_S, *, name: str | None = None
@@ -198,11 +214,7 @@ async def connect(
     if not url.startswith(("amqp://", "amqps://")):
         raise OperationError(f"the broker's URL starts amqp:// or amqps://, got {safe_url(url)}")
     try:
-        connection = await aio_pika.connect(
-            url,
-            timeout=timeout,
-            client_properties=None if name is None else {"connection_name": name},
-        )
+        connection = await aio_pika.connect(_named(url, name), timeout=timeout)
     except Exception as exc:  # any failure to connect is the same answer to an operator
         raise OperationError(connect_failure(url, exc)) from exc
     try:
