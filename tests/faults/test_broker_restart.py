@@ -113,13 +113,21 @@ async def test_broker_restarts_lose_nothing(
         await asyncio.to_thread(node.stop, keep_data=True)
         await asyncio.to_thread(node.start, fresh=False)
         phase("waiting for the re-check consumer")
-        # Once releases flow again, crash the broker in the middle of them.
+        # Once releases flow again, crash the broker in the middle of them: after 100, or
+        # half of the copies still out if fewer (on a loaded machine publishing once took
+        # 33 s and the restart 25 s, and most retries had run their course by then).
         released = count(EventKind.RELEASED) + count(EventKind.HOP)
-        await eventually(
-            lambda: count(EventKind.RELEASED) + count(EventKind.HOP) >= released + 100,
-            90,
-            "the re-check consumer busy again",
-        )
+        out = count(EventKind.SCHEDULED) - count(EventKind.RELEASED)
+        phase(f"{out} copies out, {released} released or hopped so far")
+        if out > 0:
+            await eventually(
+                lambda: (
+                    count(EventKind.RELEASED) + count(EventKind.HOP)
+                    >= released + min(100, (out + 1) // 2)
+                ),
+                90,
+                "the re-check consumer busy again",
+            )
         phase("SIGKILL" if crash else "graceful stop")
         if crash:
             await asyncio.to_thread(node.kill)
