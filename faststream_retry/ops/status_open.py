@@ -7,6 +7,7 @@ redis-py, and one of Redis no nats-py.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING
 
 from faststream_retry.ops.common import OperationError, connect, is_nats_url, is_redis_url
@@ -31,8 +32,12 @@ async def status_of(
     app: LoadedApp | None = None,
     management_url: str | None = None,
     prefix: str,
+    connection: AbstractConnection | None = None,
 ) -> Status:
     """Return ``status`` of the broker at ``url`` (``amqp://``, ``nats://`` or ``redis://``).
+
+    ``connection``: RabbitMQ's, open, to read over (``StatusReader``); ``None``: one is
+    opened for this read.
 
     Raises:
         OperationError: the broker cannot be read, or ``management_url`` (RabbitMQ's
@@ -52,7 +57,9 @@ async def status_of(
         from faststream_retry.ops import redis_status  # noqa: PLC0415 - needs redis-py
 
         return await redis_status.status(url, queues, app=app)
-    async with connect(url) as connection:
+    async with contextlib.AsyncExitStack() as opened:
+        if connection is None:
+            connection = await opened.enter_async_context(connect(url))
         return await rabbit_status(
             connection,
             queues,
@@ -88,10 +95,9 @@ class StatusReader:
     ) -> None:
         """Read what ``status_of(url, queues, ...)`` reads."""
         self._url = url
-        self._queues = queues
-        self._app = app
-        self._management_url = management_url
-        self._prefix = prefix
+        self._ask = functools.partial(
+            status_of, url, queues, app=app, management_url=management_url, prefix=prefix
+        )
         self._held = contextlib.AsyncExitStack()
         self._connection: AbstractConnection | None = None
 
@@ -111,16 +117,12 @@ class StatusReader:
             OperationError: the broker cannot be read (as ``status_of``).
         """
         if is_nats_url(self._url) or is_redis_url(self._url):
-            return await status_of(
-                self._url,
-                self._queues,
-                app=self._app,
-                management_url=self._management_url,
-                prefix=self._prefix,
-            )
+            return await self._ask()
         held = self._connection is not None and not self._connection.is_closed
+        if not held:
+            await self._reopen()
         try:
-            return await self._read_rabbit()
+            return await self._ask(connection=self._connection)
         except OperationError:
             raise
         except Exception:
@@ -128,20 +130,7 @@ class StatusReader:
                 raise
             # The held connection broke between the check and the read: once, anew.
             await self._reopen()
-            return await self._read_rabbit()
-
-    async def _read_rabbit(self) -> Status:
-        if self._connection is None or self._connection.is_closed:
-            await self._reopen()
-        assert self._connection is not None  # noqa: S101 - _reopen opened it or raised
-        return await rabbit_status(
-            self._connection,
-            self._queues,
-            app=self._app,
-            management_url=self._management_url,
-            vhost=vhost_of(self._url),
-            prefix=self._prefix,
-        )
+            return await self._ask(connection=self._connection)
 
     async def _reopen(self) -> None:
         await self.__aexit__()
