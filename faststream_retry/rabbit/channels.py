@@ -45,6 +45,8 @@ _REOPEN_PAUSE_S = 1.0
 # aiormq 6 (aio-pika 9, the stack of Python 3.10) does not report a consumer the broker
 # cancelled; the supervisor looks for it this often instead.
 _CANCEL_POLL_S = 1.0
+# How long the cancelled supervisor has to end before it is cancelled again.
+_RECANCEL_S = 0.1
 
 
 class ChannelPair:
@@ -116,11 +118,18 @@ class ChannelPair:
 
     async def stop_supervising(self) -> None:
         """Stop reopening the channels (they stay open until ``close``)."""
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
-            self._supervisor = None
+        task, self._supervisor = self._supervisor, None
+        # Cancelled again until it ends: before Python 3.12, asyncio.wait_for returns its
+        # future's result when a cancellation lands as that future completes (gh-86296),
+        # and a supervisor cancelled once would go on reopening; awaited once, it held
+        # broker.stop() for ever.
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=_RECANCEL_S)
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "faststream-retry: the channels' supervisor had stopped: %r", task.exception()
+            )
 
     async def close(self) -> None:
         """Stop reopening and close both channels."""
@@ -195,9 +204,11 @@ class ChannelPair:
         while True:
             await self._wait_down()
             self._up.clear()
+            if _closing(connection):
+                return  # the app stops: the channels go with the connection
             await self._retire_pair()
             attempt = 0
-            while not connection.is_closed:
+            while not _closing(connection):
                 attempt += 1
                 try:
                     # aio-pika reconnects the connection itself; wait for it.
@@ -216,7 +227,7 @@ class ChannelPair:
                     continue
                 log.info("faststream-retry: channels reopened, topology declared again")
                 break
-            if connection.is_closed:
+            if _closing(connection):
                 return
 
     async def _retire_pair(self) -> None:
@@ -238,6 +249,16 @@ class ChannelPair:
         task = asyncio.create_task(close_later(), name="faststream-retry retired channel")
         self._retired[task] = channel
         task.add_done_callback(lambda done: self._retired.pop(done, None))
+
+
+def _closing(connection: AbstractRobustConnection) -> bool:
+    """Whether ``connection`` is closed or being closed on purpose (the app stops).
+
+    aio-pika says ``is_closed`` only once the close is over: channels reopened meanwhile
+    would be RPCs in flight on a closing connection, which aiormq 6 can hold for their
+    whole timeout.
+    """
+    return connection.is_closed or bool(getattr(connection, "close_called", False))
 
 
 async def close_quietly(*channels: AbstractChannel | None) -> None:

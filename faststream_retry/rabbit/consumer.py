@@ -15,7 +15,9 @@ here:
 - a stop takes no new delivery, at once: one that arrives from then on is left unacked,
   for the broker to take back when the channel closes; it gives the deliveries in flight,
   and the acks on their way, time to finish, and cancels the consumers meanwhile, in the
-  background (a round trip each: 300 of them made a broker's stop 2 s longer);
+  background (a round trip each: 300 of them made a broker's stop 2 s longer), and
+  returns once those cancels are answered: one still waiting when the connection closes
+  held the close for its whole timeout on aiormq 6;
 - a stop ends with a round trip on each channel that settled a delivery: the broker
   answers it only once it has processed the acks written before it. aiormq 6 (aio-pika
   9, the stack of Python 3.10) closes a connection without waiting for the broker's
@@ -142,6 +144,12 @@ class Consumer:
         for runs in list(self._acks.values()) if self._acks is not None else ():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(runs.drain(), wait_s)
+        # No cancel may still wait for its answer when the caller closes the connection:
+        # aiormq 6 (aio-pika 9, Python 3.10) cancels it then, and Python 3.10's wait_for
+        # can swallow that cancellation; the cancel then waited out its whole timeout,
+        # and broker.stop() with it (30 s, the README quickstart's stop in CI).
+        if self._cancelling:
+            await asyncio.wait(self._cancelling, timeout=wait_s)
         for channel in list(self._channels):
             await _processed(channel, wait_s)
 

@@ -133,8 +133,10 @@ class Live:
         """Stop the re-check consumers and let their in-flight hops finish.
 
         Messages held in outage mode are requeued first: the broker's graceful stop
-        would otherwise wait for them.
+        would otherwise wait for them. The ``.dlq`` sampler stops too: no read of the
+        plugin's may be in flight when FastStream closes the connection next.
         """
+        await self.dlq_depths.stop()
         if self.outages is not None:
             self.outages.close()
         self._consuming = False

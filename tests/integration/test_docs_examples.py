@@ -6,7 +6,6 @@ import asyncio
 import importlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from aiormq.exceptions import ChannelNotFoundEntity
 
 from faststream_retry import load_worker_config
 from faststream_retry.core.topology import intake_dlq_name, intake_name, registry_name
+from tests import stack_dump
 from tests.conftest import ROOT
 from tests.integration.test_cli_dlq import declare, delete, ids_in, seed
 from tests.rabbit import (
@@ -209,7 +209,12 @@ async def test_the_readme_quickstart_runs_as_written_from_an_empty_folder(
         app = subprocess.Popen(
             [str(Path(sys.executable).with_name("faststream")), "run", "quickstart:app"],
             cwd=tmp_path,
-            env={**env, "RABBITMQ_URL": vhost_url, "SMTP_HOST": smtp},
+            env={
+                **env,
+                "RABBITMQ_URL": vhost_url,
+                "SMTP_HOST": smtp,
+                "PYTHONPATH": str(stack_dump.FOLDER),  # its stacks if it will not stop
+            },
             stdout=output,
             stderr=subprocess.STDOUT,
         )
@@ -244,9 +249,8 @@ async def test_the_readme_quickstart_runs_as_written_from_an_empty_folder(
         assert "retry scheduled" in text  # the mail, with no mail server
         assert "ConnectionRefusedError" in text
     finally:
-        app.send_signal(signal.SIGINT)
-        app.wait(30)
         server.shutdown()
+        stack_dump.stop_or_dump(app, log, 30)
 
 
 async def _depths(connection: AbstractConnection, wanted: dict[str, int]) -> bool:

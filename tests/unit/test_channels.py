@@ -117,3 +117,51 @@ async def test_a_closed_channel_is_replaced_and_its_open_peer_lingers(
     assert not consume.is_closed
     await pair.close()  # a close of the pair closes a lingering channel too
     assert consume.is_closed
+
+
+async def test_a_supervisor_that_swallows_a_cancellation_still_ends_the_stop(
+    fake_channels: list[Channel],
+) -> None:
+    """Before Python 3.12, asyncio.wait_for can swallow a cancellation (gh-86296): the
+    supervisor is cancelled again until it ends, and broker.stop() does not wait for ever."""
+    pair = pair_of(wait_s=1.0)
+    await pair.open()
+    swallowed: list[bool] = []
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            swallowed.append(True)  # as wait_for does when its future completes meanwhile
+        await asyncio.Event().wait()
+
+    assert pair._supervisor is not None
+    pair._supervisor.cancel()
+    pair._supervisor = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    stop = asyncio.create_task(pair.stop_supervising())
+    # asyncio.wait, not wait_for: wait_for's own cancellation would end the stop.
+    done, _ = await asyncio.wait([stop], timeout=2)
+    assert done == {stop}, "the stop still waits for the supervisor"
+    assert swallowed == [True]
+    await pair.close()
+
+
+async def test_channels_closed_by_the_apps_own_close_are_not_reopened(
+    fake_channels: list[Channel],
+) -> None:
+    """FastStream closes the connection at the end of broker.stop(): aio-pika says
+    is_closed only once that close is over, and channels reopened meanwhile would be
+    RPCs in flight on a closing connection (aiormq 6 held the close for their timeout)."""
+
+    class Closing(Connection):
+        close_called = True  # aio-pika's: close() was called, it is not over yet
+
+    pair = ChannelPair(Closing(), prefetch=10, wait_s=1.0, on_open=noop)  # type: ignore[arg-type]
+    await pair.open()
+    assert pair._supervisor is not None
+    opened = len(fake_channels)
+    await fake_channels[-1].close()
+    await asyncio.wait_for(asyncio.shield(pair._supervisor), 1)  # it ends of itself
+    assert (len(fake_channels), pair.ready) == (opened, False)
+    await pair.close()

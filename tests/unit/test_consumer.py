@@ -223,33 +223,51 @@ async def test_cancel_and_forget() -> None:
     assert consumer.tags == []
 
 
-async def test_a_stop_takes_no_new_delivery_and_does_not_wait_for_the_cancels() -> None:
+async def test_a_stop_takes_no_new_delivery_and_returns_once_the_cancels_are_answered() -> None:
     """A delivery that arrives once the stop began is left unacked (the broker takes it back
-    when the channel closes); the cancels, a round trip each, run in the background."""
+    when the channel closes); the cancels, a round trip each, run in the background while
+    the stop waits for the deliveries in flight, and the stop returns only once they are
+    answered: aiormq 6 holds the connection's close for a cancel still waiting (its whole
+    timeout, when Python 3.10's wait_for swallows the close's cancellation)."""
     acted: list[int] = []
 
     async def act(message: Any, seen: list[Outcome]) -> None:
         acted.append(message.delivery_tag)
         seen.append(Outcome.CONFIRMED)
 
+    answered = asyncio.Event()
+
     class SlowQueue(Queue):
         async def cancel(self, tag: str, timeout: float) -> None:
-            await asyncio.sleep(timeout)  # a broker that takes its time to answer
+            await answered.wait()  # a broker that takes its time to answer
             self.cancelled.append(tag)
 
     consumer = Consumer(pause_s=0)
     queue = await start(consumer, act, SlowQueue())
     assert queue.callback is not None
-    await asyncio.wait_for(consumer.stop(0.5), 0.2)
+    stopping = asyncio.ensure_future(consumer.stop(5))
+    await asyncio.sleep(0.05)
     late = Message(2, Channel())
     await queue.callback(late)
     assert (acted, late.settled, queue.cancelled) == ([], [], [])
-    await asyncio.sleep(0.6)
+    assert not stopping.done(), "the stop returned with a cancel still waiting for its answer"
+    answered.set()
+    await asyncio.wait_for(stopping, 1)
     assert queue.cancelled == ["tag-1"]
     await start(consumer, act, queue)  # consuming again (a reopened channel) takes them
     first = Message(3, Channel())
     await queue.callback(first)
     assert (acted, first.settled) == ([3], ["ack"])
+
+
+async def test_a_cancel_never_answered_holds_the_stop_no_longer_than_it_is_given() -> None:
+    class DeafQueue(Queue):
+        async def cancel(self, tag: str, timeout: float) -> None:
+            await asyncio.Event().wait()  # a half-open channel: no answer, ever
+
+    consumer = Consumer(pause_s=0)
+    await start(consumer, acting(), DeafQueue())
+    await asyncio.wait_for(consumer.stop(0.1), 1)
 
 
 class AnsweringChannel(Channel):
