@@ -148,6 +148,8 @@ class Claimer:
         self._claiming: asyncio.Task[None] | None = None
         self._abandoned: dict[str, set[str]] = {}
         self._reading: dict[tuple[str, str], _Reading] = {}
+        self._settling: dict[str, dict[str, int]] = {}
+        """Per stream, entry id: its failure's steps in flight beside the handlers."""
         self.claimed = 0
         """Entries this claimer claimed (a test's count)."""
         self.kept = 0
@@ -191,6 +193,7 @@ class Claimer:
         """
         uptime_ms = (time.monotonic() - self._born) * 1000
         reading = self._reading.get((keys.stream, consumer), _Reading())
+        settling = self._settling.get(keys.stream, {})
         start: bytes | str = "-"
         found: list[str] = []
         while True:
@@ -202,6 +205,7 @@ class Claimer:
                 if (
                     row["time_since_delivered"] < uptime_ms
                     and entry_id not in reading.held
+                    and entry_id not in settling
                     and (reading.last is None or _order(entry_id) > reading.last)
                 ):
                     found.append(entry_id)
@@ -212,6 +216,14 @@ class Claimer:
     def abandon(self, stream: str, entry_id: str) -> None:
         """Stop keeping ``entry_id`` of ``stream`` alive: it is left to grow idle and be claimed."""
         self._abandoned.setdefault(stream, set()).add(entry_id)
+
+    def settling(self, stream: str, entry_id: str) -> contextlib.AbstractContextManager[None]:
+        """Say that the step of ``entry_id``'s failure runs, its handler done: keep it alive.
+
+        The step runs beside the handlers (``redis.settling``); until it acknowledges the
+        entry, the entry is this replica's as a running handler's is.
+        """
+        return _Settling(self._settling.setdefault(stream, {}), entry_id)
 
     def holding(
         self, stream: str, consumer: str, entry_id: str
@@ -237,6 +249,7 @@ class Claimer:
         uptime_ms = (time.monotonic() - self._born) * 1000
         abandoned = self._abandoned.get(keys.stream, set())
         holds = self._reading.setdefault((keys.stream, consumer), _Reading()).pass_()
+        settling = self._settling.get(keys.stream, {})
         # Only entries idle for half a pass or more are listed and reset (XPENDING's
         # IDLE): one left now was delivered or reset less than half a pass ago, and the
         # next pass resets it, 1.5 passes after at most (3/8 of idle_ms). So a read
@@ -266,7 +279,7 @@ class Claimer:
                 for r, entry_id in pending
                 if r["time_since_delivered"] < uptime_ms
                 and entry_id not in abandoned
-                and holds(entry_id)
+                and (holds(entry_id) or entry_id in settling)
             ]
             if ids:
                 await self._client.xclaim(keys.stream, group, consumer, 0, ids, justid=True)
@@ -417,6 +430,27 @@ class _Hold:
 
     def __exit__(self, *exc: object) -> None:
         held, entry_id = self._reading.held, self._entry_id
+        left = held[entry_id] - 1
+        if left:
+            held[entry_id] = left
+        else:
+            del held[entry_id]
+
+
+class _Settling:
+    """One step's hold on an entry (``Claimer.settling``), from its hand-over to its answer."""
+
+    __slots__ = ("_entry_id", "_held")
+
+    def __init__(self, held: dict[str, int], entry_id: str) -> None:
+        self._held = held
+        self._entry_id = entry_id
+
+    def __enter__(self) -> None:
+        self._held[self._entry_id] = self._held.get(self._entry_id, 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        held, entry_id = self._held, self._entry_id
         left = held[entry_id] - 1
         if left:
             held[entry_id] = left

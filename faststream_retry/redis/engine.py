@@ -60,6 +60,7 @@ from faststream_retry.redis.envelope import EnvelopeTooLarge
 from faststream_retry.redis.keys import StreamKeys, stream_keys
 from faststream_retry.redis.lua import ALREADY_WRITTEN, FROM_MEMORY, SETTLED_ELSEWHERE, Scripts
 from faststream_retry.redis.mover import Mover
+from faststream_retry.redis.settling import Settlements, bound_for
 from faststream_retry.reporting.log import Throttle
 
 if TYPE_CHECKING:
@@ -103,6 +104,8 @@ class RedisRetryEngine:
         reporter: the app's (its hooks, metrics and log): a dead letter the claimer
             settles is reported through it, as the sink's are; ``None``: only logged.
         batch, cap_s, tick_ms: the mover's (``mover.Mover``).
+        settle_bound: failures' steps in flight beside their handlers at most
+            (``redis.settling``); ``None``: ``settling.bound_for(client)``.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class RedisRetryEngine:
         tick_ms: int = 0,
         born: float | None = None,
         reporter: Reporter | None = None,
+        settle_bound: int | None = None,
     ) -> None:
         """Name every key (refusing a stream no hash tag can follow); nothing is sent yet."""
         groups: dict[str, str] = {}
@@ -163,6 +167,8 @@ class RedisRetryEngine:
                 own=[(self._keys[s], groups[s], c) for s, c in own_consumers],
                 born=born,
             )
+        self.settlements = Settlements(bound_for(client) if settle_bound is None else settle_bound)
+        """The failures' steps running beside their handlers (``redis.settling``)."""
         self.server: Server | None = None
 
     def keys(self, stream: str) -> StreamKeys:
@@ -241,6 +247,7 @@ class RedisRetryEngine:
         acknowledged, one script per entry (``lua.RELEASE``), so no attempt is spent on
         it; left pending, each would be claimed ``claim_idle`` later as a lost attempt.
         """
+        await self.settlements.drain()  # a step in flight settles its entry: not released
         if self.claimer is None:
             return 0
         released = 0
@@ -258,7 +265,11 @@ class RedisRetryEngine:
         return released
 
     async def stop(self) -> None:
-        """Stop the mover and the claimer; waiting copies stay in Redis for the next start."""
+        """Stop the mover and the claimer; waiting copies stay in Redis for the next start.
+
+        The failures' steps still in flight are awaited first: each acknowledges its entry.
+        """
+        await self.settlements.drain()
         await self.stop_claiming()
         if self.claimer is not None:
             await self.claimer.stop()
@@ -310,6 +321,12 @@ class RedisRetryEngine:
         if self.claimer is None:
             return contextlib.nullcontext()
         return self.claimer.holding(stream, consumer, entry_id)
+
+    def settling(self, entry: StreamEntry) -> contextlib.AbstractContextManager[None]:
+        """Wrap the step of ``entry``'s failure run beside its handler: kept alive meanwhile."""
+        if self.claimer is None:
+            return contextlib.nullcontext()
+        return self.claimer.settling(entry.stream, entry.id)
 
     def abandon(self, entry: StreamEntry) -> None:
         """Leave ``entry`` pending to the claimer: its step failed, and this replica gave it up."""

@@ -6,12 +6,17 @@ retry-later script (``XACK``, and the copy scheduled ``delay_ms`` from the serve
 a dead letter its dead-letter script (``XACK``, and the letter added to ``P.dlq``). Each
 acknowledges and writes in one atomic step: never half done.
 
-- A script Redis refuses or cannot answer (down, read-only, a cut connection) raises, and
-  the failure goes on up: the entry stays pending, given up to the claimer
-  (``engine.abandon``), which claims it ``claim_idle`` later on any replica and counts
-  the lost attempt. FastStream is told the message is settled (``kept``), so that its
-  own acknowledgement (``AckPolicy.ACK`` acknowledges after an error too) sends
-  nothing. Nothing is lost, and the handler is not run again here.
+- A later retry's script runs beside the handler, not in its turn (``redis.settling``:
+  bounded, awaited at the stop): the handler's turn ends once it is handed over, and
+  FastStream is told the message is settled (``settled``), so that its own
+  acknowledgement sends nothing. The entry stays pending until the script that stores
+  its copy acknowledges it, kept alive against the claimer meanwhile; events and spans
+  fire once the script answered. A dead letter's script keeps the handler's turn: a
+  stream's dead letters land in its ``.dlq`` in the order they were handled.
+- A script Redis refuses or cannot answer (down, read-only, a cut connection) leaves the
+  entry pending, given up to the claimer (``engine.abandon``), which claims it
+  ``claim_idle`` later on any replica and counts the lost attempt; a warning says so
+  (one a minute per stream). Nothing is lost, and the handler is not run again here.
 - A step whose acknowledgement found nothing pending (a claimer took the entry from a
   replica that stopped answering) writes nothing and reports nothing: whoever holds the
   entry now settles it. An entry gone from the stream (``MAXLEN``) is written from the
@@ -24,6 +29,7 @@ acknowledges and writes in one atomic step: never half done.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +43,7 @@ from faststream_retry.redis import steps as redis_steps
 from faststream_retry.redis.envelope import EnvelopeTooLarge
 from faststream_retry.redis.keys import stream_keys
 from faststream_retry.redis.steps import StreamEntry
+from faststream_retry.reporting.log import Throttle
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = ["Message", "RedisSink"]
 
 logger = logging.getLogger("faststream_retry.redis")
+# Redis down during a burst refuses every failure's step: one line per stream a minute.
+_REFUSED = Throttle(60.0, logger=logger)
 
 MESSAGE_ID = "message_id"
 """The header FastStream's Redis parser reads a message's id from."""
@@ -71,7 +80,7 @@ class Message(Protocol):
 class RedisSink:
     """A running Redis broker's sink."""
 
-    __slots__ = ("_engine", "_kept", "_plan", "_reporter", "_settled")
+    __slots__ = ("_engine", "_plan", "_reporter", "_settled")
 
     def __init__(
         self,
@@ -79,20 +88,18 @@ class RedisSink:
         plan: Plan,
         reporter: Reporter,
         settled: Callable[[Message], None] = lambda _: None,
-        kept: Callable[[Message], None] = lambda _: None,
     ) -> None:
         """Carry failures of ``plan``'s streams out through ``engine``.
 
-        ``settled``: told of each message whose step acknowledged it (or found it settled
-        by another consumer), so FastStream does not send an ``XACK`` of its own: a round
-        trip per failure that acknowledges nothing. ``kept``: told of each message whose
-        step raised, left pending for the claimer, so FastStream acknowledges nothing.
+        ``settled``: told of each message whose step was handed over (its script
+        acknowledges the entry, or leaves it pending for the claimer), so FastStream does
+        not send an ``XACK`` of its own: a round trip per failure that acknowledges
+        nothing, or that would acknowledge an entry whose copy is not stored yet.
         """
         self._engine = engine
         self._plan = plan
         self._reporter = reporter
         self._settled = settled
-        self._kept = kept
 
     async def retry(
         self, msg: Message, route: Route, decision: Decision, exc: BaseException
@@ -103,29 +110,67 @@ class RedisSink:
                 route.queue, msg.message_id, msg.headers, decision, exc, immediate=True
             )
             return True
-        await self._send(msg, route, decision, exc)
+        await self._send(msg, route, decision, exc, beside=True)
         return False
 
     async def dead_letter(
         self, msg: Message, route: Route, decision: Decision, exc: BaseException
     ) -> bool:
         """Acknowledge the entry and add its dead letter to the stream's ``.dlq``, in one step."""
-        await self._send(msg, route, decision, exc)
+        # In the handler's turn: a stream's dead letters land in the order they were handled.
+        await self._send(msg, route, decision, exc, beside=False)
         return True
 
     async def _send(
-        self, msg: Message, route: Route, decision: Decision, exc: BaseException
+        self, msg: Message, route: Route, decision: Decision, exc: BaseException, *, beside: bool
     ) -> None:
         entry = StreamEntry.from_raw(msg.raw_message, self._engine.group(route.queue))
-        try:
-            await self._step(msg, entry, route, decision, exc)
-        except (RedisError, OSError):
-            self._give_up(msg, entry)
-            raise
-        except Exception as unbuilt:  # bytes no copy can be built from
-            await self._invalid(msg, entry, route, unbuilt)
+        if not beside:
+            await self._settle(msg, entry, route, decision, exc, hold=contextlib.nullcontext())
+            self._settled(msg)
             return
+        hold = self._engine.settling(entry)
+        hold.__enter__()  # from the handler's turn on: no pass of the keep-alive misses it
+        try:
+            await self._engine.settlements.submit(
+                lambda: self._settle(msg, entry, route, decision, exc, hold=hold)
+            )
+        except BaseException:
+            hold.__exit__(None, None, None)
+            raise
         self._settled(msg)
+
+    async def _settle(
+        self,
+        msg: Message,
+        entry: StreamEntry,
+        route: Route,
+        decision: Decision,
+        exc: BaseException,
+        *,
+        hold: contextlib.AbstractContextManager[None],
+    ) -> None:
+        """Run the failure's step beside the handlers; a refused one leaves the entry pending."""
+        with hold:
+            try:
+                try:
+                    await self._step(msg, entry, route, decision, exc)
+                except (RedisError, OSError):
+                    raise
+                except Exception as unbuilt:  # bytes no copy can be built from
+                    await self._invalid(msg, entry, route, unbuilt)
+            except (RedisError, OSError) as refused:
+                self._engine.abandon(entry)
+                _REFUSED.log(
+                    logging.WARNING,
+                    ("refused", entry.stream),
+                    "entry %s of %s: the step of its handler's failure could not be run "
+                    "(%r): left pending, claimed once idle for claim_idle and counted as a "
+                    "lost attempt",
+                    entry.id,
+                    entry.stream,
+                    refused,
+                )
 
     async def _step(
         self,
@@ -158,11 +203,6 @@ class RedisSink:
                 raise
             await self._place(entry, letter, incoming, exc)
 
-    def _give_up(self, msg: Message, entry: StreamEntry) -> None:
-        """Leave ``entry`` pending to the claimer, and FastStream's acknowledgement unsent."""
-        self._engine.abandon(entry)
-        self._kept(msg)
-
     async def _invalid(
         self, msg: Message, entry: StreamEntry, route: Route, exc: Exception
     ) -> None:
@@ -192,19 +232,14 @@ class RedisSink:
         async def send(_copy: Copy) -> bool:
             return await self._engine.dead_letter_invalid(entry, exc)
 
-        try:
-            await self._reporter.publish(
-                letter.event,
-                letter.copy,
-                send,
-                incoming=None,
-                exception=exc,
-                destination=stream_keys(entry.stream).dlq,
-            )
-        except BaseException:
-            self._give_up(msg, entry)
-            raise
-        self._settled(msg)
+        await self._reporter.publish(
+            letter.event,
+            letter.copy,
+            send,
+            incoming=None,
+            exception=exc,
+            destination=stream_keys(entry.stream).dlq,
+        )
 
     async def _place(
         self, entry: StreamEntry, step: Step, incoming: dict[str, Any], exc: BaseException

@@ -22,7 +22,8 @@ from faststream.redis import RedisBroker, StreamSub
 
 from faststream_retry import RetryMiddleware, RetryPolicy
 from faststream_retry.core import headers as h
-from faststream_retry.redis.claimer import CONSUMER_LOST
+from faststream_retry.redis.claimer import CONSUMER_LOST, Claimer
+from faststream_retry.redis.keys import CLAIMER, stream_keys
 from tests.rabbit import eventually
 from tests.redis.fault_support import message
 from tests.redis.support import read_stream, until
@@ -240,3 +241,48 @@ async def test_a_handler_still_draining_at_a_stop_is_not_claimed_by_another_repl
 
 async def _none_pending(client: Redis, stream: str) -> bool:
     return int((await client.xpending(stream, "g"))["pending"]) == 0
+
+
+async def test_an_entry_whose_step_runs_beside_its_handler_is_kept_alive(
+    client: Redis, stream: str
+) -> None:
+    """A retry's step runs after its handler's turn (redis.settling): until it acknowledges
+    the entry, the keep-alive resets the entry's idle time as for a running handler, so no
+    other replica claims it meanwhile. An entry no handler holds and no step settles, below
+    the last one a handler started, is left to grow idle (claimed as a lost attempt)."""
+    keys = stream_keys(stream)
+    await client.xgroup_create(stream, "g", id="0", mkstream=True)
+    claimer = Claimer(
+        client,
+        [(keys, "g")],
+        consumer=CLAIMER,
+        idle_ms=1000,
+        settle=_settle_nothing,
+        own=[(keys, "g", "c1")],
+    )
+    ids = [_str(await client.xadd(stream, message(str(n)))) for n in range(3)]  # type: ignore[arg-type]
+    await client.xreadgroup("g", "c1", {stream: ">"})
+    stepping, forgotten, last = ids
+    with claimer.holding(stream, "c1", last):
+        pass  # the last entry's handler ran: entries below it are no longer read ahead
+
+    async def idle(entry_id: str) -> int:
+        (row,) = await client.xpending_range(stream, "g", min=entry_id, max=entry_id, count=1)
+        return int(row["time_since_delivered"])
+
+    async def both_idle() -> bool:
+        return min([await idle(stepping), await idle(forgotten)]) >= 300
+
+    await until(both_idle, what="both entries idle for 300 ms")
+    with claimer.settling(stream, stepping):
+        await claimer.keep_alive_once(keys, "g", "c1")
+    assert await idle(stepping) < 300, "its step runs: kept alive"
+    assert await idle(forgotten) >= 300, "neither held nor stepping: left to grow idle"
+
+
+async def _settle_nothing(_entry: object) -> None:
+    raise AssertionError("nothing is claimed here")
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -21,6 +21,7 @@ import pytest
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, RedisRouter, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
+from faststream.redis.parser.binary import BinaryMessageFormatV1
 
 from faststream_retry import (
     EventKind,
@@ -605,3 +606,82 @@ async def test_a_settled_failure_is_acknowledged_once_by_its_step(
         await until(lambda: _pending_zero(client, stream), what="nothing pending")
         assert await xacks() - before == N
     assert sorted(n for n, _ in await letters(client, stream)) == list(range(N))
+
+
+BURST = 300
+STEP_LATENCY_S = 1.0
+"""A slow server's answer to each retry step: several are in flight when the stop comes."""
+
+
+async def _fill(client: Redis, stream: str, n: int) -> None:
+    """The group from 0, then ``n`` messages in FastStream's format: a backlog at the start."""
+    await client.xgroup_create(stream, "g", id="0", mkstream=True)
+    async with client.pipeline(transaction=False) as pipe:
+        for key in range(n):
+            data = await BinaryMessageFormatV1.encode(
+                message=json.dumps({"id": key}).encode(),
+                reply_to=None,
+                headers={"content-type": "application/json"},
+                correlation_id=uuid.uuid4().hex,
+            )
+            pipe.xadd(stream, {"__data__": data})
+        await pipe.execute()
+
+
+def _burst_broker(redis_url: str, stream: str, counted: Counted) -> RedisBroker:
+    # 5 s: no copy comes back before the stop, which the test makes within about 1 s.
+    retry = middleware(counted, RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=5))))
+    broker = RedisBroker(redis_url, middlewares=[retry])
+
+    @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"))
+    async def handle(body: dict[str, Any], message: RedisStreamMessage) -> None:
+        key, attempt = counted.call(body, message)
+        if attempt == 1:
+            raise LinkDownError(f"message {key}")
+        counted.done[key] += 1
+
+    retry.install(broker)
+    return broker
+
+
+async def test_a_stop_in_the_middle_of_a_burst_loses_nothing(
+    redis_url: str, client: Redis, stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each failure's step runs beside its handler (redis.settling); the stop awaits every one
+    still in flight before the client closes. Stopped after 100 of 300 first attempts, with
+    each step 1 s slow: every failed message's copy is stored and its entry acknowledged
+    (nothing left pending as a lost attempt), the rest of the read released; a second start
+    handles every id exactly once more: sent = processed, none lost, none twice."""
+    from faststream_retry.redis import steps  # noqa: PLC0415 - the step slowed for this test
+
+    original = steps.retry_later
+
+    async def slow(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        await asyncio.sleep(STEP_LATENCY_S)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "retry_later", slow)
+    await _fill(client, stream, BURST)
+    counted = Counted()
+    broker = _burst_broker(redis_url, stream, counted)
+    await broker.start()
+    try:
+        await eventually(lambda: len(counted.calls) >= 100, what="100 first attempts")
+    finally:
+        await asyncio.wait_for(broker.stop(), 30)
+    failed = set(counted.calls)
+    assert all(calls == [1] for calls in counted.calls.values())
+    keys = stream_keys(stream)
+    assert (await client.xpending(stream, "g"))["pending"] == 0, "each step ran to its XACK"
+    assert await client.zcard(keys.schedule) == len(failed), "a copy per failure, stored"
+    assert counted.kinds() == {"scheduled": len(failed)}, "each reported once its script answered"
+    monkeypatch.setattr(steps, "retry_later", original)
+    again = Counted()
+    async with running(_burst_broker(redis_url, stream, again)):
+        await eventually(
+            lambda: sum(again.done.values()) >= BURST, timeout=60, what=f"{BURST} handled"
+        )
+    assert again.done == dict.fromkeys(range(BURST), 1), "sent = processed: each id once"
+    for key in range(BURST):
+        assert again.calls[key] == ([2] if key in failed else [1, 2]), key
+    await settled(client, stream)

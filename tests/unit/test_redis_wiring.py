@@ -3,6 +3,7 @@ what it refuses at start, how a failure is carried out (a stand-in engine), and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from datetime import timedelta
@@ -39,6 +40,7 @@ from faststream_retry.middleware import _internals, redis_subscribers
 from faststream_retry.middleware.redis.runtime import RedisRuntime, exact_plan
 from faststream_retry.redis import envelope, refusals
 from faststream_retry.redis import steps as redis_steps
+from faststream_retry.redis.settling import Settlements
 from faststream_retry.redis.sink import RedisSink
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry
@@ -303,9 +305,13 @@ class Engine:
         self.scheduled: list[tuple[int, dict[str, Any]]] = []
         self.letters: list[dict[str, Any]] = []
         self.abandoned: list[str] = []
+        self.settlements = Settlements()
 
     def group(self, stream: str) -> str:
         return "g"
+
+    def settling(self, entry: Any) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     async def retry_later(
         self, entry: Any, *, delay_ms: int, headers: dict[str, Any]
@@ -366,6 +372,7 @@ async def test_a_retry_is_one_scheduled_copy_carrying_the_first_deliverys_id() -
     decision = decided(plan, 1)
     assert decision.action is Action.RETRY_LATER
     assert await sink.retry(Message(), route, decision, ConnectionError("down")) is False
+    await engine.settlements.drain()
     ((delay, headers),) = engine.scheduled
     assert delay == decision.delay_ms
     assert h.read_attempt(headers) == 1
@@ -379,18 +386,26 @@ async def test_a_step_that_found_nothing_pending_reports_nothing() -> None:
     sink, route, plan = sink_for(engine, events)
     assert await sink.retry(Message(), route, decided(plan, 1), ConnectionError()) is False
     assert await sink.dead_letter(Message(), route, decided(plan, 3), ConnectionError()) is True
+    await engine.settlements.drain()
     assert events == []
 
 
-async def test_a_step_redis_refuses_goes_on_up_and_leaves_the_entry_to_the_claimer() -> None:
-    """The script's error propagates (the entry stays pending), and the entry is abandoned."""
+async def test_a_step_redis_refuses_leaves_the_entry_pending_to_the_claimer() -> None:
+    """The step runs beside the handler: refused, its entry is abandoned and nothing reported.
+
+    The handler's turn does not see the refusal; FastStream is told the message is settled
+    (no XACK of its own), so the entry stays pending for the claimer.
+    """
     refusal = ResponseError("READONLY You can't write against a read only replica.")
     engine, events = Engine(refuse=refusal), list[RetryEvent]()
     sink, route, plan = sink_for(engine, events)
-    with pytest.raises(ResponseError):
-        await sink.retry(Message(), route, decided(plan, 1), ConnectionError())
-    with pytest.raises(ResponseError):
-        await sink.dead_letter(Message(), route, decided(plan, 3), ConnectionError())
+    settled: list[Any] = []
+    sink = RedisSink(engine, plan, Reporter(Telemetry(), [events.append]), settled.append)  # type: ignore[arg-type]
+    first, second = Message(), Message()
+    assert await sink.retry(first, route, decided(plan, 1), ConnectionError()) is False
+    assert await sink.dead_letter(second, route, decided(plan, 3), ConnectionError()) is True
+    await engine.settlements.drain()
+    assert settled == [first, second]
     assert engine.abandoned == ["1-0", "1-0"]
     assert events == []
 
@@ -401,6 +416,7 @@ async def test_a_copy_the_format_cannot_hold_is_a_lean_dead_letter() -> None:
     sink, route, plan = sink_for(engine, events)
     message = Message({"correlation_id": "c", "big": "x" * 70_000})
     assert await sink.retry(message, route, decided(plan, 1), ConnectionError("down")) is False
+    await engine.settlements.drain()
     assert engine.scheduled == []
     ((headers,),) = [engine.letters]
     assert headers[h.REASON] == "invalid"

@@ -122,16 +122,12 @@ def _refuse(found: list[str]) -> None:
 
 
 def _acked_by_step(msg: Any) -> None:  # noqa: ANN401 - FastStream's Redis stream message
-    """The step's script acknowledged ``msg``: FastStream need not send an ``XACK`` too."""
-    msg.committed = AckStatus.ACKED
+    """``msg``'s step is its script's (or the claimer's): FastStream must send no ``XACK``.
 
-
-def _kept_pending(msg: Any) -> None:  # noqa: ANN401 - FastStream's Redis stream message
-    """The step raised and left ``msg`` pending: FastStream must not acknowledge it.
-
-    ``AckPolicy.ACK`` acknowledges after an error too; marked settled, it sends nothing.
+    The script acknowledges the entry once its copy is stored (``redis.settling``); an
+    ``XACK`` of FastStream's could come first, and a crash between the two lose it.
     """
-    msg.committed = AckStatus.REJECTED
+    msg.committed = AckStatus.ACKED
 
 
 def exact_plan(routes: Iterable[Route], default: RetryPolicy, config: RetryConfig) -> Plan:
@@ -267,7 +263,7 @@ class RedisRuntime(Planned):
             return made[2]  # the sink holds nothing of a failure: one serves them all
         from faststream_retry.redis.sink import RedisSink  # noqa: PLC0415 - redis-py, on Redis only
 
-        sink = RedisSink(live.engine, live.plan, self.reporter, _acked_by_step, _kept_pending)
+        sink = RedisSink(live.engine, live.plan, self.reporter, _acked_by_step)
         self._live_sink = (live.engine, live.plan, sink)
         return sink
 
