@@ -53,6 +53,8 @@ class ClaimedStep:
     headers: dict[str, Any]
     delay_ms: int
     dead_letter: bool
+    error: str = ""
+    """What the lost attempt's record says happened (its ``retry-error``)."""
 
 
 def claimed_step(
@@ -77,12 +79,13 @@ def claimed_step(
         headers = h.dead_letter_headers(
             incoming, failure, reason=Reason.EXHAUSTED, origin_queue=stream
         )
-        return ClaimedStep(headers, 0, dead_letter=True)
+        return ClaimedStep(headers, 0, dead_letter=True, error=error)
     delay = policy.backoff.delay_ms(max(1, attempt - policy.immediate), rand)
     failure = h.FailureRecord(
         attempt=attempt, at_ms=now_ms, exception=CONSUMER_LOST, error=error, delay_ms=delay
     )
-    return ClaimedStep(h.retry_headers(incoming, failure, now_ms + delay), delay, dead_letter=False)
+    headers = h.retry_headers(incoming, failure, now_ms + delay)
+    return ClaimedStep(headers, delay, dead_letter=False, error=error)
 
 
 class Claimer:

@@ -50,12 +50,12 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 
 from faststream_retry.core import headers as h
-from faststream_retry.core.events import Reason, RetryEvent
+from faststream_retry.core.events import Reason, RetryEvent, Rule, Verdict
 from faststream_retry.core.policy import RetryPolicy
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.redis import steps
 from faststream_retry.redis.checks import Server, check_server
-from faststream_retry.redis.claimer import CONSUMER_LOST, Claimer, claimed_step
+from faststream_retry.redis.claimer import CONSUMER_LOST, ClaimedStep, Claimer, claimed_step
 from faststream_retry.redis.envelope import EnvelopeTooLarge
 from faststream_retry.redis.keys import StreamKeys, stream_keys
 from faststream_retry.redis.lua import ALREADY_WRITTEN, FROM_MEMORY, SETTLED_ELSEWHERE, Scripts
@@ -336,7 +336,7 @@ class RedisRetryEngine:
     async def _settle_claimed(self, entry: StreamEntry) -> None:
         assert self._claim_idle_ms is not None  # noqa: S101 - only the claimer calls it
         try:
-            dead, done, headers = await self._settle_lost(entry, self._claim_idle_ms)
+            dead, done, headers, retried = await self._settle_lost(entry, self._claim_idle_ms)
         except (RedisError, OSError):
             raise
         except Exception as exc:  # bytes no copy can be built from
@@ -348,11 +348,16 @@ class RedisRetryEngine:
                 h.exception_name(exc),
             )
             headers = steps.invalid_headers(entry, exc, now_ms=h.now_ms())
-            dead, done = True, await self._place_invalid(entry, headers)
-        if dead and done and self._reporter is not None:
-            self._reporter.report(
-                self._claimed_dead_letter(entry, entry.incoming_headers(), headers)
-            )
+            dead, done, retried = True, await self._place_invalid(entry, headers), None
+        if done and self._reporter is not None:
+            # The app's hooks, metrics and log hear of a claimed entry's step as of the
+            # sink's: a consumer that died mid-message is a failed attempt.
+            if dead:
+                self._reporter.report(
+                    self._claimed_dead_letter(entry, entry.incoming_headers(), headers)
+                )
+            elif retried is not None:
+                self._reporter.report(self._claimed_retry(entry, retried))
         logger.info(
             "claimed %s of %s from a consumer gone for %d ms: %s",
             entry.id,
@@ -364,15 +369,10 @@ class RedisRetryEngine:
     def _claimed_dead_letter(
         self, entry: StreamEntry, incoming: Mapping[str, Any], headers: Mapping[str, Any]
     ) -> RetryEvent:
-        """The event of a claimed entry dead-lettered, from what its letter says.
-
-        Named by its ``message_id`` header when it has one (a copy, or a producer's),
-        else by its entry id: FastStream names it anew at each delivery.
-        """
-        message_id = incoming.get("message_id")
+        """The event of a claimed entry dead-lettered, from what its letter says."""
         return RetryEvent.dead_lettered(
             queue=entry.stream,
-            message_id=message_id if isinstance(message_id, str) and message_id else entry.id,
+            message_id=_claimed_id(entry, incoming),
             attempt=h.read_attempt(headers),
             at_ms=h.now_ms(),
             max_attempts=self._policies.get(entry.stream, self._policy).max_attempts,
@@ -382,10 +382,33 @@ class RedisRetryEngine:
             dlq=self.keys(entry.stream).dlq,
         )
 
+    def _claimed_retry(self, entry: StreamEntry, step: ClaimedStep) -> RetryEvent:
+        """The event of a claimed entry scheduled again: its lost attempt, a transient failure."""
+        due = step.headers.get(h.DUE)
+        return RetryEvent.scheduled(
+            queue=entry.stream,
+            message_id=_claimed_id(entry, entry.incoming_headers()),
+            attempt=h.read_attempt(step.headers),
+            at_ms=h.now_ms(),
+            max_attempts=self._policies.get(entry.stream, self._policy).max_attempts,
+            delay_ms=step.delay_ms,
+            due_ms=due if isinstance(due, int) else None,
+            exception=CONSUMER_LOST,
+            error=step.error,
+            # No exception to classify: the plugin's own rule counts a lost consumer as
+            # a transient failure (``claimer.claimed_step``).
+            rule=Rule.BUILTIN,
+            classification=Verdict.TRANSIENT,
+        )
+
     async def _settle_lost(
         self, entry: StreamEntry, idle_ms: int
-    ) -> tuple[bool, bool, Mapping[str, Any]]:
-        """Settle a claimed entry as a lost attempt: whether dead-lettered, done, its headers."""
+    ) -> tuple[bool, bool, Mapping[str, Any], ClaimedStep | None]:
+        """Settle a claimed entry as a lost attempt.
+
+        Return whether it was dead-lettered, whether the step was done, its headers, and
+        the retry's step when it was scheduled again (``None`` otherwise).
+        """
         incoming = entry.incoming_headers()
         now = h.now_ms()
         step = claimed_step(
@@ -396,7 +419,7 @@ class RedisRetryEngine:
             now_ms=now,
         )
         if step.dead_letter:
-            return True, await self.dead_letter(entry, headers=step.headers), step.headers
+            return True, await self.dead_letter(entry, headers=step.headers), step.headers, None
         try:
             due = await self.retry_later(entry, delay_ms=step.delay_ms, headers=step.headers)
         except EnvelopeTooLarge:  # its own headers leave the copy no room
@@ -407,8 +430,18 @@ class RedisRetryEngine:
                 now_ms=now,
                 cause=CONSUMER_LOST,
             )
-            return True, await self.dead_letter(entry, headers=headers), headers
-        return False, due is not None, step.headers
+            return True, await self.dead_letter(entry, headers=headers), headers, None
+        return False, due is not None, step.headers, step
+
+
+def _claimed_id(entry: StreamEntry, incoming: Mapping[str, Any]) -> str:
+    """The id a claimed entry's events name it by.
+
+    Its ``message_id`` header when it has one (a copy, or a producer's), else its entry
+    id: FastStream names it anew at each delivery.
+    """
+    message_id = incoming.get("message_id")
+    return message_id if isinstance(message_id, str) and message_id else entry.id
 
 
 def _say(outcome: int, entry: StreamEntry, done: str) -> None:

@@ -4,6 +4,9 @@
   letter, not RabbitMQ's ``S.dlq`` (an empty key on Redis).
 - The claimer's: an entry a dead consumer left, dead-lettered by the claimer, reaches the
   app's hooks, metrics and log as the sink's do: one hook call per letter, by id.
+- The claimer's retries too: each entry it schedules again is one ``scheduled`` event
+  (a lost consumer: a transient failure, the plugin's own rule), counted and logged, and
+  then handled once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from faststream.redis import RedisBroker, StreamSub
 
 from faststream_retry import (
     EventKind,
+    Fixed,
     PermanentError,
     RetryEvent,
     RetryMiddleware,
@@ -123,3 +127,54 @@ async def test_dead_letters_the_claimer_settles_reach_the_apps_hooks_metrics_and
     assert lines.places == dict.fromkeys(entry_ids, dlq)
     assert observed.counter(METRICS.DEAD_LETTERED) == N
     assert not handled, "no handler ran again"
+
+
+async def test_retries_the_claimer_schedules_reach_the_apps_hooks_metrics_and_log(
+    redis_url: str, client: Redis, stream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer killed mid-message, ``max_attempts=3``: the claimer schedules each entry it
+    held again, one ``scheduled`` event, one count and one log line each, by entry id,
+    before the entry comes back and its handler runs once."""
+    await kill_mid_message(client, redis_url, stream)
+    entry_ids = {entry_id for entry_id, _ in await read_stream(client, stream)}
+    events: list[RetryEvent] = []
+    observed = Observed()
+    retry = RetryMiddleware(
+        RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(milliseconds=200))),
+        claim_idle=timedelta(seconds=1),
+        hooks=[events.append],
+        **observed.providers(),
+    )
+    broker = RedisBroker(redis_url, middlewares=[retry])
+    retry.install(broker)
+    handled: list[int] = []
+
+    @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c2"))
+    async def handle(body: dict[str, Any]) -> None:
+        handled.append(body["id"])
+
+    with caplog.at_level("INFO", logger="faststream_retry"):
+        await broker.start()
+        try:
+            await eventually(lambda: len(handled) >= N, timeout=30, what="every entry handled")
+        finally:
+            await broker.stop()
+    assert sorted(handled) == list(range(N)), "each entry handled once"
+    scheduled = [e for e in events if e.kind is EventKind.SCHEDULED]
+    assert len(scheduled) == N
+    assert {e.message_id for e in scheduled} == entry_ids, "one event per claimed entry, by id"
+    for event in scheduled:
+        assert (event.queue, event.attempt, event.max_attempts) == (stream, 1, 3)
+        assert (event.exception, event.classification, event.rule) == (
+            CONSUMER_LOST,
+            "transient",
+            "builtin",
+        )
+        assert event.delay_ms == 200
+        assert event.due_ms is not None
+        assert event.due_ms - event.at_ms <= 200
+        assert event.error is not None
+        assert "without acknowledging it" in event.error
+    assert observed.counter(METRICS.SCHEDULED) == N
+    lines = [r.getMessage() for r in caplog.records if "retry scheduled" in r.getMessage()]
+    assert len(lines) == N, lines[:3]
