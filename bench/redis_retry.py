@@ -197,11 +197,11 @@ def no_second_xack() -> Any:
     """Mark a message whose failure the plugin's script settled as acked, for the block."""
     original = RedisSink._send  # noqa: SLF001 - a diagnostic patch
 
-    async def send(self: RedisSink, msg: Any, *args: Any) -> None:
-        await original(self, msg, *args)
+    async def send(self: RedisSink, msg: Any, *args: Any, **kwargs: Any) -> None:
+        await original(self, msg, *args, **kwargs)
         msg.committed = AckStatus.ACKED
 
-    RedisSink._send = send  # type: ignore[method-assign,assignment]  # noqa: SLF001
+    RedisSink._send = send  # type: ignore[method-assign]  # noqa: SLF001
     try:
         yield
     finally:
