@@ -106,6 +106,8 @@ class RedisRetryEngine:
         batch, cap_s, tick_ms: the mover's (``mover.Mover``).
         settle_bound: failures' steps in flight beside their handlers at most
             (``redis.settling``); ``None``: ``settling.bound_for(client)``.
+        settle_wait_s: how long a stop waits for those steps (a Redis that stopped
+            answering must not hold it for ever); one still running is left pending.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class RedisRetryEngine:
         born: float | None = None,
         reporter: Reporter | None = None,
         settle_bound: int | None = None,
+        settle_wait_s: float = 61.0,
     ) -> None:
         """Name every key (refusing a stream no hash tag can follow); nothing is sent yet."""
         groups: dict[str, str] = {}
@@ -169,7 +172,20 @@ class RedisRetryEngine:
             )
         self.settlements = Settlements(bound_for(client) if settle_bound is None else settle_bound)
         """The failures' steps running beside their handlers (``redis.settling``)."""
+        self._settle_wait_s = settle_wait_s
         self.server: Server | None = None
+
+    async def _drain(self) -> None:
+        """Wait for the failures' steps in flight, within the bound; say what runs on."""
+        left = await self.settlements.drain(self._settle_wait_s)
+        if left:
+            logger.warning(
+                "%d failure step(s) still unanswered by Redis after %.0f s at the stop: "
+                "their entries stay pending, claimed once idle for claim_idle and counted "
+                "as lost attempts",
+                left,
+                self._settle_wait_s,
+            )
 
     def keys(self, stream: str) -> StreamKeys:
         """Return the keys of covered ``stream``."""
@@ -247,7 +263,7 @@ class RedisRetryEngine:
         acknowledged, one script per entry (``lua.RELEASE``), so no attempt is spent on
         it; left pending, each would be claimed ``claim_idle`` later as a lost attempt.
         """
-        await self.settlements.drain()  # a step in flight settles its entry: not released
+        await self._drain()  # a step in flight settles its entry: not released
         if self.claimer is None:
             return 0
         released = 0
@@ -269,7 +285,7 @@ class RedisRetryEngine:
 
         The failures' steps still in flight are awaited first: each acknowledges its entry.
         """
-        await self.settlements.drain()
+        await self._drain()
         await self.stop_claiming()
         if self.claimer is not None:
             await self.claimer.stop()

@@ -27,6 +27,7 @@ bound leaves room for the engine's other tasks (``bound_for``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,13 @@ class Settlements:
             if not self._running:
                 self._idle.set()
 
-    async def drain(self) -> None:
-        """Wait until every step submitted so far ended (those submitted meanwhile too)."""
-        await self._idle.wait()
+    async def drain(self, timeout_s: float | None = None) -> int:
+        """Wait until every step submitted so far ended (those submitted meanwhile too).
+
+        At most ``timeout_s`` (``None``: no bound); return how many still run then. A step
+        that runs on holds its entry pending: claimed later, as a lost attempt.
+        """
+        # asyncio's own: TimeoutError is an alias of it only from Python 3.11 on.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        return len(self._running)

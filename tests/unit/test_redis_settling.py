@@ -77,3 +77,19 @@ def test_a_pool_of_few_connections_lowers_the_bound() -> None:
     assert bound_for(object()) == DEFAULT_BOUND
     assert bound_for(Client(16)) == 10
     assert bound_for(Client(3)) == 1
+
+
+async def test_a_step_redis_never_answers_holds_the_drain_no_longer_than_its_bound() -> None:
+    """A Redis that stopped answering must not hold broker.stop() for ever: the drain
+    returns at its bound and says how many steps still run (their entries stay pending)."""
+    settlements = Settlements()
+    answered = asyncio.Event()
+
+    async def unanswered() -> None:
+        await answered.wait()
+
+    await settlements.submit(unanswered)
+    left = await asyncio.wait_for(settlements.drain(0.05), 1)
+    assert (left, settlements.running) == (1, 1)
+    answered.set()  # the test's own clean-up: no task left behind
+    assert await asyncio.wait_for(settlements.drain(), 1) == 0

@@ -324,6 +324,7 @@ class RedisRuntime(Planned):
             claim_idle_ms=self.config.claim_idle_ms,
             policy=default,
             policies={key: _policy_of(route, default)},
+            settle_wait_s=2 * self.config.publish_timeout_s + 1,
         )
         await engine.check()
         live.late[(key, consumer)] = engine
@@ -479,6 +480,8 @@ class RedisRuntime(Planned):
             policies=policies,
             dlq_maxlen=self.config.dlq_max_length or 0,
             reporter=self.reporter,  # the claimer's dead letters reach the app's hooks
+            # The steps in flight at a stop get what a parked hand-back gets.
+            settle_wait_s=2 * self.config.publish_timeout_s + 1,
         )
 
     async def park(self, msg: Message, route: Route) -> bool:
