@@ -150,27 +150,31 @@ class RedisSink:
         *,
         hold: contextlib.AbstractContextManager[None],
     ) -> None:
-        """Run the failure's step beside the handlers; a refused one leaves the entry pending."""
-        with hold:
+        """Run the failure's step beside the handlers; a refused one leaves the entry pending.
+
+        ``hold`` was entered in the handler's turn (``_send``): it is exited here, once.
+        """
+        try:
             try:
-                try:
-                    await self._step(msg, entry, route, decision, exc)
-                except (RedisError, OSError):
-                    raise
-                except Exception as unbuilt:  # bytes no copy can be built from
-                    await self._invalid(msg, entry, route, unbuilt)
-            except (RedisError, OSError) as refused:
-                self._engine.abandon(entry)
-                _REFUSED.log(
-                    logging.WARNING,
-                    ("refused", entry.stream),
-                    "entry %s of %s: the step of its handler's failure could not be run "
-                    "(%r): left pending, claimed once idle for claim_idle and counted as a "
-                    "lost attempt",
-                    entry.id,
-                    entry.stream,
-                    refused,
-                )
+                await self._step(msg, entry, route, decision, exc)
+            except (RedisError, OSError):
+                raise
+            except Exception as unbuilt:  # bytes no copy can be built from
+                await self._invalid(msg, entry, route, unbuilt)
+        except (RedisError, OSError) as refused:
+            self._engine.abandon(entry)
+            _REFUSED.log(
+                logging.WARNING,
+                ("refused", entry.stream),
+                "entry %s of %s: the step of its handler's failure could not be run "
+                "(%r): left pending, claimed once idle for claim_idle and counted as a "
+                "lost attempt",
+                entry.id,
+                entry.stream,
+                refused,
+            )
+        finally:
+            hold.__exit__(None, None, None)
 
     async def _step(
         self,

@@ -7,7 +7,7 @@ import contextlib
 import json
 import random
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from faststream import AckPolicy
@@ -44,6 +44,9 @@ from faststream_retry.redis.settling import Settlements
 from faststream_retry.redis.sink import RedisSink
 from faststream_retry.reporting.reporter import Reporter
 from faststream_retry.reporting.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 def fresh() -> Any:
@@ -306,12 +309,24 @@ class Engine:
         self.letters: list[dict[str, Any]] = []
         self.abandoned: list[str] = []
         self.settlements = Settlements()
+        self.holds: dict[str, int] = {}
+        """Per entry id: the claimer's holds on it taken and not released (0: none)."""
 
     def group(self, stream: str) -> str:
         return "g"
 
     def settling(self, entry: Any) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+        holds = self.holds
+
+        @contextlib.contextmanager
+        def hold() -> Iterator[None]:
+            holds[entry.id] = holds.get(entry.id, 0) + 1
+            try:
+                yield
+            finally:
+                holds[entry.id] -= 1
+
+        return hold()
 
     async def retry_later(
         self, entry: Any, *, delay_ms: int, headers: dict[str, Any]
@@ -378,6 +393,7 @@ async def test_a_retry_is_one_scheduled_copy_carrying_the_first_deliverys_id() -
     assert h.read_attempt(headers) == 1
     assert headers["message_id"] == "first-id"
     assert [e.kind for e in events] == [EventKind.SCHEDULED]
+    assert engine.holds == {"1-0": 0}, "the keep-alive's hold on the entry is released"
 
 
 async def test_a_step_that_found_nothing_pending_reports_nothing() -> None:
@@ -408,6 +424,7 @@ async def test_a_step_redis_refuses_leaves_the_entry_pending_to_the_claimer() ->
     assert settled == [first, second]
     assert engine.abandoned == ["1-0", "1-0"]
     assert events == []
+    assert engine.holds == {"1-0": 0}, "a refused step releases its hold too"
 
 
 async def test_a_copy_the_format_cannot_hold_is_a_lean_dead_letter() -> None:
