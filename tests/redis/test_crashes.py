@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(240)]
 
-WAVE = 400
+WAVE = 200
 KILLS = 3
 # Every replica's: a replica whose claim_idle is below another's keep-alive takes the
 # entries that one holds and runs them twice (the worker had 1 s against the survivor's
@@ -58,6 +60,31 @@ async def _pending_of(client: Redis, stream: str, consumer: str) -> int:
     return 0
 
 
+async def _publish_until_held(client: Redis, stream: str, first: int, *, what: str) -> int:
+    """Publish ids from ``first`` on, a wave at a time, until the replica ``w`` holds some
+    entries (it handles them); return the next id.
+
+    The survivor's reads take all there is (FastStream reads without COUNT): a wave
+    published before the replica reads is all the survivor's, and the replica held
+    nothing to kill (a loaded CI machine took more than 30 s to start it).
+    """
+    deadline = time.monotonic() + 90
+    n = first
+    while True:
+        pipe = client.pipeline(transaction=False)
+        for i in range(n, n + WAVE):
+            pipe.xadd(stream, {"__data__": json.dumps({"data": json.dumps({"id": i})})})
+        await pipe.execute()
+        n += WAVE
+        looked_until = time.monotonic() + 1
+        while time.monotonic() < looked_until:
+            if await _pending_of(client, stream, "w") > 0:
+                return n
+            await asyncio.sleep(0.02)
+        if time.monotonic() > deadline:
+            pytest.fail(f"the replica never held an entry ({what}): published {n - first}")
+
+
 async def test_a_replica_killed_three_times_mid_burst_loses_nothing(
     make_app: Callable[..., App], client: Redis, redis_url: str, stream: str
 ) -> None:
@@ -77,20 +104,12 @@ async def test_a_replica_killed_three_times_mid_burst_loses_nothing(
     await survivor.start()
     worker = _worker(redis_url, stream)
     try:
+        total = 0
         for kill in range(KILLS):
-            pipe = client.pipeline(transaction=False)
-            for n in range(kill * WAVE, (kill + 1) * WAVE):
-                pipe.xadd(stream, {"__data__": json.dumps({"data": json.dumps({"id": n})})})
-            await pipe.execute()
-
-            async def worker_holds_some() -> bool:
-                return await _pending_of(client, stream, "w") > 0
-
-            await until(worker_holds_some, timeout=30, what=f"the replica holding entries ({kill})")
+            total = await _publish_until_held(client, stream, total, what=f"kill {kill}")
             worker.send_signal(signal.SIGKILL)
             worker.wait(timeout=30)
             worker = _worker(redis_url, stream)
-        total = KILLS * WAVE
 
         async def all_done() -> bool:
             settled = (await client.xpending(stream, "g"))["pending"] == 0
