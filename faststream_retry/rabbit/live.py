@@ -196,6 +196,5 @@ class Live:
     async def close(self) -> None:
         """Stop reopening the channels, stop the consumers, then close the channels."""
         await self.channels.stop_supervising()
-        await self.dlq_depths.stop()
-        await self.stop_consumers()
+        await self.stop_consumers()  # the .dlq sampler with them
         await self.channels.close()

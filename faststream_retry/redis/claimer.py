@@ -432,12 +432,7 @@ class _Hold:
         self._reading.started(self._entry_id)
 
     def __exit__(self, *exc: object) -> None:
-        held, entry_id = self._reading.held, self._entry_id
-        left = held[entry_id] - 1
-        if left:
-            held[entry_id] = left
-        else:
-            del held[entry_id]
+        _release(self._reading.held, self._entry_id)
 
 
 class _Settling:
@@ -453,12 +448,16 @@ class _Settling:
         self._held[self._entry_id] = self._held.get(self._entry_id, 0) + 1
 
     def __exit__(self, *exc: object) -> None:
-        held, entry_id = self._held, self._entry_id
-        left = held[entry_id] - 1
-        if left:
-            held[entry_id] = left
-        else:
-            del held[entry_id]
+        _release(self._held, self._entry_id)
+
+
+def _release(held: dict[str, int], entry_id: str) -> None:
+    """Drop one hold of ``entry_id`` from ``held``: the entry leaves it with its last."""
+    left = held[entry_id] - 1
+    if left:
+        held[entry_id] = left
+    else:
+        del held[entry_id]
 
 
 def _str(value: bytes | str) -> str:

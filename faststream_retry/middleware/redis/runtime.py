@@ -324,7 +324,7 @@ class RedisRuntime(Planned):
             claim_idle_ms=self.config.claim_idle_ms,
             policy=default,
             policies={key: _policy_of(route, default)},
-            settle_wait_s=2 * self.config.publish_timeout_s + 1,
+            settle_wait_s=self._stop_wait_s,
         )
         await engine.check()
         live.late[(key, consumer)] = engine
@@ -480,8 +480,7 @@ class RedisRuntime(Planned):
             policies=policies,
             dlq_maxlen=self.config.dlq_max_length or 0,
             reporter=self.reporter,  # the claimer's dead letters reach the app's hooks
-            # The steps in flight at a stop get what a parked hand-back gets.
-            settle_wait_s=2 * self.config.publish_timeout_s + 1,
+            settle_wait_s=self._stop_wait_s,
         )
 
     async def park(self, msg: Message, route: Route) -> bool:
@@ -522,6 +521,14 @@ class RedisRuntime(Planned):
             self.live.dlq_depths.start()
             self.live.consuming = True
 
+    @property
+    def _stop_wait_s(self) -> float:
+        """How long a stop waits for a Redis step in flight: twice ``publish_timeout`` and 1 s.
+
+        The same for a parked hand-back and a failure's step run beside its handler.
+        """
+        return 2 * self.config.publish_timeout_s + 1
+
     async def stop_consumers(self) -> None:
         """Stop the sampling, the mover and the claiming, before FastStream drains.
 
@@ -533,7 +540,7 @@ class RedisRuntime(Planned):
                 # Held entries are parked before the client closes (FastStream's stop
                 # would otherwise wait for them).
                 held = self.live.outages.close()
-                await self._hand_backs.settle(held, 2 * self.config.publish_timeout_s + 1)
+                await self._hand_backs.settle(held, self._stop_wait_s)
             self.live.consuming = False
             await self.live.dlq_depths.stop()
             for engine in (self.live.engine, *self.live.late.values()):
