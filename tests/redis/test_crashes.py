@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +17,7 @@ from faststream_retry.redis.claimer import CONSUMER_LOST
 from tests.redis.support import read_stream, until
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from redis.asyncio import Redis
 
@@ -27,7 +25,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(240)]
 
-WAVE = 200
+WAVE = 400
 KILLS = 3
 # Every replica's: a replica whose claim_idle is below another's keep-alive takes the
 # entries that one holds and runs them twice (the worker had 1 s against the survivor's
@@ -51,6 +49,16 @@ def _worker(redis_url: str, stream: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _ready(client: Redis, stream: str, pid: int) -> Callable[[], Awaitable[bool]]:
+    """Whether the replica of process ``pid`` has started (``worker_app`` says so)."""
+
+    async def ready() -> bool:
+        said = await client.get(f"{stream}:ready")
+        return said is not None and int(said) == pid
+
+    return ready
+
+
 async def _pending_of(client: Redis, stream: str, consumer: str) -> int:
     summary = await client.xpending(stream, "g")
     for row in summary.get("consumers") or []:
@@ -58,31 +66,6 @@ async def _pending_of(client: Redis, stream: str, consumer: str) -> int:
         if name == consumer:
             return int(row["pending"])
     return 0
-
-
-async def _publish_until_held(client: Redis, stream: str, first: int, *, what: str) -> int:
-    """Publish ids from ``first`` on, a wave at a time, until the replica ``w`` holds some
-    entries (it handles them); return the next id.
-
-    The survivor's reads take all there is (FastStream reads without COUNT): a wave
-    published before the replica reads is all the survivor's, and the replica held
-    nothing to kill (a loaded CI machine took more than 30 s to start it).
-    """
-    deadline = time.monotonic() + 90
-    n = first
-    while True:
-        pipe = client.pipeline(transaction=False)
-        for i in range(n, n + WAVE):
-            pipe.xadd(stream, {"__data__": json.dumps({"data": json.dumps({"id": i})})})
-        await pipe.execute()
-        n += WAVE
-        looked_until = time.monotonic() + 1
-        while time.monotonic() < looked_until:
-            if await _pending_of(client, stream, "w") > 0:
-                return n
-            await asyncio.sleep(0.02)
-        if time.monotonic() > deadline:
-            pytest.fail(f"the replica never held an entry ({what}): published {n - first}")
 
 
 async def test_a_replica_killed_three_times_mid_burst_loses_nothing(
@@ -104,12 +87,28 @@ async def test_a_replica_killed_three_times_mid_burst_loses_nothing(
     await survivor.start()
     worker = _worker(redis_url, stream)
     try:
-        total = 0
         for kill in range(KILLS):
-            total = await _publish_until_held(client, stream, total, what=f"kill {kill}")
+            # The wave only once the replica reads: one published before went whole to
+            # the survivor (FastStream reads all there is), and the replica held nothing
+            # to kill (a loaded CI machine took over 30 s to start it).
+            await until(
+                _ready(client, stream, worker.pid),
+                timeout=90,
+                what=f"the replica started ({kill})",
+            )
+            pipe = client.pipeline(transaction=False)
+            for n in range(kill * WAVE, (kill + 1) * WAVE):
+                pipe.xadd(stream, {"__data__": json.dumps({"data": json.dumps({"id": n})})})
+            await pipe.execute()
+
+            async def worker_holds_some() -> bool:
+                return await _pending_of(client, stream, "w") > 0
+
+            await until(worker_holds_some, timeout=30, what=f"the replica holding entries ({kill})")
             worker.send_signal(signal.SIGKILL)
             worker.wait(timeout=30)
             worker = _worker(redis_url, stream)
+        total = KILLS * WAVE
 
         async def all_done() -> bool:
             settled = (await client.xpending(stream, "g"))["pending"] == 0

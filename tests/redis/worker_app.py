@@ -28,6 +28,8 @@ async def main() -> None:
         on_done=lambda n: app.client.hincrby(f"{STREAM}:done", str(n), 1),
     )
     await app.start()
+    # Started: its subscriber reads from now on (the kill test publishes a wave only then).
+    await app.client.set(f"{STREAM}:ready", os.getpid())
     await asyncio.Event().wait()
 
 
