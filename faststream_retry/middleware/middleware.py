@@ -390,8 +390,23 @@ class _RetryScope(BaseMiddleware):
         held, call = await self._held(runtime, msg, call_next)
         with held:
             if self._plugin.config.outage is not None:
-                return await self._through_gate(call, msg)
-            return await self._handle(call, msg)
+                result = await self._through_gate(call, msg)
+            else:
+                result = await self._handle(call, msg)
+        self._ack_beside(runtime, msg)
+        return result
+
+    def _ack_beside(self, runtime: Planned | None, msg: StreamMessage[Any]) -> None:
+        """Leave a handled message's acknowledgement to its transport (``Planned.ack_beside``).
+
+        Run by the guard where FastStream's own would come (``settled.on_success``); a
+        message settled already (a failure's step, the handler's own ack) has none.
+        """
+        if runtime is None or not runtime.acks_beside or msg.committed is not None:
+            return
+        ack = runtime.ack_beside(msg, _internals.current_subscriber(self.context))
+        if ack is not None:
+            settled.on_success(self.msg, ack)
 
     async def _held(
         self,

@@ -16,6 +16,8 @@ from faststream_retry.errors import RetryConfigError
 from faststream_retry.middleware import _internals
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from faststream_retry.core.config import RetryConfig
     from faststream_retry.core.topology import Plan, Route
     from faststream_retry.errors import RetryTopologyError
@@ -126,6 +128,20 @@ class Planned:
         A transport that must know what its handlers hold (Redis' claimer) is told.
         """
         return contextlib.nullcontext()
+
+    acks_beside = False
+    """Whether a handled message's acknowledgement may be the transport's (``ack_beside``)."""
+
+    def ack_beside(
+        self,
+        msg: Any,  # noqa: ANN401, ARG002 - FastStream's message
+        sub: Any,  # noqa: ANN401, ARG002 - its subscriber
+    ) -> Callable[[], Awaitable[None]] | None:
+        """The acknowledgement of ``msg``, its handler done, if the transport sends it.
+
+        ``None``: FastStream's own. Redis batches them beside the handlers (``redis.acks``).
+        """
+        return None
 
     async def settle_first(
         self,

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from faststream._internal.context import ContextRepo
     from typing_extensions import Self
 
-__all__ = ["Guard", "guard", "hand_over"]
+__all__ = ["Guard", "guard", "hand_over", "on_success"]
 
 _GUARD_ATTR = "__faststream_retry_guard__"
 
@@ -55,11 +55,13 @@ class Guard:
 
 
 class _GuardScope(BaseMiddleware):
-    __slots__ = ("_token", "settled")
+    __slots__ = ("_token", "settled", "success")
 
     def __init__(self, msg: Any, /, *, context: ContextRepo) -> None:  # noqa: ANN401 - the raw message
         super().__init__(msg, context=context)
         self.settled: BaseException | None = None
+        self.success: Callable[[], Awaitable[None]] | None = None
+        """The transport's acknowledgement of a handled message (``on_success``)."""
         self._token: Token[_GuardScope | None] | None = None
 
     # Every message of the broker passes through here: FastStream's hooks are answered
@@ -75,7 +77,7 @@ class _GuardScope(BaseMiddleware):
         exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,
     ) -> bool | None:
-        return self._exit(exc_val)
+        return await self._exit_async(exc_val)
 
     def consume_scope(  # type: ignore[override]  # FastStream awaits what it returns
         self,
@@ -93,7 +95,16 @@ class _GuardScope(BaseMiddleware):
         exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,  # noqa: ARG002
     ) -> bool | None:
-        return self._exit(exc_val)
+        return await self._exit_async(exc_val)
+
+    async def _exit_async(self, exc_val: BaseException | None) -> bool | None:
+        success, self.success = self.success, None
+        suppress = self._exit(exc_val)
+        if success is not None and exc_val is None:
+            # Where FastStream's own acknowledgement comes next: after every middleware of
+            # the app, none of which raised.
+            await success()
+        return suppress
 
     def _enter(self) -> None:
         outer = _SEAL.get()
@@ -126,6 +137,20 @@ def hand_over(msg: object, failure: BaseException) -> bool:
     if seal is None or seal.msg is not msg:
         return False
     seal.settled = failure
+    return True
+
+
+def on_success(msg: object, ack: Callable[[], Awaitable[None]]) -> bool:
+    """Have the guard of ``msg`` run ``ack`` if no middleware raises; ``False``: no guard.
+
+    ``ack`` is the transport's acknowledgement of the handled message, run in place of
+    FastStream's: after every middleware of the app let the message through, and never
+    after a failure one of them raised. ``msg`` is the raw message.
+    """
+    seal = _SEAL.get()
+    if seal is None or seal.msg is not msg:
+        return False
+    seal.success = ack
     return True
 
 

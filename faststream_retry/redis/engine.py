@@ -30,6 +30,9 @@ the one consumer group that reads it, and runs a mover and a claimer beside the 
 - ``with engine.holding(stream, consumer, entry_id):`` wraps each handler's call (its
   failure's step included): the claimer keeps alive only what this replica's handlers
   hold, and the rest of a read still waiting for them (``claimer.Claimer``).
+- ``await engine.ack_handled(stream, entry_id)``: a handled entry's ``XACK``, queued and
+  sent in batches beside the handlers (``acks``), kept alive until answered, awaited at
+  the stop with the failures' steps.
 - ``engine.abandon(entry)``: a delivery whose step Redis refused (down, read-only) is left
   pending for the claimer, which no longer keeps it alive here: claimed ``claim_idle_ms``
   later by any replica, and counted as a lost attempt.
@@ -54,6 +57,7 @@ from faststream_retry.core.events import Reason, RetryEvent, Rule, Verdict
 from faststream_retry.core.policy import RetryPolicy
 from faststream_retry.errors import RetryConfigError
 from faststream_retry.redis import steps
+from faststream_retry.redis.acks import Acks
 from faststream_retry.redis.checks import Server, check_server
 from faststream_retry.redis.claimer import CONSUMER_LOST, ClaimedStep, Claimer, claimed_step
 from faststream_retry.redis.envelope import EnvelopeTooLarge
@@ -172,18 +176,25 @@ class RedisRetryEngine:
             )
         self.settlements = Settlements(bound_for(client) if settle_bound is None else settle_bound)
         """The failures' steps running beside their handlers (``redis.settling``)."""
+        self.acks = Acks(client)
+        """The handled entries waiting for their ``XACK`` (``redis.acks``)."""
         self._settle_wait_s = settle_wait_s
         self.server: Server | None = None
 
     async def _drain(self) -> None:
-        """Wait for the failures' steps in flight, within the bound; say what runs on."""
+        """Wait for the failures' steps and the handled entries' ``XACK``s; say what runs on.
+
+        Each within the stop's bound.
+        """
         left = await self.settlements.drain(self._settle_wait_s)
-        if left:
+        unacked = await self.acks.drain(self._settle_wait_s)
+        if left or unacked:
             logger.warning(
-                "%d failure step(s) still unanswered by Redis after %.0f s at the stop: "
-                "their entries stay pending, claimed once idle for claim_idle and counted "
-                "as lost attempts",
+                "%d failure step(s) and %d handled entries' XACK still unanswered by Redis "
+                "after %.0f s at the stop: their entries stay pending, claimed once idle for "
+                "claim_idle and counted as lost attempts",
                 left,
+                unacked,
                 self._settle_wait_s,
             )
 
@@ -193,6 +204,10 @@ class RedisRetryEngine:
             return self._keys[stream]
         except KeyError:
             raise RetryConfigError(f"stream {stream!r} is not covered by this engine") from None
+
+    def covers(self, stream: str) -> bool:
+        """Whether ``stream`` is one of this engine's."""
+        return stream in self._groups
 
     def group(self, stream: str) -> str:
         """Return the consumer group that reads covered ``stream``."""
@@ -343,6 +358,18 @@ class RedisRetryEngine:
         if self.claimer is None:
             return contextlib.nullcontext()
         return self.claimer.settling(entry.stream, entry.id)
+
+    async def ack_handled(self, stream: str, entry_id: str) -> None:
+        """Acknowledge ``entry_id`` of covered ``stream``, its handler done, beside the handlers.
+
+        Returns once it is queued (``redis.acks``); kept alive until its ``XACK`` answers.
+        """
+        hold = (
+            contextlib.nullcontext()
+            if self.claimer is None
+            else self.claimer.settling(stream, entry_id)
+        )
+        await self.acks.add(stream, self._groups[stream], entry_id, hold)
 
     def abandon(self, entry: StreamEntry) -> None:
         """Leave ``entry`` pending to the claimer: its step failed, and this replica gave it up."""

@@ -9,6 +9,7 @@ delay, a dead letter once ``max_attempts`` calls failed.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,26 @@ async def read_stream(client: Redis, name: str) -> list[tuple[str, envelope.Enve
             (entry_id.decode(), envelope.Envelope(parsed.body, envelope.from_wire(parsed.headers)))
         )
     return out
+
+
+async def pending_ids(client: Redis, stream: str, group: str, consumer: str) -> set[str]:
+    """The body ``id``s of the entries pending for ``consumer``: what a kill of it leaves.
+
+    A handled entry is handled again after a kill only if it is one of them: its ``XACK``
+    (batched beside the handlers, ``redis.acks``) or its failure's step was not stored.
+    """
+    rows = await client.xpending_range(
+        stream, group, min="-", max="+", count=1_000_000, consumername=consumer
+    )
+    ids: set[str] = set()
+    for row in rows:
+        entry = row["message_id"]
+        found: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(  # type: ignore[assignment]
+            stream, min=entry, max=entry
+        )
+        for _, fields in found:
+            ids.add(str(json.loads(envelope.parse(fields).body)["id"]))
+    return ids
 
 
 class App:

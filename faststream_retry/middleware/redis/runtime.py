@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from faststream import AckPolicy
 from faststream.message import AckStatus
 
 from faststream_retry.core.durations import format_ms
@@ -68,6 +69,10 @@ if TYPE_CHECKING:
     from faststream_retry.reporting.reporter import Reporter
 
 __all__ = ["RedisLive", "RedisRuntime", "exact_plan"]
+
+_ACKS = frozenset({AckPolicy.REJECT_ON_ERROR, AckPolicy.NACK_ON_ERROR, AckPolicy.ACK})
+"""The ack policies under which FastStream acknowledges a handled message (``ACK_FIRST``
+is refused on a covered stream; ``MANUAL`` leaves it to the handler)."""
 
 DEFAULT_PROBE_MS = 1000
 """Outage mode's probe interval on Redis when neither ``outage_probe`` nor ``tick`` is set."""
@@ -224,6 +229,9 @@ class RedisRuntime(Planned):
     releases_on_arrival = True
     """A copy that reaches its handler was moved back by the mover when due: a release."""
 
+    acks_beside = True
+    """A handled entry's ``XACK`` is batched beside the handlers (``ack_beside``)."""
+
     def __init__(
         self,
         config: RetryConfig,
@@ -374,6 +382,40 @@ class RedisRuntime(Planned):
         (entry_id,) = ids
         entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         return live.engine_of(stream, consumer).holding(stream, consumer or "", entry)
+
+    def ack_beside(
+        self,
+        msg: Any,  # noqa: ANN401 - FastStream's RedisStreamMessage
+        sub: Any,  # noqa: ANN401 - its subscriber
+    ) -> Callable[[], Awaitable[None]] | None:
+        """The ``XACK`` of ``msg``'s entry, its handler done, batched beside the handlers.
+
+        ``None`` (FastStream acknowledges it, or nobody does) unless the plugin runs on a
+        covered stream whose subscriber acknowledges a success (not ``AckPolicy.MANUAL``):
+        the middleware runs it where FastStream's own acknowledgement would come next
+        (``settled.on_success``). It queues the entry (``redis.acks``) and marks the
+        message acknowledged, so FastStream sends no ``XACK`` of its own.
+        """
+        live = self.live
+        if live is None or not live.running or getattr(sub, "ack_policy", None) not in _ACKS:
+            return None
+        stream, _, consumer = redis_subscribers.names(sub)
+        get = getattr(msg.raw_message, "get", None)
+        ids = None if get is None else get("message_ids")
+        if stream is None or stream not in live.plan.routes or not ids or len(ids) != 1:
+            return None
+        (entry_id,) = ids
+        entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        engine = live.engine_of(stream, consumer)
+        if not engine.covers(stream):
+            return None
+
+        async def ack() -> None:
+            if msg.committed is None:  # an app's middleware further out acknowledged it
+                await engine.ack_handled(stream, entry)
+                msg.committed = AckStatus.ACKED
+
+        return ack
 
     def check(self, middleware: Middleware) -> Plan:
         """Plan and check the broker's subscribers; raise one error naming every fix.

@@ -1,0 +1,182 @@
+"""A handled entry's XACK beside the handlers (redis.acks), against a real server.
+
+Each test slows the plugin's ``XACK`` (a slow link to Redis) so that many successes are
+handled while one is in flight; the server counts the commands (``INFO commandstats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from faststream import AckPolicy, BaseMiddleware
+from faststream.redis import RedisBroker, StreamSub
+from faststream.redis.parser.binary import BinaryMessageFormatV1
+
+from faststream_retry import RetryMiddleware
+from faststream_retry.redis import acks
+from tests.redis.support import until
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from redis.asyncio import Redis
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+N = 300
+XACK_LATENCY_S = 0.05
+
+
+@pytest.fixture
+def slow_xack(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Every XACK of the plugin's waits ``XACK_LATENCY_S`` before it is sent."""
+    send = acks.Acks._send
+
+    async def slow(self: acks.Acks, *args: Any) -> None:
+        await asyncio.sleep(XACK_LATENCY_S)
+        await send(self, *args)
+
+    monkeypatch.setattr(acks.Acks, "_send", slow)
+    return XACK_LATENCY_S
+
+
+async def _fill(client: Redis, stream: str, n: int) -> None:
+    """The group from 0, then ``n`` messages in FastStream's format: a backlog at the start."""
+    await client.xgroup_create(stream, "g", id="0", mkstream=True)
+    async with client.pipeline(transaction=False) as pipe:
+        for key in range(n):
+            data = await BinaryMessageFormatV1.encode(
+                message=json.dumps({"id": key}).encode(),
+                reply_to=None,
+                headers={"content-type": "application/json"},
+                correlation_id=uuid.uuid4().hex,
+            )
+            pipe.xadd(stream, {"__data__": data})
+        await pipe.execute()
+
+
+async def _xacks(client: Redis) -> int:
+    stats: dict[str, Any] = await client.info("commandstats")
+    return int(stats.get("cmdstat_xack", {}).get("calls", 0))
+
+
+async def _pending(client: Redis, stream: str) -> int:
+    return int((await client.xpending(stream, "g"))["pending"])
+
+
+def _broker(
+    redis_url: str,
+    stream: str,
+    handled: set[int],
+    *,
+    ack_policy: AckPolicy = AckPolicy.REJECT_ON_ERROR,
+    outer: list[Any] | None = None,
+) -> RedisBroker:
+    retry = RetryMiddleware(claim_idle=timedelta(seconds=30))
+    broker = RedisBroker(redis_url, middlewares=[*(outer or []), retry])
+
+    @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"), ack_policy=ack_policy)
+    async def handle(body: dict[str, Any]) -> None:
+        handled.add(body["id"])
+
+    retry.install(broker)
+    return broker
+
+
+async def test_successes_are_acknowledged_in_few_xacks_beside_their_handlers(
+    redis_url: str, client: Redis, stream: str, slow_xack: float
+) -> None:
+    """300 handled entries, the plugin's XACK 50 ms slow: every one acknowledged, each
+    once, in far fewer XACKs than entries (FastStream sends one an entry, in the handler's
+    turn), and the handlers did not wait for them (300 x 50 ms would be 15 s)."""
+    await _fill(client, stream, N)
+    handled: set[int] = set()
+    broker = _broker(redis_url, stream, handled)
+    before = await _xacks(client)
+    await broker.start()
+    try:
+        started = asyncio.get_running_loop().time()
+        await until(lambda: _done(handled), what="every entry handled")
+        took = asyncio.get_running_loop().time() - started
+        await until(lambda: _none_pending(client, stream), what="every entry acknowledged")
+        sent = await _xacks(client) - before
+    finally:
+        await asyncio.wait_for(broker.stop(), 30)
+    assert handled == set(range(N))
+    assert sent < N // 10, f"{sent} XACKs for {N} entries"
+    assert took < N * slow_xack / 3, f"handled in {took:.1f} s"
+
+
+async def test_the_stop_waits_for_every_handled_entrys_xack(
+    redis_url: str, client: Redis, stream: str, slow_xack: float
+) -> None:
+    """Stopped as soon as every entry is handled, the XACKs of many still queued: once
+    ``broker.stop()`` returned, none is pending (left pending, each would be claimed and
+    handled again)."""
+    del slow_xack
+    await _fill(client, stream, N)
+    handled: set[int] = set()
+    broker = _broker(redis_url, stream, handled)
+    await broker.start()
+    try:
+        await until(lambda: _done(handled), what="every entry handled")
+    finally:
+        await asyncio.wait_for(broker.stop(), 30)
+    assert await _pending(client, stream) == 0
+
+
+async def test_a_manual_ack_subscriber_s_entries_are_left_to_its_handler(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """``AckPolicy.MANUAL``: FastStream acknowledges nothing, and neither does the plugin."""
+    await _fill(client, stream, 20)
+    handled: set[int] = set()
+    broker = _broker(redis_url, stream, handled, ack_policy=AckPolicy.MANUAL)
+    await broker.start()
+    try:
+        await until(lambda: _done(handled, 20), what="every entry handled")
+    finally:
+        await asyncio.wait_for(broker.stop(), 30)
+    assert await _pending(client, stream) == 20
+
+
+class RaisesAfter(BaseMiddleware):
+    """An app's middleware, outside the plugin, that fails after the handler succeeded."""
+
+    async def consume_scope(self, call_next: Callable[[Any], Awaitable[Any]], msg: Any) -> Any:
+        result = await call_next(msg)
+        if json.loads(msg.body)["id"] % 2:
+            raise RuntimeError("the app's middleware failed after the handler")
+        return result
+
+
+async def test_an_entry_a_middleware_outside_fails_is_left_as_faststream_leaves_it(
+    redis_url: str, client: Redis, stream: str
+) -> None:
+    """The plugin acknowledges where FastStream would: after every middleware of the app.
+    One that raises after the handler succeeded leaves the entry unacknowledged, as
+    without the plugin (FastStream's reject on Redis sends no XACK): the odd ids stay
+    pending, the even ones are acknowledged."""
+    await _fill(client, stream, 20)
+    handled: set[int] = set()
+    broker = _broker(redis_url, stream, handled, outer=[RaisesAfter])
+    await broker.start()
+    try:
+        await until(lambda: _done(handled, 20), what="every entry handled")
+    finally:
+        await asyncio.wait_for(broker.stop(), 30)
+    pending = await client.xpending_range(stream, "g", min="-", max="+", count=100)
+    assert len(pending) == 10
+
+
+async def _done(handled: set[int], n: int = N) -> bool:
+    return len(handled) >= n
+
+
+async def _none_pending(client: Redis, stream: str) -> bool:
+    return await _pending(client, stream) == 0

@@ -1,0 +1,129 @@
+"""Handled entries' XACKs beside their handlers (redis.acks): batched, bounded, kept alive, drained."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from faststream_retry.redis.acks import Acks
+
+
+class FakeRedis:
+    """Answers each ``XACK`` once ``gate`` is set; records every call's ids."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+        self.gate = asyncio.Event()
+        self.fail = fail
+
+    async def xack(self, stream: str, group: str, *ids: str) -> int:
+        self.calls.append((stream, group, ids))
+        await self.gate.wait()
+        if self.fail:
+            raise ConnectionError("Redis went away")
+        return len(ids)
+
+
+class Hold:
+    """A keep-alive hold that counts, and like the claimer's is entered once."""
+
+    def __init__(self, held: dict[str, int], entry: str) -> None:
+        self.held, self.entry = held, entry
+
+    def __enter__(self) -> None:
+        assert self.entry not in self.held, "entered twice"
+        self.held[self.entry] = 1
+
+    def __exit__(self, *exc: object) -> None:
+        del self.held[self.entry]
+
+
+async def test_entries_handled_while_an_xack_is_in_flight_go_in_one_next_xack() -> None:
+    """The first success is sent alone at once; those meanwhile wait and go together after it."""
+    redis = FakeRedis()
+    acks = Acks(redis)
+    held: dict[str, int] = {}
+    await acks.add("s", "g", "1-0", Hold(held, "1-0"))
+    await asyncio.sleep(0)
+    for n in range(2, 6):
+        await acks.add("s", "g", f"{n}-0", Hold(held, f"{n}-0"))
+    await asyncio.sleep(0.01)
+    assert redis.calls == [("s", "g", ("1-0",))], "one XACK in flight per stream"
+    assert acks.waiting == 5
+    redis.gate.set()
+    assert await acks.drain(1) == 0
+    assert redis.calls == [("s", "g", ("1-0",)), ("s", "g", ("2-0", "3-0", "4-0", "5-0"))]
+    assert held == {}, "every hold let go once its XACK answered"
+
+
+async def test_an_entry_is_kept_alive_until_its_xack_answers() -> None:
+    """The hold (the claimer's keep-alive) is taken when queued and let go after the answer."""
+    redis = FakeRedis()
+    acks = Acks(redis)
+    held: dict[str, int] = {}
+    await acks.add("s", "g", "7-0", Hold(held, "7-0"))
+    await asyncio.sleep(0.01)
+    assert held == {"7-0": 1}
+    redis.gate.set()
+    await acks.drain(1)
+    assert held == {}
+
+
+async def test_a_full_bound_holds_the_next_success_until_an_xack_answers() -> None:
+    """Backpressure: with ``bound`` entries waiting, the next add waits; nothing is dropped."""
+    redis = FakeRedis()
+    acks = Acks(redis, bound=3)
+    for n in range(3):
+        await acks.add("s", "g", f"{n}-0", Hold({}, f"{n}-0"))
+    fourth = asyncio.ensure_future(acks.add("s", "g", "3-0", Hold({}, "3-0")))
+    await asyncio.sleep(0.05)
+    assert not fourth.done(), "a fourth success waits for room"
+    redis.gate.set()
+    await asyncio.wait_for(fourth, 1)
+    assert await acks.drain(1) == 0
+    sent = [entry for _, _, ids in redis.calls for entry in ids]
+    assert sorted(sent) == ["0-0", "1-0", "2-0", "3-0"], "each acknowledged once"
+
+
+async def test_streams_are_acknowledged_apart_each_with_its_group() -> None:
+    """One XACK names one stream and its group (a cluster's slot); two streams, two XACKs."""
+    redis = FakeRedis()
+    redis.gate.set()
+    acks = Acks(redis)
+    await acks.add("a", "ga", "1-0", Hold({}, "1-0"))
+    await acks.add("b", "gb", "1-0", Hold({}, "1-0"))
+    await acks.drain(1)
+    assert sorted(redis.calls) == [("a", "ga", ("1-0",)), ("b", "gb", ("1-0",))]
+
+
+async def test_a_refused_xack_is_said_once_lets_its_entries_go_and_the_next_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Refused: a WARNING (at most one a minute), the holds let go (the claimer takes them
+    once idle), and later successes are still sent."""
+    redis = FakeRedis(fail=True)
+    redis.gate.set()
+    acks = Acks(redis)
+    held: dict[str, int] = {}
+    with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
+        for n in range(3):
+            await acks.add("s", "g", f"{n}-0", Hold(held, f"{n}-0"))
+            await acks.drain(1)
+    assert held == {}
+    assert len(redis.calls) == 3
+    warnings = [r for r in caplog.records if "could not be acknowledged" in r.getMessage()]
+    assert len(warnings) == 1, "said once a minute, not at every batch"
+
+
+async def test_drain_is_bounded_and_says_how_many_still_wait() -> None:
+    """A Redis that does not answer holds the stop only ``timeout_s``: the count is returned."""
+    redis: Any = FakeRedis()
+    acks = Acks(redis)
+    await acks.add("s", "g", "1-0", Hold({}, "1-0"))
+    await acks.add("s", "g", "2-0", Hold({}, "2-0"))
+    assert await acks.drain(0.05) == 2
+    redis.gate.set()
+    assert await acks.drain(1) == 0
