@@ -147,14 +147,7 @@ async def close_all_connections(ctl: Path, why: str) -> None:
         "closing every connection breaks the tests in the other workers: mark the test "
         "@pytest.mark.exclusive"
     )
-    closed = await asyncio.to_thread(
-        subprocess.run,
-        [str(ctl), "close_all_connections", why],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert closed.returncode == 0, closed.stderr
+    await asyncio.to_thread(run_ctl, ctl, "close_all_connections", why)
 
 
 def unique(name: str) -> str:
