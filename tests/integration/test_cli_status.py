@@ -24,7 +24,7 @@ from faststream_retry.middleware.app import LoadedApp
 from faststream_retry.ops.app import load_app
 from faststream_retry.ops.status_open import WATCH_CONNECTION
 from tests.cli import environment, run_cli, script
-from tests.rabbit import delete_declared, queue_depth, script_broker_ctl, unique
+from tests.rabbit import delete_declared, queue_depth, run_ctl, script_broker_ctl, unique
 from tests.unit.test_management import Recorder, server  # noqa: F401 - a fixture
 
 if TYPE_CHECKING:
@@ -291,11 +291,7 @@ async def test_watch_prints_a_snapshot_every_refresh_and_ctrl_c_ends_it_with_sta
 async def _watch_connections(ctl: Path) -> set[str]:
     """The peer ports of the connections a ``status --watch`` has open at the broker."""
     listed = await asyncio.to_thread(
-        subprocess.run,
-        [str(ctl), "list_connections", "peer_port", "client_properties"],
-        capture_output=True,
-        text=True,
-        check=True,
+        run_ctl, ctl, "list_connections", "peer_port", "client_properties"
     )
     return {line.split()[0] for line in listed.stdout.splitlines() if WATCH_CONNECTION in line}
 

@@ -29,6 +29,7 @@ from tests.rabbit import (
     eventually,
     eventually_async,
     queue_depth,
+    run_ctl,
     script_broker_ctl,
     unique,
 )
@@ -145,13 +146,8 @@ def vhost_url(rabbit_url: str) -> Iterator[str]:
     if ctl is None:
         pytest.skip("needs the broker of scripts/rabbitmq/start.sh to add a vhost")
     vhost = unique("quickstart")
-
-    def run(*args: str) -> None:
-        done = subprocess.run([str(ctl), "-q", *args], capture_output=True, text=True, check=False)
-        assert done.returncode == 0, done.stderr
-
-    run("add_vhost", vhost)
-    run("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    run_ctl(ctl, "add_vhost", vhost)
+    run_ctl(ctl, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
     try:
         yield f"{rabbit_url.rstrip('/')}/{vhost}"
     finally:

@@ -9,8 +9,8 @@ quorum tiers, into classic and quorum work queues.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,16 @@ from faststream.rabbit import QueueType, RabbitMessage, RabbitQueue
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.core.events import EventKind
 from faststream_retry.core.topology import tier_name
-from tests.rabbit import App, drain, eventually, on_time, queue_depth, script_broker_ctl, unique
+from tests.rabbit import (
+    App,
+    drain,
+    eventually,
+    on_time,
+    queue_depth,
+    run_ctl,
+    script_broker_ctl,
+    unique,
+)
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractRobustConnection
@@ -149,9 +158,7 @@ async def test_a_refused_copy_never_acks_the_original(
     script_ctl = script_broker_ctl(rabbit_url)
     if script_ctl is None:
         pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
-
-    def ctl(*args: str) -> None:
-        subprocess.run([str(script_ctl), "-q", *args], check=True, capture_output=True)
+    ctl = functools.partial(run_ctl, script_ctl)
 
     # Classic tiers: a quorum queue takes a publish while it is under its limit, so
     # max-length 0 would not refuse every copy.
@@ -229,18 +236,14 @@ async def test_a_retry_copy_never_confirmed_ends_a_classic_queues_loop_as_stuck(
     await app.start()
     tier = tier_name(app.prefix, 100)
     policy = json.dumps({"max-length": 0, "overflow": "reject-publish"})
-    subprocess.run(
-        [str(script_ctl), "-q", "set_policy", tier, f"^{tier}$", policy, "--apply-to", "queues"],
-        check=True,
-        capture_output=True,
-    )
+    run_ctl(script_ctl, "set_policy", tier, f"^{tier}$", policy, "--apply-to", "queues")
     ids = [f"m{i}" for i in range(5)]
     try:
         for message_id in ids:
             await app.broker.publish("x", queue=queue, message_id=message_id)
         dead = await drain(amqp, f"{queue}.dlq", expect=len(ids), timeout=30)
     finally:
-        subprocess.run([str(script_ctl), "-q", "clear_policy", tier], check=False)
+        run_ctl(script_ctl, "clear_policy", tier, check=False)
     await app.stop()
     assert sorted(m.message_id or "" for m in dead) == ids
     for message in dead:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import subprocess
 from collections import Counter
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
@@ -17,7 +16,7 @@ import pytest
 from faststream_retry import Fixed, PermanentError, RetryPolicy, RetryTopologyError
 from faststream_retry.core import headers as h
 from faststream_retry.core.events import EventKind
-from tests.rabbit import App, drain, eventually, script_broker_ctl, series_of, unique
+from tests.rabbit import App, drain, eventually, run_ctl, script_broker_ctl, series_of, unique
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -46,15 +45,12 @@ async def grant(rabbit_url: str) -> AsyncIterator[Callable[[dict[str, str]], str
         pytest.skip("needs the broker of scripts/rabbitmq/start.sh to create users")
     users: list[str] = []
 
-    def run(*args: str) -> None:
-        done = subprocess.run([str(ctl), "-q", *args], capture_output=True, text=True, check=False)
-        assert done.returncode == 0, done.stderr
-
     def create(permissions: dict[str, str]) -> str:
         user = unique("least")
-        run("add_user", user, "secret")
+        run_ctl(ctl, "add_user", user, "secret")
         users.append(user)
-        run(
+        run_ctl(
+            ctl,
             "set_permissions",
             "-p",
             "/",
@@ -69,7 +65,7 @@ async def grant(rabbit_url: str) -> AsyncIterator[Callable[[dict[str, str]], str
 
     yield create
     for user in users:
-        await asyncio.to_thread(run, "delete_user", user)
+        await asyncio.to_thread(run_ctl, ctl, "delete_user", user)
 
 
 # Several broker round trips (rabbitmqctl, policies, a killed process): 120 s was short

@@ -3,8 +3,8 @@ dead-lettered for it (the quorum ``.retry`` queue's delivery limit is not spent)
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
@@ -13,7 +13,7 @@ import pytest
 from faststream_retry import Fixed, RetryPolicy
 from faststream_retry.core import headers as h
 from faststream_retry.core.events import EventKind
-from tests.rabbit import App, drain, eventually, queue_depth, script_broker_ctl, unique
+from tests.rabbit import App, drain, eventually, queue_depth, run_ctl, script_broker_ctl, unique
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,16 +23,13 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.rabbit
 
 
-def policies(rabbit_url: str) -> Callable[..., None]:
+def policies(rabbit_url: str) -> Callable[..., object]:
     """Return a runner of the script's rabbitmqctl (to set policies), or skip the test."""
     script_ctl = script_broker_ctl(rabbit_url)
     if script_ctl is None:
         pytest.skip("needs the broker of scripts/rabbitmq/start.sh to set a policy")
 
-    def ctl(*args: str) -> None:
-        subprocess.run([str(script_ctl), "-q", *args], check=True, capture_output=True)
-
-    return ctl
+    return functools.partial(run_ctl, script_ctl)
 
 
 async def test_a_refused_release_waits_another_tick_instead_of_spending_the_limit(

@@ -43,6 +43,7 @@ from tests.rabbit import (
     eventually,
     eventually_async,
     queue_depth,
+    run_ctl,
     script_broker_ctl,
     unique,
 )
@@ -376,18 +377,13 @@ async def test_a_queue_opted_in_by_a_policy_is_retried_without_being_redeclared(
     policy = command[-3]
     try:
         async with RetryWorker(config, url=rabbit_url):
-            subprocess.run([str(ctl), *command[1:]], check=True, capture_output=True)
+            run_ctl(ctl, *command[1:])
             await consuming(setup.queue, consumer)
             await publish(fanout, "p1")
             await eventually(lambda: consumer.acked["p1"] == 1, 15, "the retried message")
         assert len(consumer.arrivals["p1"]) == 2
-        listed = subprocess.run(
-            [str(ctl), "list_queues", "name", "policy", "--no-table-headers", "--quiet"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split("\n")
-        policies = dict(line.split("\t", 1) for line in listed if "\t" in line)
+        listing = run_ctl(ctl, "list_queues", "name", "policy", "--no-table-headers").stdout
+        policies = dict(line.split("\t", 1) for line in listing.split("\n") if "\t" in line)
         assert policies[setup.queue].strip() == policy
         for own in (f"{setup.queue}.retry", f"{setup.queue}.dlq", setup.intake):
             assert policies[own].strip() == "", own
@@ -395,7 +391,7 @@ async def test_a_queue_opted_in_by_a_policy_is_retried_without_being_redeclared(
         await channel.declare_queue(setup.queue, durable=True)  # same declaration: no 406
         await channel.close()
     finally:
-        subprocess.run([str(ctl), "clear_policy", policy], check=False, capture_output=True)
+        run_ctl(ctl, "clear_policy", policy, check=False)
         await setup.cleanup(amqp, config)
 
 
