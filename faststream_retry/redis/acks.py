@@ -17,8 +17,10 @@ every queued one (``drain``) before the client closes. What does: a crash (of th
 or of Redis) in the window between the handler's success and its batch's answer leaves
 the entry pending, to be claimed and handled again as a lost attempt, as FastStream's own
 window between a handler's return and its ``XACK`` does, for up to ``bound`` entries
-rather than one. An ``XACK`` Redis refuses is logged (a WARNING, at most one a minute):
-its entries are claimed once idle, the same outcome as FastStream's refused ``XACK``.
+rather than one. An ``XACK`` Redis refuses (down, a cut connection) is sent again every
+half second, its entries kept alive, for up to ``retry_s``: a blip no longer makes a
+handled entry run again, as FastStream's one refused ``XACK`` did. Past that it is logged
+(a WARNING, at most one a minute), and its entries are claimed once idle.
 
 At most ``bound`` entries wait or are in flight at once: the next handler's success waits
 for room (backpressure, nothing dropped).
@@ -50,6 +52,8 @@ second with a 10 ms ``fsync``, FastStream's own 100).
 """
 
 _WARN_EVERY_S = 60.0
+_PAUSE_S = 0.5
+"""Between two tries of a refused ``XACK``."""
 
 
 class Acks:
@@ -61,15 +65,25 @@ class Acks:
         "_count",
         "_flushing",
         "_idle",
+        "_retry_s",
         "_room",
         "_waiting",
         "_warned",
     )
 
-    def __init__(self, client: Any, bound: int = DEFAULT_BOUND) -> None:  # noqa: ANN401 - redis-py's
-        """Acknowledge on ``client``; at most ``bound`` (>= 1) entries waiting at once."""
+    def __init__(
+        self,
+        client: Any,  # noqa: ANN401 - redis-py's
+        bound: int = DEFAULT_BOUND,
+        retry_s: float = 60.0,
+    ) -> None:
+        """Acknowledge on ``client``; at most ``bound`` (>= 1) entries waiting at once.
+
+        A refused ``XACK`` is tried again for up to ``retry_s``.
+        """
         self._client = client
         self._bound = max(1, bound)
+        self._retry_s = retry_s
         self._waiting: dict[tuple[str, str], list[tuple[str, AbstractContextManager[None]]]] = {}
         self._flushing: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._count = 0
@@ -116,16 +130,28 @@ class Acks:
     async def _send(
         self, key: tuple[str, str], batch: list[tuple[str, AbstractContextManager[None]]]
     ) -> None:
-        """One ``XACK`` of ``batch``; its holds let go once answered, refused or not."""
+        """One ``XACK`` of ``batch``, again while refused (``retry_s``); then let its holds go."""
+        ids = [entry for entry, _ in batch]
+        deadline = time.monotonic() + self._retry_s
         try:
-            await self._client.xack(key[0], key[1], *(entry for entry, _ in batch))
-        except Exception as exc:  # any refusal: claimed later, and said
-            self._warn(key[0], len(batch), exc)
+            while (refused := await self._xack(key, ids)) is not None:
+                if time.monotonic() + _PAUSE_S > deadline:
+                    self._warn(key[0], len(batch), refused)
+                    return
+                await asyncio.sleep(_PAUSE_S)
         finally:
             for _, hold in batch:
                 hold.__exit__(None, None, None)
             self._count -= len(batch)
             self._room.set()
+
+    async def _xack(self, key: tuple[str, str], ids: list[str]) -> Exception | None:
+        """Send one ``XACK``; return what refused it, if anything did."""
+        try:
+            await self._client.xack(key[0], key[1], *ids)
+        except Exception as exc:  # any refusal: tried again, then said
+            return exc
+        return None
 
     def _warn(self, stream: str, n: int, exc: BaseException) -> None:
         now = time.monotonic()
@@ -133,13 +159,28 @@ class Acks:
             return
         self._warned = now
         logger.warning(
-            "faststream-retry: %d handled entries of %s could not be acknowledged (%r): they "
-            "stay pending, and are claimed once idle for claim_idle and handled again (said "
-            "at most once a minute)",
+            "faststream-retry: %d handled entries of %s could not be acknowledged in %.0f s "
+            "(%r): they stay pending, and are claimed once idle for claim_idle and handled "
+            "again (said at most once a minute)",
             n,
             stream,
+            self._retry_s,
             exc,
         )
+
+    async def close(self) -> None:
+        """Stop sending: the ``XACK``s still refused are given up (their entries claimed later)."""
+        tasks = list(self._flushing.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        waiting, self._waiting = self._waiting, {}
+        for batch in waiting.values():
+            for _, hold in batch:
+                hold.__exit__(None, None, None)
+            self._count -= len(batch)
+        self._room.set()
+        self._idle.set()
 
     async def drain(self, timeout_s: float | None = None) -> int:
         """Wait until every queued entry's ``XACK`` is answered, at most ``timeout_s``.

@@ -176,7 +176,7 @@ class RedisRetryEngine:
             )
         self.settlements = Settlements(bound_for(client) if settle_bound is None else settle_bound)
         """The failures' steps running beside their handlers (``redis.settling``)."""
-        self.acks = Acks(client)
+        self.acks = Acks(client, retry_s=settle_wait_s)
         """The handled entries waiting for their ``XACK`` (``redis.acks``)."""
         self._settle_wait_s = settle_wait_s
         self.server: Server | None = None
@@ -301,6 +301,7 @@ class RedisRetryEngine:
         The failures' steps still in flight are awaited first: each acknowledges its entry.
         """
         await self._drain()
+        await self.acks.close()
         await self.stop_claiming()
         if self.claimer is not None:
             await self.claimer.stop()

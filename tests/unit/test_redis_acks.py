@@ -8,13 +8,15 @@ from typing import Any
 
 import pytest
 
+from faststream_retry.redis import acks as acks_module
 from faststream_retry.redis.acks import Acks
 
 
 class FakeRedis:
-    """Answers each ``XACK`` once ``gate`` is set; records every call's ids."""
+    """Answers each ``XACK`` once ``gate`` is set; records every call's ids; refuses the
+    first ``fail`` calls."""
 
-    def __init__(self, *, fail: bool = False) -> None:
+    def __init__(self, *, fail: int = 0) -> None:
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
         self.gate = asyncio.Event()
         self.fail = fail
@@ -22,7 +24,7 @@ class FakeRedis:
     async def xack(self, stream: str, group: str, *ids: str) -> int:
         self.calls.append((stream, group, ids))
         await self.gate.wait()
-        if self.fail:
+        if len(self.calls) <= self.fail:
             raise ConnectionError("Redis went away")
         return len(ids)
 
@@ -99,23 +101,58 @@ async def test_streams_are_acknowledged_apart_each_with_its_group() -> None:
     assert sorted(redis.calls) == [("a", "ga", ("1-0",)), ("b", "gb", ("1-0",))]
 
 
-async def test_a_refused_xack_is_said_once_lets_its_entries_go_and_the_next_goes_on(
-    caplog: pytest.LogCaptureFixture,
+async def test_a_refused_xack_is_sent_again_its_entries_kept_alive_meanwhile(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Refused: a WARNING (at most one a minute), the holds let go (the claimer takes them
-    once idle), and later successes are still sent."""
-    redis = FakeRedis(fail=True)
+    """A blip (two refusals): the same XACK again after a pause, the entry held until it
+    is in, nothing said; a handled entry is not left to be claimed and run again."""
+    monkeypatch.setattr(acks_module, "_PAUSE_S", 0.01)
+    redis = FakeRedis(fail=2)
     redis.gate.set()
-    acks = Acks(redis)
+    acks = Acks(redis, retry_s=5)
+    held: dict[str, int] = {}
+    with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
+        await acks.add("s", "g", "1-0", Hold(held, "1-0"))
+        await asyncio.sleep(0.005)
+        assert held == {"1-0": 1}, "kept alive while refused"
+        assert await acks.drain(1) == 0
+    assert redis.calls == [("s", "g", ("1-0",))] * 3
+    assert held == {}
+    assert not caplog.records
+
+
+async def test_an_xack_refused_past_retry_s_is_said_once_and_let_go(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused for longer than ``retry_s``: a WARNING (at most one a minute), the holds let
+    go (the claimer takes the entries once idle), and later successes are still sent."""
+    monkeypatch.setattr(acks_module, "_PAUSE_S", 0.01)
+    redis = FakeRedis(fail=1_000)
+    redis.gate.set()
+    acks = Acks(redis, retry_s=0.03)
     held: dict[str, int] = {}
     with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
         for n in range(3):
             await acks.add("s", "g", f"{n}-0", Hold(held, f"{n}-0"))
-            await acks.drain(1)
+            assert await acks.drain(1) == 0
     assert held == {}
-    assert len(redis.calls) == 3
+    assert {ids for _, _, ids in redis.calls} == {("0-0",), ("1-0",), ("2-0",)}
     warnings = [r for r in caplog.records if "could not be acknowledged" in r.getMessage()]
     assert len(warnings) == 1, "said once a minute, not at every batch"
+
+
+async def test_close_gives_up_what_is_still_refused_and_lets_every_hold_go() -> None:
+    """The stop's last word: a Redis that never answers leaves no task and no hold behind."""
+    redis = FakeRedis()
+    acks = Acks(redis)
+    held: dict[str, int] = {}
+    await acks.add("s", "g", "1-0", Hold(held, "1-0"))
+    await asyncio.sleep(0)
+    await acks.add("s", "g", "2-0", Hold(held, "2-0"))
+    await acks.close()
+    assert held == {}
+    assert acks.waiting == 0
+    assert await acks.drain(0.01) == 0
 
 
 async def test_drain_is_bounded_and_says_how_many_still_wait() -> None:

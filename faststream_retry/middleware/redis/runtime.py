@@ -411,7 +411,9 @@ class RedisRuntime(Planned):
             return None
 
         async def ack() -> None:
-            if msg.committed is None:  # an app's middleware further out acknowledged it
+            # Settled by an app's middleware further out, or the plugin stopped meanwhile
+            # (its client closing): FastStream's own acknowledgement, as without it.
+            if msg.committed is None and self.live is live and live.running:
                 await engine.ack_handled(stream, entry)
                 msg.committed = AckStatus.ACKED
 
