@@ -127,3 +127,27 @@ async def test_drain_is_bounded_and_says_how_many_still_wait() -> None:
     assert await acks.drain(0.05) == 2
     redis.gate.set()
     assert await acks.drain(1) == 0
+
+
+async def test_a_success_waiting_for_room_is_kept_alive_meanwhile_and_let_go_if_cancelled() -> None:
+    """The hold is taken in the handler's turn, before waiting for room (as a failure's
+    step's is, ``sink``): a success that waits behind a slow XACK is kept alive by the
+    claimer like the ones queued. Its task cancelled meanwhile (the app's stop past
+    ``graceful_timeout``): nothing queued, its hold let go, the count unchanged, so the
+    entry is left pending for the claimer, as FastStream leaves a cancelled handler's."""
+    redis = FakeRedis()
+    acks = Acks(redis, bound=1)
+    held: dict[str, int] = {}
+    await acks.add("s", "g", "1-0", Hold(held, "1-0"))
+    second = asyncio.ensure_future(acks.add("s", "g", "2-0", Hold(held, "2-0")))
+    await asyncio.sleep(0.05)
+    assert not second.done(), "it waits for room"
+    assert held == {"1-0": 1, "2-0": 1}, "kept alive while it waits"
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert held == {"1-0": 1}
+    assert acks.waiting == 1
+    redis.gate.set()
+    assert await acks.drain(1) == 0
+    assert redis.calls == [("s", "g", ("1-0",))], "the cancelled one was never sent"
