@@ -249,3 +249,39 @@ async def test_the_handler_s_own_decision_and_the_ack_policy_are_kept(
     finally:
         await asyncio.wait_for(broker.stop(), 30)
     assert await _pending(client, stream) == left_pending
+
+
+@pytest.mark.parametrize("stops_first", [False, True], ids=["broker-stops", "subscriber-stops"])
+async def test_a_late_subscriber_s_xacks_are_awaited_at_the_stop(
+    redis_url: str, client: Redis, stream: str, slow_xack: float, stops_first: bool
+) -> None:
+    """A subscriber that joins the running broker has an engine of its own, and its
+    successes' XACKs are queued there (``engine_of``): stopped as soon as its backlog is
+    handled (the broker, or the subscriber alone and then the broker), none is left
+    pending."""
+    del slow_xack
+    await _fill(client, stream, N)
+    handled: set[int] = set()
+    retry = RetryMiddleware(claim_idle=timedelta(seconds=30))
+    broker = RedisBroker(redis_url, middlewares=[retry])
+
+    @broker.subscriber(stream=StreamSub(f"{stream}-first", group="g", consumer="c1"))
+    async def first(body: dict[str, Any]) -> None:
+        del body
+
+    retry.install(broker)
+    await broker.start()
+    try:
+        sub = broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"))
+
+        @sub
+        async def late(body: dict[str, Any]) -> None:
+            handled.add(body["id"])
+
+        await sub.start()
+        await until(lambda: _done(handled), what="every entry handled")
+        if stops_first:
+            await asyncio.wait_for(sub.stop(), 30)
+    finally:
+        await asyncio.wait_for(broker.stop(), 30)
+    assert await _pending(client, stream) == 0
