@@ -104,13 +104,21 @@ class Acks:
         """Queue ``entry_id`` of ``stream`` for ``group``'s ``XACK``; wait only for room.
 
         ``hold`` is entered now and exited once the ``XACK`` is answered (or refused):
-        the claimer's keep-alive of the entry meanwhile.
+        the claimer's keep-alive of the entry meanwhile. Cancelled while waiting for room:
+        nothing is queued and ``hold`` is let go (the entry stays pending, claimed later).
         """
-        while self._count >= self._bound:
-            self._room.clear()
-            await self._room.wait()
-        key = (stream, group)
+        # Entered before the wait for room, as a failure's step's hold is (``sink``): the
+        # handler's own hold is gone, and a keep-alive pass during a long wait (a Redis
+        # slow to answer the XACKs before it) would otherwise skip this entry.
         hold.__enter__()
+        try:
+            while self._count >= self._bound:
+                self._room.clear()
+                await self._room.wait()
+        except BaseException:
+            hold.__exit__(None, None, None)
+            raise
+        key = (stream, group)
         self._waiting.setdefault(key, []).append((entry_id, hold))
         self._count += 1
         self._idle.clear()

@@ -46,6 +46,7 @@ only carries out.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
@@ -184,10 +185,13 @@ class RedisRetryEngine:
     async def _drain(self) -> None:
         """Wait for the failures' steps and the handled entries' ``XACK``s; say what runs on.
 
-        Each within the stop's bound.
+        Both within the stop's bound, together: a Redis that answers neither must not hold
+        the stop for the bound twice over.
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settle_wait_s
         left = await self.settlements.drain(self._settle_wait_s)
-        unacked = await self.acks.drain(self._settle_wait_s)
+        unacked = await self.acks.drain(max(0.0, deadline - loop.time()))
         if left or unacked:
             logger.warning(
                 "%d failure step(s) and %d handled entries' XACK still unanswered by Redis "

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from faststream import AckPolicy, BaseMiddleware
+from faststream.exceptions import AckMessage, NackMessage, RejectMessage
 from faststream.redis import RedisBroker, StreamSub
+from faststream.redis.annotations import RedisStreamMessage
 from faststream.redis.parser.binary import BinaryMessageFormatV1
 from redis.asyncio import Redis
 
@@ -191,3 +193,106 @@ async def _done(handled: set[int], n: int = N) -> bool:
 
 async def _none_pending(client: Redis, stream: str) -> bool:
     return await _pending(client, stream) == 0
+
+
+async def _acks_itself(msg: RedisStreamMessage) -> None:
+    await msg.ack()
+
+
+async def _nacks_itself(msg: RedisStreamMessage) -> None:
+    await msg.nack()
+
+
+async def _raises_ack(msg: RedisStreamMessage) -> None:
+    raise AckMessage
+
+
+async def _raises_nack(msg: RedisStreamMessage) -> None:
+    raise NackMessage
+
+
+async def _raises_reject(msg: RedisStreamMessage) -> None:
+    raise RejectMessage
+
+
+async def _returns(msg: RedisStreamMessage) -> None:
+    del msg
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (AckPolicy.REJECT_ON_ERROR, _acks_itself, 0),
+        (AckPolicy.REJECT_ON_ERROR, _nacks_itself, 10),
+        (AckPolicy.REJECT_ON_ERROR, _raises_ack, 0),
+        (AckPolicy.REJECT_ON_ERROR, _raises_nack, 10),
+        (AckPolicy.REJECT_ON_ERROR, _raises_reject, 10),
+        (AckPolicy.ACK, _returns, 0),
+        (AckPolicy.NACK_ON_ERROR, _returns, 0),
+        (AckPolicy.NACK_ON_ERROR, _nacks_itself, 10),
+    ],
+)
+async def test_the_handler_s_own_decision_and_the_ack_policy_are_kept(
+    redis_url: str,
+    client: Redis,
+    stream: str,
+    case: tuple[AckPolicy, Callable[[RedisStreamMessage], Awaitable[None]], int],
+) -> None:
+    """What a handler decides itself (``msg.ack()``, ``msg.nack()``, ``AckMessage``,
+    ``NackMessage``, ``RejectMessage``) is what FastStream does with it, batched XACKs or
+    not: the plugin queues only a success nobody settled, under every policy that
+    acknowledges one (a nack or a reject leaves a Redis entry pending, as FastStream does)."""
+    ack_policy, decides, left_pending = case
+    await _fill(client, stream, 10)
+    handled: set[int] = set()
+    retry = RetryMiddleware(claim_idle=timedelta(seconds=30))
+    broker = RedisBroker(redis_url, middlewares=[retry])
+
+    @broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"), ack_policy=ack_policy)
+    async def handle(body: dict[str, Any], msg: RedisStreamMessage) -> None:
+        handled.add(body["id"])
+        await decides(msg)
+
+    retry.install(broker)
+    await broker.start()
+    try:
+        await until(lambda: _done(handled, 10), what="every entry handled")
+    finally:
+        await asyncio.wait_for(broker.stop(), 30)
+    assert await _pending(client, stream) == left_pending
+
+
+@pytest.mark.parametrize("stops_first", [False, True], ids=["broker-stops", "subscriber-stops"])
+async def test_a_late_subscriber_s_xacks_are_awaited_at_the_stop(
+    redis_url: str, client: Redis, stream: str, slow_xack: float, stops_first: bool
+) -> None:
+    """A subscriber that joins the running broker has an engine of its own, and its
+    successes' XACKs are queued there (``engine_of``): stopped as soon as its backlog is
+    handled (the broker, or the subscriber alone and then the broker), none is left
+    pending."""
+    del slow_xack
+    await _fill(client, stream, N)
+    handled: set[int] = set()
+    retry = RetryMiddleware(claim_idle=timedelta(seconds=30))
+    broker = RedisBroker(redis_url, middlewares=[retry])
+
+    @broker.subscriber(stream=StreamSub(f"{stream}-first", group="g", consumer="c1"))
+    async def first(body: dict[str, Any]) -> None:
+        del body
+
+    retry.install(broker)
+    await broker.start()
+    try:
+        sub = broker.subscriber(stream=StreamSub(stream, group="g", consumer="c1"))
+
+        @sub
+        async def late(body: dict[str, Any]) -> None:
+            handled.add(body["id"])
+
+        await sub.start()
+        await until(lambda: _done(handled), what="every entry handled")
+        if stops_first:
+            await asyncio.wait_for(sub.stop(), 30)
+    finally:
+        await asyncio.wait_for(broker.stop(), 30)
+    assert await _pending(client, stream) == 0

@@ -164,3 +164,56 @@ async def test_drain_is_bounded_and_says_how_many_still_wait() -> None:
     assert await acks.drain(0.05) == 2
     redis.gate.set()
     assert await acks.drain(1) == 0
+
+
+async def test_a_success_waiting_for_room_is_kept_alive_meanwhile_and_let_go_if_cancelled() -> None:
+    """The hold is taken in the handler's turn, before waiting for room (as a failure's
+    step's is, ``sink``): a success that waits behind a slow XACK is kept alive by the
+    claimer like the ones queued. Its task cancelled meanwhile (the app's stop past
+    ``graceful_timeout``): nothing queued, its hold let go, the count unchanged, so the
+    entry is left pending for the claimer, as FastStream leaves a cancelled handler's."""
+    redis = FakeRedis()
+    acks = Acks(redis, bound=1)
+    held: dict[str, int] = {}
+    await acks.add("s", "g", "1-0", Hold(held, "1-0"))
+    second = asyncio.ensure_future(acks.add("s", "g", "2-0", Hold(held, "2-0")))
+    await asyncio.sleep(0.05)
+    assert not second.done(), "it waits for room"
+    assert held == {"1-0": 1, "2-0": 1}, "kept alive while it waits"
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert held == {"1-0": 1}
+    assert acks.waiting == 1
+    redis.gate.set()
+    assert await acks.drain(1) == 0
+    assert redis.calls == [("s", "g", ("1-0",))], "the cancelled one was never sent"
+
+
+async def test_the_engine_s_drain_waits_for_steps_and_xacks_within_one_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Redis that answers neither a failure's step nor an XACK holds a drain (each stop
+    runs one before the release and one before the client closes) for ``settle_wait_s``
+    in all, not that for the steps and that again for the XACKs; both counts are said."""
+    from redis.asyncio import Redis  # noqa: PLC0415 - the engine's client type; never connected
+
+    from faststream_retry.redis.engine import RedisRetryEngine  # noqa: PLC0415
+
+    wait_s = 0.5
+    engine = RedisRetryEngine(Redis(port=1), [("s", "g")], settle_wait_s=wait_s)
+    engine.acks = Acks(FakeRedis())
+    await engine.acks.add("s", "g", "1-0", Hold({}, "1-0"))
+    never = asyncio.Event()
+
+    async def step() -> None:
+        await never.wait()
+
+    await engine.settlements.submit(step)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
+        await engine._drain()  # the stop's wait, alone
+    took = loop.time() - started
+    assert wait_s <= took < 1.6 * wait_s, f"drained in {took:.2f} s"
+    assert "1 failure step(s) and 1 handled entries' XACK" in caplog.text
