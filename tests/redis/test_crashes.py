@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 from faststream_retry.core import headers as h
-from faststream_retry.redis import acks, settling
 from faststream_retry.redis.claimer import CONSUMER_LOST
 from tests.redis.support import pending_ids, read_stream, until
 
@@ -72,7 +71,8 @@ async def _pending_of(client: Redis, stream: str, consumer: str) -> int:
 async def test_a_replica_killed_three_times_mid_burst_loses_nothing(
     make_app: Callable[..., App], client: Redis, redis_url: str, stream: str
 ) -> None:
-    """Each id handled; twice only one a kill left unacknowledged; none dead-lettered.
+    """Each id handled; twice only one a kill left unacknowledged, at most one a kill;
+    none dead-lettered.
 
     The survivor's claimer brings back what each killed replica held: its in-flight
     message and every entry its read had taken and not yet handled.
@@ -124,10 +124,11 @@ async def test_a_replica_killed_three_times_mid_burst_loses_nothing(
     counts = {int(k): int(v) for k, v in (await client.hgetall(done_key)).items()}
     assert sorted(counts) == list(range(total)), "an id never handled"
     twice = {n: c for n, c in counts.items() if c > 1}
-    # An entry the kill left pending (in hand, its XACK or failure step not stored) only.
+    # Only an entry the kill left pending. These replicas (support.App) settle failures
+    # through the engine and leave each success's XACK to FastStream, in the handler's
+    # turn: the one in hand at each kill, at most (test_fault_crash runs the middleware).
     assert {str(n) for n in twice} <= unacknowledged, f"handled again once acknowledged: {twice}"
-    bound = KILLS * (1 + acks.DEFAULT_BOUND + settling.DEFAULT_BOUND)
-    assert sum(c - 1 for c in twice.values()) <= bound, f"handled more than once: {twice}"
+    assert len(twice) <= KILLS, f"handled more than once: {twice}"
     assert not await client.exists(survivor.engine.keys(stream).dlq), "nothing dead-lettered"
     claimed = [
         m
