@@ -22,8 +22,9 @@ half second, its entries kept alive, for up to ``retry_s``: a blip no longer mak
 handled entry run again, as FastStream's one refused ``XACK`` did. Past that it is logged
 (a WARNING, at most one a minute), and its entries are claimed once idle.
 
-At most ``bound`` entries wait or are in flight at once: the next handler's success waits
-for room (backpressure, nothing dropped).
+At most ``bound`` entries of a stream wait or are in flight at once: the next handler's
+success on that stream waits for room (backpressure, nothing dropped). A stream whose
+``XACK`` is slow (a cluster node failing over) holds up no other stream's successes.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Acks:
     __slots__ = (
         "_bound",
         "_client",
-        "_count",
+        "_counts",
         "_flushing",
         "_idle",
         "_retry_s",
@@ -86,7 +87,7 @@ class Acks:
         self._retry_s = retry_s
         self._waiting: dict[tuple[str, str], list[tuple[str, AbstractContextManager[None]]]] = {}
         self._flushing: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._count = 0
+        self._counts: dict[tuple[str, str], int] = {}
         self._room = asyncio.Event()
         self._room.set()
         self._idle = asyncio.Event()
@@ -96,7 +97,7 @@ class Acks:
     @property
     def waiting(self) -> int:
         """How many entries are queued or in an ``XACK`` not answered yet."""
-        return self._count
+        return sum(self._counts.values())
 
     async def add(
         self, stream: str, group: str, entry_id: str, hold: AbstractContextManager[None]
@@ -110,17 +111,17 @@ class Acks:
         # Entered before the wait for room, as a failure's step's hold is (``sink``): the
         # handler's own hold is gone, and a keep-alive pass during a long wait (a Redis
         # slow to answer the XACKs before it) would otherwise skip this entry.
+        key = (stream, group)
         hold.__enter__()
         try:
-            while self._count >= self._bound:
+            while self._counts.get(key, 0) >= self._bound:
                 self._room.clear()
                 await self._room.wait()
         except BaseException:
             hold.__exit__(None, None, None)
             raise
-        key = (stream, group)
         self._waiting.setdefault(key, []).append((entry_id, hold))
-        self._count += 1
+        self._counts[key] = self._counts.get(key, 0) + 1
         self._idle.clear()
         if key not in self._flushing:
             self._flushing[key] = asyncio.get_running_loop().create_task(self._flush(key))
@@ -150,8 +151,7 @@ class Acks:
         finally:
             for _, hold in batch:
                 hold.__exit__(None, None, None)
-            self._count -= len(batch)
-            self._room.set()
+            self._let_go(key, len(batch))
 
     async def _xack(self, key: tuple[str, str], ids: list[str]) -> Exception | None:
         """Send one ``XACK``; return what refused it, if anything did."""
@@ -160,6 +160,14 @@ class Acks:
         except Exception as exc:  # any refusal: tried again, then said
             return exc
         return None
+
+    def _let_go(self, key: tuple[str, str], n: int) -> None:
+        left = self._counts[key] - n
+        if left:
+            self._counts[key] = left
+        else:
+            del self._counts[key]
+        self._room.set()
 
     def _warn(self, stream: str, n: int, exc: BaseException) -> None:
         now = time.monotonic()
@@ -183,11 +191,10 @@ class Acks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         waiting, self._waiting = self._waiting, {}
-        for batch in waiting.values():
+        for key, batch in waiting.items():
             for _, hold in batch:
                 hold.__exit__(None, None, None)
-            self._count -= len(batch)
-        self._room.set()
+            self._let_go(key, len(batch))
         self._idle.set()
 
     async def drain(self, timeout_s: float | None = None) -> int:
@@ -198,4 +205,4 @@ class Acks:
         # asyncio's own: TimeoutError is an alias of it only from Python 3.11 on.
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout_s)
-        return self._count
+        return self.waiting

@@ -217,3 +217,28 @@ async def test_the_engine_s_drain_waits_for_steps_and_xacks_within_one_bound(
     took = loop.time() - started
     assert wait_s <= took < 1.6 * wait_s, f"drained in {took:.2f} s"
     assert "1 failure step(s) and 1 handled entries' XACK" in caplog.text
+
+
+async def test_a_stream_whose_xack_is_slow_holds_up_no_other_stream() -> None:
+    """The bound is a stream's: with stream a's 2 waiting on an unanswered XACK, a success
+    on stream b is queued and acknowledged at once, while a third on a waits for room."""
+
+    class OneSlow(FakeRedis):
+        async def xack(self, stream: str, group: str, *ids: str) -> int:
+            self.calls.append((stream, group, ids))
+            if stream == "a":
+                await self.gate.wait()
+            return len(ids)
+
+    redis = OneSlow()
+    acks = Acks(redis, bound=2)
+    await acks.add("a", "g", "1-0", Hold({}, "1-0"))
+    await acks.add("a", "g", "2-0", Hold({}, "2-0"))
+    third = asyncio.ensure_future(acks.add("a", "g", "3-0", Hold({}, "3-0")))
+    await asyncio.wait_for(acks.add("b", "g", "1-0", Hold({}, "1-0")), 1)
+    await asyncio.sleep(0.05)
+    assert ("b", "g", ("1-0",)) in redis.calls
+    assert not third.done(), "stream a's own bound still holds its next success"
+    redis.gate.set()
+    await asyncio.wait_for(third, 1)
+    assert await acks.drain(1) == 0
