@@ -283,21 +283,37 @@ class RedisRetryEngine:
         it; left pending, each would be claimed ``claim_idle`` later as a lost attempt.
         """
         await self._drain()  # a step in flight settles its entry: not released
-        if self.claimer is None:
+        claimer = self.claimer
+        if claimer is None:
             return 0
-        released = 0
-        for keys, group, consumer in self.claimer.own:
-            for entry_id in await self.claimer.unstarted(keys, group, consumer):
+        counted = [0]
+        try:
+            # Bounded as the drain is: a Redis that stopped answering must not hold the
+            # stop (redis-py waits for an answer as long as its socket timeout, none unset).
+            await asyncio.wait_for(self._release(claimer, counted), self._settle_wait_s)
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
+            logger.warning(
+                "the entries read and never handed to a handler were not all released within "
+                "%.0f s at the stop (%d were): the rest are claimed once idle for claim_idle, "
+                "each as a lost attempt",
+                self._settle_wait_s,
+                counted[0],
+            )
+        if counted[0]:
+            logger.info(
+                "released %d entries read and never handed to a handler: delivered again",
+                counted[0],
+            )
+        return counted[0]
+
+    async def _release(self, claimer: Claimer, counted: list[int]) -> None:
+        """Release each unstarted entry of this replica's consumers, counting into ``counted``."""
+        for keys, group, consumer in claimer.own:
+            for entry_id in await claimer.unstarted(keys, group, consumer):
                 done = await self._scripts.release(
                     keys=[keys.stream], args=[group, consumer, entry_id]
                 )
-                released += int(done)
-        if released:
-            logger.info(
-                "released %d entries read and never handed to a handler: delivered again",
-                released,
-            )
-        return released
+                counted[0] += int(done)
 
     async def stop(self) -> None:
         """Stop the mover and the claimer; waiting copies stay in Redis for the next start.

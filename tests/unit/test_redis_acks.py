@@ -1,4 +1,5 @@
-"""Handled entries' XACKs beside their handlers (redis.acks): batched, bounded, kept alive, drained."""
+"""Handled entries' XACKs beside their handlers (redis.acks): batched, bounded, kept alive, drained;
+and the engine's stop waits for them (and its release) within one bound."""
 
 from __future__ import annotations
 
@@ -242,3 +243,44 @@ async def test_a_stream_whose_xack_is_slow_holds_up_no_other_stream() -> None:
     redis.gate.set()
     await asyncio.wait_for(third, 1)
     assert await acks.drain(1) == 0
+
+
+async def test_the_stop_s_release_is_bounded_as_its_drain_is(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Redis that stops answering the release scripts holds ``release()`` (at the stop)
+    for ``settle_wait_s``, not for ever: what was released is counted, the rest said."""
+    from redis.asyncio import Redis  # noqa: PLC0415 - the engine's client type; never connected
+
+    from faststream_retry.redis.engine import RedisRetryEngine  # noqa: PLC0415
+
+    wait_s = 0.3
+    engine = RedisRetryEngine(
+        Redis(port=1),
+        [("s", "g")],
+        own_consumers=[("s", "c1")],
+        claim_idle_ms=60_000,
+        settle_wait_s=wait_s,
+    )
+    assert engine.claimer is not None
+
+    async def unstarted(*_: object) -> list[str]:
+        return ["1-0", "2-0"]
+
+    answered = asyncio.Event()
+
+    async def release(**_: object) -> int:
+        if answered.is_set():
+            await asyncio.Event().wait()  # no answer, ever
+        answered.set()
+        return 1
+
+    monkeypatch.setattr(engine.claimer, "unstarted", unstarted)
+    monkeypatch.setattr(engine._scripts, "release", release)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with caplog.at_level(logging.WARNING, logger="faststream_retry.redis"):
+        assert await engine.release() == 1
+    took = loop.time() - started
+    assert wait_s <= took < 1.6 * wait_s, f"released in {took:.2f} s"
+    assert "not all released within" in caplog.text
