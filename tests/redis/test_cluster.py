@@ -120,7 +120,8 @@ async def test_the_middleware_on_a_cluster_broker_retries_and_dead_letters(
     cluster_url: str, cluster_client: RedisCluster
 ) -> None:
     """RetryMiddleware on a RedisClusterBroker: its engine's own client is a cluster client,
-    and each message is retried once or dead-lettered, counted by id."""
+    each message is retried once or dead-lettered, counted by id, and every entry is
+    acknowledged by the stop (the successes' batched XACKs included)."""
     from faststream.redis import RedisClusterBroker, StreamSub  # noqa: PLC0415
 
     from faststream_retry import Fixed, RetryMiddleware, RetryPolicy  # noqa: PLC0415
@@ -166,6 +167,8 @@ async def test_the_middleware_on_a_cluster_broker_retries_and_dead_letters(
     letters = await read_stream(_plain(cluster_client), dlq)
     assert sorted(json.loads(m.body)["id"] for _, m in letters) == list(range(0, N, 10))
     assert calls == dict.fromkeys(range(N), 2)
+    # Each success's XACK went beside its handler (redis.acks), on the cluster client.
+    assert (await cluster_client.xpending(stream, "g"))["pending"] == 0
 
 
 DOCTOR_APP = """
