@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from faststream.redis import RedisBroker, RedisClusterBroker, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
+from faststream.redis.parser.binary import BinaryMessageFormatV1
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
@@ -56,6 +58,22 @@ async def read_stream(client: Redis, name: str) -> list[tuple[str, envelope.Enve
             (entry_id.decode(), envelope.Envelope(parsed.body, envelope.from_wire(parsed.headers)))
         )
     return out
+
+
+async def fill_backlog(client: Redis, stream: str, n: int) -> None:
+    """Group ``g`` from 0, then ``n`` messages ``{"id": i}`` in FastStream's format: a
+    backlog the first read takes whole."""
+    await client.xgroup_create(stream, "g", id="0", mkstream=True)
+    async with client.pipeline(transaction=False) as pipe:
+        for key in range(n):
+            data = await BinaryMessageFormatV1.encode(
+                message=json.dumps({"id": key}).encode(),
+                reply_to=None,
+                headers={"content-type": "application/json"},
+                correlation_id=uuid.uuid4().hex,
+            )
+            pipe.xadd(stream, {"__data__": data})
+        await pipe.execute()
 
 
 async def pending_ids(client: Redis, stream: str, group: str, consumer: str) -> set[str]:

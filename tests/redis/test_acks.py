@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -17,12 +16,11 @@ from faststream import AckPolicy, BaseMiddleware
 from faststream.exceptions import AckMessage, NackMessage, RejectMessage
 from faststream.redis import RedisBroker, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
-from faststream.redis.parser.binary import BinaryMessageFormatV1
 from redis.asyncio import Redis
 
 from faststream_retry import RetryMiddleware
 from faststream_retry.redis import acks
-from tests.redis.support import until
+from tests.redis.support import fill_backlog, until
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -63,21 +61,6 @@ def xacks(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
     return sent
 
 
-async def _fill(client: Redis, stream: str, n: int) -> None:
-    """The group from 0, then ``n`` messages in FastStream's format: a backlog at the start."""
-    await client.xgroup_create(stream, "g", id="0", mkstream=True)
-    async with client.pipeline(transaction=False) as pipe:
-        for key in range(n):
-            data = await BinaryMessageFormatV1.encode(
-                message=json.dumps({"id": key}).encode(),
-                reply_to=None,
-                headers={"content-type": "application/json"},
-                correlation_id=uuid.uuid4().hex,
-            )
-            pipe.xadd(stream, {"__data__": data})
-        await pipe.execute()
-
-
 async def _pending(client: Redis, stream: str) -> int:
     return int((await client.xpending(stream, "g"))["pending"])
 
@@ -107,7 +90,7 @@ async def test_successes_are_acknowledged_in_few_xacks_beside_their_handlers(
     """300 handled entries, the plugin's XACK 50 ms slow: every one acknowledged, each
     once, in far fewer XACKs than entries (FastStream sends one an entry, in the handler's
     turn), and the handlers did not wait for them (300 x 50 ms would be 15 s)."""
-    await _fill(client, stream, N)
+    await fill_backlog(client, stream, N)
     handled: set[int] = set()
     broker = _broker(redis_url, stream, handled)
     await broker.start()
@@ -132,7 +115,7 @@ async def test_the_stop_waits_for_every_handled_entrys_xack(
     ``broker.stop()`` returned, none is pending (left pending, each would be claimed and
     handled again)."""
     del slow_xack
-    await _fill(client, stream, N)
+    await fill_backlog(client, stream, N)
     handled: set[int] = set()
     broker = _broker(redis_url, stream, handled)
     await broker.start()
@@ -147,7 +130,7 @@ async def test_a_manual_ack_subscriber_s_entries_are_left_to_its_handler(
     redis_url: str, client: Redis, stream: str
 ) -> None:
     """``AckPolicy.MANUAL``: FastStream acknowledges nothing, and neither does the plugin."""
-    await _fill(client, stream, 20)
+    await fill_backlog(client, stream, 20)
     handled: set[int] = set()
     broker = _broker(redis_url, stream, handled, ack_policy=AckPolicy.MANUAL)
     await broker.start()
@@ -175,7 +158,7 @@ async def test_an_entry_a_middleware_outside_fails_is_left_as_faststream_leaves_
     One that raises after the handler succeeded leaves the entry unacknowledged, as
     without the plugin (FastStream's reject on Redis sends no XACK): the odd ids stay
     pending, the even ones are acknowledged."""
-    await _fill(client, stream, 20)
+    await fill_backlog(client, stream, 20)
     handled: set[int] = set()
     broker = _broker(redis_url, stream, handled, outer=[RaisesAfter])
     await broker.start()
@@ -243,7 +226,7 @@ async def test_the_handler_s_own_decision_and_the_ack_policy_are_kept(
     not: the plugin queues only a success nobody settled, under every policy that
     acknowledges one (a nack or a reject leaves a Redis entry pending, as FastStream does)."""
     ack_policy, decides, left_pending = case
-    await _fill(client, stream, 10)
+    await fill_backlog(client, stream, 10)
     handled: set[int] = set()
     retry = RetryMiddleware(claim_idle=timedelta(seconds=30))
     broker = RedisBroker(redis_url, middlewares=[retry])
@@ -271,7 +254,7 @@ async def test_a_late_subscriber_s_xacks_are_awaited_at_the_stop(
     handled (the broker, or the subscriber alone and then the broker), none is left
     pending."""
     del slow_xack
-    await _fill(client, stream, N)
+    await fill_backlog(client, stream, N)
     handled: set[int] = set()
     retry = RetryMiddleware(claim_idle=timedelta(seconds=30))
     broker = RedisBroker(redis_url, middlewares=[retry])

@@ -21,7 +21,6 @@ import pytest
 from faststream import AckPolicy
 from faststream.redis import RedisBroker, RedisRouter, StreamSub
 from faststream.redis.annotations import RedisStreamMessage
-from faststream.redis.parser.binary import BinaryMessageFormatV1
 
 from faststream_retry import (
     EventKind,
@@ -38,7 +37,7 @@ from faststream_retry.core import headers as h
 from faststream_retry.redis.claimer import CONSUMER_LOST
 from faststream_retry.redis.keys import stream_keys
 from tests.rabbit import eventually
-from tests.redis.support import read_stream, until
+from tests.redis.support import fill_backlog, read_stream, until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -622,21 +621,6 @@ STEP_LATENCY_S = 1.0
 """A slow server's answer to each retry step: several are in flight when the stop comes."""
 
 
-async def _fill(client: Redis, stream: str, n: int) -> None:
-    """The group from 0, then ``n`` messages in FastStream's format: a backlog at the start."""
-    await client.xgroup_create(stream, "g", id="0", mkstream=True)
-    async with client.pipeline(transaction=False) as pipe:
-        for key in range(n):
-            data = await BinaryMessageFormatV1.encode(
-                message=json.dumps({"id": key}).encode(),
-                reply_to=None,
-                headers={"content-type": "application/json"},
-                correlation_id=uuid.uuid4().hex,
-            )
-            pipe.xadd(stream, {"__data__": data})
-        await pipe.execute()
-
-
 def _burst_broker(redis_url: str, stream: str, counted: Counted) -> RedisBroker:
     # 5 s: no copy comes back before the stop, which the test makes within about 1 s.
     retry = middleware(counted, RetryPolicy(max_attempts=3, backoff=Fixed(timedelta(seconds=5))))
@@ -670,7 +654,7 @@ async def test_a_stop_in_the_middle_of_a_burst_loses_nothing(
         return await original(*args, **kwargs)
 
     monkeypatch.setattr(steps, "retry_later", slow)
-    await _fill(client, stream, BURST)
+    await fill_backlog(client, stream, BURST)
     counted = Counted()
     broker = _burst_broker(redis_url, stream, counted)
     await broker.start()
