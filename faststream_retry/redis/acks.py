@@ -43,7 +43,7 @@ __all__ = ["DEFAULT_BOUND", "Acks"]
 logger = logging.getLogger("faststream_retry.redis")
 
 DEFAULT_BOUND = 32
-"""Handled entries waiting for their ``XACK`` at most, per engine.
+"""Handled entries of one stream waiting for their ``XACK`` at most.
 
 It bounds what a crash makes run again (module docstring), as ``settling``'s bound does for
 failures. Measured (bench.redis_retry, 5,000 good messages, ``appendfsync always``, 2
