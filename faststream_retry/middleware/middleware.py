@@ -339,7 +339,7 @@ class _RetryScope(BaseMiddleware):
     """The per-message part: does nothing on success and carries a failure through."""
 
     # One of these is built for every message: no per-instance __dict__.
-    __slots__ = ("_plugin", "_settled")
+    __slots__ = ("_plugin", "_settled", "_success")
 
     def __init__(
         self,
@@ -352,6 +352,8 @@ class _RetryScope(BaseMiddleware):
         super().__init__(msg, context=context)
         self._plugin = plugin
         self._settled = False
+        self._success: Callable[[], Awaitable[None]] | None = None
+        """The transport's acknowledgement of a success, run on the way out (no guard)."""
 
     async def consume_scope(
         self,
@@ -410,7 +412,8 @@ class _RetryScope(BaseMiddleware):
                 # A test that did not ask for test mode sees what it would see
                 # without the plugin: the handler's exception out of publish().
                 return False
-            settled.guard(broker)  # for the next messages (see settled): start is faked
+            # For the next messages (see settled): the start is faked.
+            settled.guard(broker, self._plugin.middleware)
             self._plugin.start_test(broker)
         # A subscriber's message: get_one() and iterators are not the plugin's.
         elif sub is not None:
@@ -446,12 +449,14 @@ class _RetryScope(BaseMiddleware):
     def _ack_beside(self, runtime: Planned, msg: StreamMessage[Any], sub: Any) -> None:  # noqa: ANN401 - its subscriber
         """Leave a handled message's acknowledgement to its transport (``Planned.ack_beside``).
 
-        Run by the guard where FastStream's own would come (``settled.on_success``); a
+        Run by the guard where FastStream's own would come (``settled.on_success``), or
+        by this scope's exit if it is the guard (the first of the broker's middlewares); a
         message settled already (a failure's step, the handler's own ack) has none.
+        Otherwise (a stack built before the guard was in place) FastStream's own.
         """
         ack = runtime.ack_beside(msg, sub)
-        if ack is not None:
-            settled.on_success(self.msg, ack)
+        if ack is not None and not settled.on_success(self.msg, ack) and self._outermost(sub):
+            self._success = ack
 
     async def _handle(
         self,
@@ -837,6 +842,13 @@ class _RetryScope(BaseMiddleware):
         exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,
     ) -> bool | None:
+        success = self._success
+        if success is not None:
+            self._success = None
+            if exc_val is None:
+                # The first of the broker's middlewares: FastStream's acknowledgement
+                # would come next, every middleware of the app having let it through.
+                await success()
         if not self._settled or exc_val is None:
             return None
         return await self.after_processed(exc_type, exc_val, exc_tb)
@@ -859,17 +871,21 @@ class _RetryScope(BaseMiddleware):
     def _stops_here(self) -> bool:
         """Whether a failure the plugin settled stops at this scope: its stack has no guard.
 
-        That is a message whose stack was built before the plugin put its guard in place
-        (a broker's first messages, without ``install()``). It stops here if no middleware
-        of the app sits outside this one, and under a test broker (test mode promises a
-        ``publish()`` that does not raise). Otherwise it goes on, so the middlewares
-        outside see it, and FastStream logs it once more (its ack middleware finds the
-        message settled, and leaves it).
+        That is a broker whose first middleware is the plugin's (the guard's place: see
+        settled), or a message whose stack was built before the plugin put its guard in
+        place (a broker's first messages, without ``install()``). It stops here if no
+        middleware of the app sits outside this one, and under a test broker (test mode
+        promises a ``publish()`` that does not raise). Otherwise it goes on, so the
+        middlewares outside see it, and FastStream logs it once more (its ack middleware
+        finds the message settled, and leaves it).
         """
-        broker = _internals.current_broker(self.context)
-        sub = _internals.current_subscriber(self.context)
+        broker, sub = _internals.broker_and_subscriber(self.context)
         if broker is None or sub is None or _internals.under_test_broker(broker):
             return True
+        return self._outermost(sub)
+
+    def _outermost(self, sub: Any) -> bool:  # noqa: ANN401 - any subscriber
+        """Whether no middleware of the app sits outside this scope in ``sub``'s stack."""
         outer = _internals.middlewares_of(sub)
         return not outer or outer[0] is self._plugin.middleware
 

@@ -170,7 +170,7 @@ def _attach(broker: Any, middleware: Middleware) -> bool:  # noqa: ANN401 - a br
         # Outermost: a failure raised anywhere in the broker's middlewares is
         # covered too. Pass it in middlewares= to choose its place yourself.
         broker.insert_middleware(middleware)
-    settled.guard(broker)
+    settled.guard(broker, middleware)
     # The plugin's lines go through this broker's logger unless logging is
     # configured for them (see _log).
     log.send_to(_internals.broker_outlet(broker), _internals.broker_level(broker))
@@ -196,7 +196,7 @@ def _install_own(
     original_stop = broker.stop
 
     async def start() -> None:
-        settled.guard(broker)
+        settled.guard(broker, middleware)
         if runtime.live is not None or runtime.bypass is not None:
             await original_start()
             return
