@@ -77,6 +77,7 @@ __all__ = [
     "SUBSCRIBER_KEY",
     "Sample",
     "acks_first",
+    "broker_and_subscriber",
     "broker_level",
     "broker_outlet",
     "check",
@@ -120,6 +121,12 @@ def warn_no_subscriber(reporter: Reporter) -> None:
         SUBSCRIBER_KEY,
         FASTSTREAM_VERSION,
     )
+
+
+def broker_and_subscriber(context: ContextRepo) -> tuple[Any, Any]:
+    """``current_broker`` and ``current_subscriber`` in one call (every message asks both)."""
+    get_local = context.get_local
+    return get_local("broker"), get_local(SUBSCRIBER_KEY)
 
 
 def current_broker(context: ContextRepo) -> Any:  # noqa: ANN401 - a RabbitBroker

@@ -339,7 +339,7 @@ class _RetryScope(BaseMiddleware):
     """The per-message part: does nothing on success and carries a failure through."""
 
     # One of these is built for every message: no per-instance __dict__.
-    __slots__ = ("_plugin", "_settled")
+    __slots__ = ("_plugin", "_settled", "_success")
 
     def __init__(
         self,
@@ -352,6 +352,8 @@ class _RetryScope(BaseMiddleware):
         super().__init__(msg, context=context)
         self._plugin = plugin
         self._settled = False
+        self._success: Callable[[], Awaitable[None]] | None = None
+        """The transport's acknowledgement of a success, run on the way out (no guard)."""
 
     async def consume_scope(
         self,
@@ -362,71 +364,99 @@ class _RetryScope(BaseMiddleware):
             # Another scope of this message (the same middleware on a router and on
             # the broker, say) owns its failure: one decision, one copy.
             return await call_next(msg)
-        broker = _internals.current_broker(self.context)
+        broker, sub = _internals.broker_and_subscriber(self.context)
         runtime = None if broker is None else self._plugin.runtime(broker)
-        if runtime is not None and not runtime.started:
-            if runtime.bypass is not None or not self._covers(broker, runtime):
-                return await call_next(msg)  # FastStream's, untouched
-            if _internals.under_test_broker(broker):
-                if not self._plugin.testing.active:
-                    # A test that did not ask for test mode sees what it would see
-                    # without the plugin: the handler's exception out of publish().
-                    return await call_next(msg)
-                settled.guard(broker)  # for the next messages (see settled): start is faked
-                self._plugin.start_test(broker)
-            # A subscriber's message: get_one() and iterators are not the plugin's.
-            elif _internals.current_subscriber(self.context) is not None:
-                await self._start_late(broker, msg)
+        if (
+            runtime is not None
+            and not runtime.started
+            and not await self._before_start(broker, runtime, sub, msg)
+        ):
+            return await call_next(msg)  # FastStream's, untouched
         if h.DUE in msg.headers:
-            try:
-                self._report_arrival(msg)
-            except BaseException:
-                # An application's own BaseException from a hook or a log handler,
-                # before the handler ran: it goes on, but the message goes back to
-                # its queue first (FastStream would reject it: lost without a DLX).
-                with contextlib.suppress(Exception):
-                    await msg.nack()
-                raise
-        held, call = await self._held(runtime, msg, call_next)
-        with held:
+            await self._arrived(msg)
+        # Every message of the broker passes here: no coroutine of the plugin's own is
+        # started between FastStream's and the handler's on a success.
+        call = call_next
+        held = _NOTHING if runtime is None else runtime.entering(msg, sub)
+        if held is None and runtime is not None:  # the transport may settle it first
+            held, call = await self._settle_first(runtime, msg, sub, call_next)
+        with held or _NOTHING:
             if self._plugin.config.outage is not None:
                 result = await self._through_gate(call, msg)
             else:
-                result = await self._handle(call, msg)
-        self._ack_beside(runtime, msg)
+                try:
+                    result = await call(msg)
+                except IgnoredException:
+                    raise  # FastStream's own Ack/Nack/RejectMessage: the handler decided
+                except (Exception, asyncio.CancelledError) as exc:
+                    # _handle's, in line: a success starts no coroutine more.
+                    if not self._is_failure(exc, msg):
+                        raise  # the task is being cancelled: the message goes back
+                    result = await self._on_failure(call, msg, exc, None, None)
+        if runtime is not None and runtime.acks_beside and msg.committed is None:
+            self._ack_beside(runtime, msg, sub)
         return result
 
-    def _ack_beside(self, runtime: Planned | None, msg: StreamMessage[Any]) -> None:
-        """Leave a handled message's acknowledgement to its transport (``Planned.ack_beside``).
-
-        Run by the guard where FastStream's own would come (``settled.on_success``); a
-        message settled already (a failure's step, the handler's own ack) has none.
-        """
-        if runtime is None or not runtime.acks_beside or msg.committed is not None:
-            return
-        ack = runtime.ack_beside(msg, _internals.current_subscriber(self.context))
-        if ack is not None:
-            settled.on_success(self.msg, ack)
-
-    async def _held(
+    async def _before_start(
         self,
-        runtime: Planned | None,
+        broker: Any,  # noqa: ANN401 - any broker
+        runtime: Runtime | NatsRuntime | RedisRuntime,
+        sub: Any,  # noqa: ANN401 - its subscriber
         msg: StreamMessage[Any],
+    ) -> bool:
+        """A message before the plugin started on its broker; ``False``: left to FastStream."""
+        if runtime.bypass is not None or not self._covers(broker, runtime):
+            return False
+        if _internals.under_test_broker(broker):
+            if not self._plugin.testing.active:
+                # A test that did not ask for test mode sees what it would see
+                # without the plugin: the handler's exception out of publish().
+                return False
+            # For the next messages (see settled): the start is faked.
+            settled.guard(broker, self._plugin.middleware)
+            self._plugin.start_test(broker)
+        # A subscriber's message: get_one() and iterators are not the plugin's.
+        elif sub is not None:
+            await self._start_late(broker, msg)
+        return True
+
+    async def _arrived(self, msg: StreamMessage[Any]) -> None:
+        """A retry copy arrived: report its release."""
+        try:
+            self._report_arrival(msg)
+        except BaseException:
+            # An application's own BaseException from a hook or a log handler,
+            # before the handler ran: it goes on, but the message goes back to
+            # its queue first (FastStream would reject it: lost without a DLX).
+            with contextlib.suppress(Exception):
+                await msg.nack()
+            raise
+
+    @staticmethod
+    async def _settle_first(
+        runtime: Planned,
+        msg: StreamMessage[Any],
+        sub: Any,  # noqa: ANN401 - its subscriber
         call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
     ) -> tuple[
         contextlib.AbstractContextManager[None], Callable[[StreamMessage[Any]], Awaitable[Any]]
     ]:
-        """What wraps the handler's call (``Planned.holding``), and the call.
-
-        A message the transport settled before its handler (``Planned.settle_first``) gets
-        a call that does nothing.
-        """
-        if runtime is None:
-            return contextlib.nullcontext(), call_next
-        sub = _internals.current_subscriber(self.context)
+        """What wraps the handler's call, and the call: nothing to call if it was settled."""
         if await runtime.settle_first(msg, sub):
-            return contextlib.nullcontext(), _settled_first
+            return _NOTHING, _settled_first
         return runtime.holding(msg, sub), call_next
+
+    def _ack_beside(self, runtime: Planned, msg: StreamMessage[Any], sub: Any) -> None:  # noqa: ANN401 - its subscriber
+        """Leave a handled message's acknowledgement to its transport (``Planned.ack_beside``).
+
+        Run by the guard where FastStream's own would come (``settled.on_success``), or
+        by this scope's exit if it is the guard (the first of the broker's middlewares); a
+        message settled already (a failure's step, the handler's own ack) has none.
+        Otherwise (a stack built before the guard was in place) FastStream's own.
+        """
+        ack = runtime.ack_beside(msg, sub)
+        if ack is not None and not settled.on_success(self.msg, ack) and self._outermost(sub):
+            self._success = ack
 
     async def _handle(
         self,
@@ -441,11 +471,17 @@ class _RetryScope(BaseMiddleware):
         except IgnoredException:
             raise  # FastStream's own Ack/Nack/RejectMessage: the handler decided
         except (Exception, asyncio.CancelledError) as exc:
-            if not _failed(exc):
+            if not self._is_failure(exc, msg):
                 raise  # the task is being cancelled: the app stops, the message goes back
-            if isinstance(exc, asyncio.CancelledError):
-                self._warn_spurious(msg)
             return await self._on_failure(call_next, msg, exc, delivery, gate)
+
+    def _is_failure(self, exc: Failure, msg: StreamMessage[Any]) -> bool:
+        """Whether ``exc`` is the handler's failure (``_failed``); a spurious cancel said once."""
+        if not _failed(exc):
+            return False
+        if isinstance(exc, asyncio.CancelledError):
+            self._warn_spurious(msg)
+        return True
 
     def _covers(self, broker: Any, runtime: Runtime | NatsRuntime | RedisRuntime) -> bool:  # noqa: ANN401 - any broker
         """Whether the plugin runs on ``broker``; if not, said once, and its messages pass.
@@ -806,6 +842,13 @@ class _RetryScope(BaseMiddleware):
         exc_val: BaseException | None = None,
         exc_tb: TracebackType | None = None,
     ) -> bool | None:
+        success = self._success
+        if success is not None:
+            self._success = None
+            if exc_val is None:
+                # The first of the broker's middlewares: FastStream's acknowledgement
+                # would come next, every middleware of the app having let it through.
+                await success()
         if not self._settled or exc_val is None:
             return None
         return await self.after_processed(exc_type, exc_val, exc_tb)
@@ -828,20 +871,27 @@ class _RetryScope(BaseMiddleware):
     def _stops_here(self) -> bool:
         """Whether a failure the plugin settled stops at this scope: its stack has no guard.
 
-        That is a message whose stack was built before the plugin put its guard in place
-        (a broker's first messages, without ``install()``). It stops here if no middleware
-        of the app sits outside this one, and under a test broker (test mode promises a
-        ``publish()`` that does not raise). Otherwise it goes on, so the middlewares
-        outside see it, and FastStream logs it once more (its ack middleware finds the
-        message settled, and leaves it).
+        That is a broker whose first middleware is the plugin's (the guard's place: see
+        settled), or a message whose stack was built before the plugin put its guard in
+        place (a broker's first messages, without ``install()``). It stops here if no
+        middleware of the app sits outside this one, and under a test broker (test mode
+        promises a ``publish()`` that does not raise). Otherwise it goes on, so the
+        middlewares outside see it, and FastStream logs it once more (its ack middleware
+        finds the message settled, and leaves it).
         """
-        broker = _internals.current_broker(self.context)
-        sub = _internals.current_subscriber(self.context)
+        broker, sub = _internals.broker_and_subscriber(self.context)
         if broker is None or sub is None or _internals.under_test_broker(broker):
             return True
+        return self._outermost(sub)
+
+    def _outermost(self, sub: Any) -> bool:  # noqa: ANN401 - any subscriber
+        """Whether no middleware of the app sits outside this scope in ``sub``'s stack."""
         outer = _internals.middlewares_of(sub)
         return not outer or outer[0] is self._plugin.middleware
 
+
+_NOTHING = contextlib.nullcontext()
+"""What wraps the call of a message nothing holds (reusable: it holds no state)."""
 
 Failure = Exception | asyncio.CancelledError
 """What the scope takes as a handler's failure: an ``Exception``, or a ``CancelledError``

@@ -129,6 +129,18 @@ class Planned:
         """
         return contextlib.nullcontext()
 
+    def entering(
+        self,
+        msg: Any,  # noqa: ANN401 - FastStream's message
+        sub: Any,  # noqa: ANN401 - its subscriber
+    ) -> contextlib.AbstractContextManager[None] | None:
+        """What wraps a handler's call on ``msg`` (``holding``); ``None``: await ``settle_first``.
+
+        A transport that settles some messages before their handlers (NATS) answers
+        ``None`` for those, and tests the rest without a coroutine.
+        """
+        return self.holding(msg, sub)
+
     acks_beside = False
     """Whether a handled message's acknowledgement may be the transport's (``ack_beside``)."""
 

@@ -64,11 +64,21 @@ class Plugin:
         self._runtimes: weakref.WeakKeyDictionary[Any, Runtime | NatsRuntime | RedisRuntime] = (
             weakref.WeakKeyDictionary()
         )
+        self._last: tuple[Any, Runtime | NatsRuntime | RedisRuntime] | None = None
+        """The broker asked for last and its runtime: nearly every call asks for the same.
+
+        Never stale: a broker's runtime is made once and kept for the broker's life (its
+        stop and a restart keep it). Holding the broker here keeps it no longer than
+        ``_runtimes`` already does: its runtime, held there, holds the broker.
+        """
         self.middleware: Middleware | None = None
         """The ``RetryMiddleware`` this is the plugin of (set by it): a late start installs it."""
 
     def runtime(self, broker: Any) -> Runtime | NatsRuntime | RedisRuntime:  # noqa: ANN401 - a broker
         """Return the runtime of ``broker``: a ``NatsRuntime`` for a ``NatsBroker``, and so on."""
+        last = self._last
+        if last is not None and last[0] is broker:
+            return last[1]
         runtime = self._runtimes.get(broker)
         if runtime is None:
             kind: type[Runtime | NatsRuntime | RedisRuntime] = Runtime
@@ -79,6 +89,7 @@ class Plugin:
             runtime = self._runtimes[broker] = kind(
                 self.config, self.reporter, broker, self.testing
             )
+        self._last = (broker, runtime)
         return runtime
 
     def start_test(self, broker: Any) -> None:  # noqa: ANN401 - a broker under a test broker
@@ -159,7 +170,7 @@ def _attach(broker: Any, middleware: Middleware) -> bool:  # noqa: ANN401 - a br
         # Outermost: a failure raised anywhere in the broker's middlewares is
         # covered too. Pass it in middlewares= to choose its place yourself.
         broker.insert_middleware(middleware)
-    settled.guard(broker)
+    settled.guard(broker, middleware)
     # The plugin's lines go through this broker's logger unless logging is
     # configured for them (see _log).
     log.send_to(_internals.broker_outlet(broker), _internals.broker_level(broker))
@@ -185,7 +196,7 @@ def _install_own(
     original_stop = broker.stop
 
     async def start() -> None:
-        settled.guard(broker)
+        settled.guard(broker, middleware)
         if runtime.live is not None or runtime.bypass is not None:
             await original_start()
             return

@@ -10,9 +10,14 @@ the app must, wherever it sits in ``middlewares=``: a failure-logging, alerting 
 
 So the plugin's scope lets the failure go on, and this guard, inserted as the first of
 the broker's middlewares (``guard``), stops it there: after every middleware of the app,
-before FastStream's own. A stack built before the guard was in place (a broker's first
-message when the plugin was not installed) has none; the plugin's scope then stops the
-failure itself (``hand_over`` says so), as the middlewares outside it would never see it.
+before FastStream's own. When the plugin's middleware is itself the first of the broker's
+(``middlewares=[retry]``, or ``install()`` put it there), it is where the guard would be:
+no guard is inserted, and its scope does the guard's work (stops a settled failure, runs
+the transport's acknowledgement of a success). Every message then passes one middleware
+of the plugin's, not two. A stack built before the guard was in place (a broker's first
+message when the plugin was not installed) has none either; the plugin's scope stops
+the failure itself only if nothing of the app sits outside it (``hand_over`` says there
+is no guard), as the middlewares outside it would never see it.
 """
 
 from __future__ import annotations
@@ -154,17 +159,20 @@ def on_success(msg: object, ack: Callable[[], Awaitable[None]]) -> bool:
     return True
 
 
-def guard(broker: Any) -> None:  # noqa: ANN401 - any FastStream broker
+def guard(broker: Any, middleware: object) -> None:  # noqa: ANN401 - any FastStream broker
     """Make the guard the first of ``broker``'s middlewares (again, if one was put before it).
 
-    A middleware inserted in front of it after this would not see the failures the
-    plugin settles; the plugin's start calls this again. A guard left further in by
-    that is inert (``on_receive``).
+    Unless ``middleware``, the plugin's, is the first: its scope is the guard then (see
+    module). A middleware inserted in front of either after this would not see the
+    failures the plugin settles; the plugin's start calls this again. A guard left
+    further in by that is inert (``on_receive``).
     """
+    middlewares = tuple(broker.middlewares)
+    if middlewares and middlewares[0] is middleware:
+        return
     found = getattr(broker, _GUARD_ATTR, None)
     if found is None:
         found = Guard()
         setattr(broker, _GUARD_ATTR, found)
-    middlewares = tuple(broker.middlewares)
     if not middlewares or middlewares[0] is not found:
         broker.insert_middleware(found)

@@ -54,6 +54,9 @@ __all__ = ["NatsRuntime"]
 
 _CONSUMERS_KEPT = 256
 
+_NOTHING = contextlib.nullcontext()
+"""What wraps the call of a message nothing keeps alive (reusable: it holds no state)."""
+
 
 class NatsRuntime(Planned):
     """Everything the plugin holds for one ``NatsBroker``."""
@@ -190,6 +193,29 @@ class NatsRuntime(Planned):
         if self.live is None or sub is None or not getattr(raw, "reply", None):
             return contextlib.nullcontext()
         return self._keep_alive.holding(raw, self._consumer_of(sub)[2])
+
+    def entering(
+        self,
+        msg: Any,  # noqa: ANN401 - FastStream's NatsMessage
+        sub: Any,  # noqa: ANN401 - its subscriber
+    ) -> contextlib.AbstractContextManager[None] | None:
+        """``holding`` and ``settle_first``'s test in one; ``None``: ``settle_first`` may settle.
+
+        Every covered message passes here: its consumer is looked up once, and a consumer
+        without ``max_deliver`` (the plugin's own advice) reads no delivery count.
+        """
+        live = self.live
+        if live is None or sub is None:
+            return _NOTHING
+        _, limit, ack_wait_s = self._consumer_of(sub)
+        raw = getattr(msg, "raw_message", None)
+        if limit > 0 and live.running:
+            delivered = getattr(getattr(raw, "metadata", None), "num_delivered", None)
+            if isinstance(delivered, int) and delivered >= limit:
+                return None
+        if not getattr(raw, "reply", None):
+            return _NOTHING
+        return self._keep_alive.holding(raw, ack_wait_s)
 
     def _consumer_of(self, sub: Any) -> tuple[Any, int, float]:  # noqa: ANN401 - its subscriber
         """``sub``, its consumer's ``max_deliver`` (0: none) and ``ack_wait`` in seconds."""

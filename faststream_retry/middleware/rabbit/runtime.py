@@ -234,7 +234,7 @@ def install(broker: RabbitBroker, runtime: Runtime, middleware: Middleware) -> N
     original_stop = broker.stop
 
     async def start() -> None:
-        settled.guard(broker)  # still the first, whatever was inserted since install()
+        settled.guard(broker, middleware)  # still the first, whatever was inserted since install()
         if runtime.live is not None:
             # Started again while running (to start a router included late):
             # FastStream starts the subscribers, and the new ones are followed.
