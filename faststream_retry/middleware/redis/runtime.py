@@ -135,6 +135,16 @@ def _acked_by_step(msg: Any) -> None:  # noqa: ANN401 - FastStream's Redis strea
     msg.committed = AckStatus.ACKED
 
 
+def _entry_of(msg: Any) -> str | None:  # noqa: ANN401 - FastStream's RedisStreamMessage
+    """The id of the one stream entry ``msg`` carries; ``None``: not one entry."""
+    get = getattr(msg.raw_message, "get", None)
+    ids = None if get is None else get("message_ids")
+    if not ids or len(ids) != 1:
+        return None
+    (entry_id,) = ids
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
 def exact_plan(routes: Iterable[Route], default: RetryPolicy, config: RetryConfig) -> Plan:
     """Plan ``routes`` for a transport that holds a delay to the millisecond (pure).
 
@@ -375,12 +385,9 @@ class RedisRuntime(Planned):
         """Tell the claimer a handler runs on ``msg``'s entry, so only held entries stay alive."""
         live = self.live
         stream, _, consumer = redis_subscribers.names(sub)
-        get = getattr(msg.raw_message, "get", None)
-        ids = None if get is None else get("message_ids")
-        if live is None or stream is None or not ids or len(ids) != 1:
+        entry = _entry_of(msg)
+        if live is None or stream is None or entry is None:
             return contextlib.nullcontext()
-        (entry_id,) = ids
-        entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         return live.engine_of(stream, consumer).holding(stream, consumer or "", entry)
 
     def ack_beside(
@@ -400,12 +407,9 @@ class RedisRuntime(Planned):
         if live is None or not live.running or getattr(sub, "ack_policy", None) not in _ACKS:
             return None
         stream, _, consumer = redis_subscribers.names(sub)
-        get = getattr(msg.raw_message, "get", None)
-        ids = None if get is None else get("message_ids")
-        if stream is None or stream not in live.plan.routes or not ids or len(ids) != 1:
+        entry = _entry_of(msg)
+        if stream is None or stream not in live.plan.routes or entry is None:
             return None
-        (entry_id,) = ids
-        entry = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         engine = live.engine_of(stream, consumer)
         if not engine.covers(stream):
             return None
